@@ -1,0 +1,91 @@
+"""Engine overhead of MCTS: microseconds per simulation spent outside generation and env steps.
+
+Runs real MCTS on TextCraft train tasks with an instant generator (canned composite actions, no
+model), for 1, 16 and 256 trees in flight, committing every simulation to a real SQLite store.
+Prints engine time per simulation and per batched call, and that per-call time as a share of a
+realistic 50 ms batched LLM call (goal: below 1%).
+
+    .venv/bin/python bench/search_overhead.py [--simulations 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from engine.config import SearchConfig  # noqa: E402
+from engine.envs.registry import env_factory  # noqa: E402
+from engine.llm.base import Completion  # noqa: E402
+from engine.search.runner import new_run  # noqa: E402
+from engine.store import Store  # noqa: E402
+
+LLM_CALL_S = 0.050
+COMMANDS = ["inventory", "get 1 oak log", "get 2 cobblestone", "craft 4 oak planks using 1 oak log",
+            "craft 4 stick using 2 oak planks", "get 1 iron ingot"]
+
+
+class InstantGenerator:
+    """Canned but valid composite actions; critic answers name candidate 1. Costs ~nothing."""
+
+    name = "instant"
+
+    def __init__(self) -> None:
+        self.rng = random.Random(0)
+
+    def sample(self, requests):
+        out = []
+        for req in requests:
+            if "CANDIDATES:" in req.prompt[-1]["content"]:
+                out.append([Completion("REASON: closest to the goal.\nBEST: 1", -1.0, n_tokens=10)] * req.n)
+                continue
+            out.append([
+                Completion(
+                    f"THOUGHT: next.\nACTION: {self.rng.choice(COMMANDS)}\nEXPLANATION: progress.\nSTATUS: CONTINUE",
+                    -5.0, n_tokens=20)
+                for _ in range(req.n)
+            ])
+        return out
+
+    def logprobs(self, prompts, completions):
+        return [None] * len(completions)
+
+
+def measure(trees: int, simulations: int, db: Path) -> dict:
+    make_env = env_factory("textcraft")
+    uniq = make_env().tasks("train")[:trees]  # a run holds each task once
+    cfg = SearchConfig(simulations=simulations, k=4, depth_limit=10, trees_in_flight=trees)
+    with Store(db) as store:
+        _, stats = new_run(store, "textcraft", uniq, InstantGenerator(), cfg, f"bench-{trees}", make_env=make_env)
+    per_sim_us = 1e6 * stats.engine_s / stats.simulations
+    per_call_s = stats.engine_s / stats.rounds
+    return {
+        "trees": len(uniq), "simulations": stats.simulations, "rounds": stats.rounds,
+        "mean_batch": stats.to_dict()["mean_batch"], "engine_us_per_sim": per_sim_us,
+        "commit_us_per_sim": 1e6 * stats.commit_s / stats.simulations,
+        "env_us_per_sim": 1e6 * stats.env_s / stats.simulations,
+        "engine_ms_per_call": 1e3 * per_call_s, "share_of_llm_call": per_call_s / LLM_CALL_S,
+        "outside_share": (stats.engine_s + stats.commit_s) / max(stats.wall_s, 1e-9),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--simulations", type=int, default=8)
+    args = ap.parse_args()
+    print(f"{'trees':>5} {'sims':>6} {'batch':>6} {'engine us/sim':>14} {'commit us/sim':>14} "
+          f"{'env us/sim':>11} {'engine ms/call':>15} {'vs 50ms call':>13}")
+    with tempfile.TemporaryDirectory() as d:
+        for i, trees in enumerate((1, 16, 256)):
+            r = measure(trees, args.simulations, Path(d) / f"b{i}.db")
+            print(f"{r['trees']:>5} {r['simulations']:>6} {r['mean_batch']:>6.1f} {r['engine_us_per_sim']:>14.0f} "
+                  f"{r['commit_us_per_sim']:>14.0f} {r['env_us_per_sim']:>11.0f} {r['engine_ms_per_call']:>15.2f} "
+                  f"{100 * r['share_of_llm_call']:>12.2f}%")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+"""The `Generator` protocol: what search, critics and dataset builders need from an LLM.
+
+One call takes MANY requests (from many trees, each with its own n and sampling settings) and
+returns every completion with the raw token log-probs of the generating model (not the
+temperature-processed distribution), so the replay buffer can serve as the DPO reference.
+Prompts are chat messages; each backend applies its own chat template.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+Message = dict[str, str]  # {"role": "system" | "user" | "assistant", "content": str}
+Prompt = list[Message]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """temperature 0 means greedy. `stop` strings end a completion (not included in it)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 256
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class SampleRequest:
+    prompt: Prompt
+    n: int = 1
+    params: SamplingParams = field(default_factory=SamplingParams)
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One sampled completion. `logprob` is the sum of `token_logprobs` (None when the backend
+    could not provide them, e.g. a hosted API without log-probs)."""
+
+    text: str
+    logprob: float | None = None
+    token_logprobs: tuple[float, ...] | None = None
+    n_tokens: int = 0
+    finish_reason: str = ""  # "stop" | "length" | "error"
+
+
+class GeneratorError(RuntimeError):
+    """A backend failed in a way the caller should report (bad URL, auth, model missing)."""
+
+
+@runtime_checkable
+class Generator(Protocol):
+    name: str  # e.g. "tiny", "hf:/models/x", "openai:http://host/v1#model"
+
+    def sample(self, requests: Sequence[SampleRequest]) -> list[list[Completion]]:
+        """For each request, `request.n` completions, in order. One batched call."""
+        ...
+
+    def logprobs(self, prompts: Sequence[Prompt], completions: Sequence[str]) -> list[float | None]:
+        """Teacher-forced sum of log-probs of each completion as the assistant reply to its prompt."""
+        ...

@@ -1,0 +1,43 @@
+"""Model specs -> Generators: `tiny | PATH | hf:PATH | openai:URL#MODEL | vllm:PATH`.
+
+Backends are imported only when chosen, so the CLI starts fast and vLLM stays optional.
+A Generator's `name` is a spec that loads it again (runs store it; resume uses it).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from engine.llm.base import Generator, GeneratorError
+
+SPEC_HELP = "tiny | PATH | hf:PATH | openai:URL#MODEL | vllm:PATH"
+
+
+def load_generator(spec: str, log=print) -> Generator:
+    spec = spec.strip()
+    if spec == "tiny":
+        from engine.llm.tiny import tiny_generator
+
+        return tiny_generator(log=log)
+    if spec.startswith("openai:"):
+        from engine.llm.openai_http import OpenAIGenerator
+
+        return OpenAIGenerator.from_spec(spec)
+    if spec.startswith("vllm:"):
+        from engine.llm.vllm_backend import VLLMGenerator
+
+        path = _model_dir(spec[len("vllm:") :])
+        return VLLMGenerator(path, name=f"vllm:{path}")
+    path = _model_dir(spec[len("hf:") :] if spec.startswith("hf:") else spec)
+    from engine.llm.hf import HFGenerator
+
+    return HFGenerator(path, name=f"hf:{path}")
+
+
+def _model_dir(text: str) -> Path:
+    path = Path(text).expanduser()
+    if not path.is_dir():
+        raise GeneratorError(f"model {text!r}: no such folder (expected {SPEC_HELP})")
+    if not (path / "config.json").exists():
+        raise GeneratorError(f"model folder {path} has no config.json (not a transformers model folder)")
+    return path.resolve()

@@ -1,0 +1,384 @@
+"""MCTS with AI process supervision over many trees at once (SPEC §2).
+
+Each tree's simulation is a coroutine that yields the LLM requests it needs (expansion: K samples;
+critic: one ranking question per round; rollout: one action per step) and receives completions.
+The scheduler advances every tree in flight by one such step per round and sends ALL their
+requests to the Generator as ONE batched call, so the model always sees large batches. Env restore
+uses snapshot/restore where the env offers it, replay from reset otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import zlib
+from collections import deque
+from collections.abc import Callable, Iterable
+from collections.abc import Generator as Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.actions import CompositeAction, FormatError, normalize_command, parse
+from engine.config import SearchConfig
+from engine.envs.base import Env, Step, SupportsSnapshot, TaskSpec
+from engine.llm.base import Completion, Generator, GeneratorError, SampleRequest, SamplingParams
+from engine.prompts import HistoryStep, actor_prompt
+from engine.search.critic import rank_candidates, rank_to_score
+from engine.search.tree import Node, SearchTree, Simulation
+
+Requests = list[SampleRequest]
+Replies = list[list[Completion]]
+
+
+def ucb_score(child: Node, parent_visits: int, c_exp: float, value: float) -> float:
+    """Eq. 7: Q(h,a) + c_exp * sqrt(ln N(h) / (1 + N(h,a)))."""
+    explore = math.sqrt(math.log(parent_visits) / (1 + child.N)) if parent_visits > 0 else 0.0
+    return value + c_exp * explore
+
+
+def select_child(tree: SearchTree, node: Node, config: SearchConfig) -> Node:
+    """UCB1 choice among `node`'s children; unvisited children first, ties by critic score."""
+    children = [tree.nodes[c] for c in node.children]
+    unvisited = [c for c in children if c.N == 0]
+    if unvisited:
+        # max() keeps the first of equals, so sampling order breaks remaining ties
+        return max(unvisited, key=lambda c: c.Q_critic if c.Q_critic is not None else -1.0)
+    parent_visits = sum(c.N for c in children)  # N(h) as the SPEC defines it
+    alpha = config.alpha if config.selection_value == "combined" else 1.0
+    return max(children, key=lambda c: ucb_score(c, parent_visits, config.c_exp, c.value(alpha)))
+
+
+def request_seed(run_seed: int, *parts: Any) -> int:
+    """A stable per-request seed (never Python's salted hash), so a run replays exactly."""
+    return zlib.crc32(repr((run_seed, *parts)).encode()) & 0x7FFFFFFF
+
+
+class EnvSession:
+    """One env instance bound to one tree: moves the env to any node's state."""
+
+    def __init__(self, env: Env, task_id: str) -> None:
+        self.env = env
+        self.task_id = task_id
+        self.snapshots: dict[int, Any] | None = {} if isinstance(env, SupportsSnapshot) else None
+        self.current: int | None = None
+        self.replays = 0
+        self.restores = 0
+        self.env_s = 0.0
+
+    def reset(self) -> str:
+        t = time.perf_counter()
+        obs = self.env.reset(self.task_id)
+        self.current = 0
+        if self.snapshots is not None:
+            self.snapshots[0] = self.env.snapshot()  # type: ignore[attr-defined]
+        self.env_s += time.perf_counter() - t
+        return obs
+
+    def goto(self, tree: SearchTree, node: Node) -> None:
+        if self.current == node.id:
+            return
+        t = time.perf_counter()
+        if self.snapshots is not None and node.id in self.snapshots:
+            self.env.restore(self.snapshots[node.id])  # type: ignore[attr-defined]
+            self.restores += 1
+        else:
+            self.env.reset(self.task_id)
+            for command in tree.commands(node):
+                self.env.step(command)
+            self.replays += 1
+            if self.snapshots is not None:
+                self.snapshots[node.id] = self.env.snapshot()  # type: ignore[attr-defined]
+        self.current = node.id
+        self.env_s += time.perf_counter() - t
+
+    def step(self, command: str) -> Step:
+        t = time.perf_counter()
+        out = self.env.step(command)
+        self.current = None
+        self.env_s += time.perf_counter() - t
+        return out
+
+    def arrived(self, node: Node) -> None:
+        """The env now holds `node`'s state (just stepped into it): remember it."""
+        self.current = node.id
+        if self.snapshots is not None:
+            t = time.perf_counter()
+            self.snapshots[node.id] = self.env.snapshot()  # type: ignore[attr-defined]
+            self.env_s += time.perf_counter() - t
+
+
+@dataclass
+class TreeJob:
+    """A tree to grow to `target` simulations, with what it needs to act."""
+
+    tree: SearchTree
+    make_env: Callable[[], Env]
+    env_description: str
+    target: int
+    tree_id: int | None = None  # the store's id
+    committed_nodes: int = 0  # nodes[:committed_nodes] are in the store
+    session: EnvSession | None = None
+    share_ms: float = 0.0  # per-completion share of the last generation call
+
+    @property
+    def remaining(self) -> int:
+        return self.target - len(self.tree.simulations)
+
+
+@dataclass
+class SearchStats:
+    simulations: int = 0
+    rounds: int = 0
+    requests: int = 0
+    completions: int = 0
+    critic_fallbacks: int = 0
+    replays: int = 0
+    restores: int = 0
+    gen_s: float = 0.0
+    env_s: float = 0.0
+    commit_s: float = 0.0
+    wall_s: float = 0.0
+    batch_sizes: list[int] = field(default_factory=list)
+
+    @property
+    def engine_s(self) -> float:
+        """Wall time spent neither generating, stepping envs nor committing: search overhead."""
+        return max(self.wall_s - self.gen_s - self.env_s - self.commit_s, 0.0)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {k: v for k, v in self.__dict__.items() if k != "batch_sizes"}
+        d["engine_s"] = self.engine_s
+        d["mean_batch"] = sum(self.batch_sizes) / len(self.batch_sizes) if self.batch_sizes else 0.0
+        return d
+
+
+def start_tree(task: TaskSpec, make_env: Callable[[], Env], target: int) -> TreeJob:
+    """A new tree for `task`: resets a fresh env for the root observation."""
+    env = make_env()
+    session = EnvSession(env, task.id)
+    tree = SearchTree.new(task, session.reset())
+    return TreeJob(tree=tree, make_env=make_env, env_description=env.describe(), target=target, session=session)
+
+
+class MCTS:
+    """Runs simulations on many trees with one batched generator call per round."""
+
+    def __init__(
+        self,
+        generator: Generator,
+        config: SearchConfig,
+        on_simulation: Callable[[TreeJob, Simulation], None] | None = None,
+        on_tree_done: Callable[[TreeJob], None] | None = None,
+    ) -> None:
+        self.generator = generator
+        self.config = config
+        self.on_simulation = on_simulation
+        self.on_tree_done = on_tree_done
+        self.stats = SearchStats()
+
+    # --- scheduler ---------------------------------------------------------------------------
+
+    def run(self, jobs: Iterable[TreeJob]) -> SearchStats:
+        cfg, stats = self.config, self.stats
+        t_start = time.perf_counter()
+        waiting = deque(j for j in jobs if j.remaining > 0)
+        active: list[tuple[TreeJob, Coroutine[Requests, Replies, Simulation], Requests]] = []
+
+        def advance(job: TreeJob, coro, reply: Replies | None) -> None:
+            """Drive `coro` to its next request, finishing (and starting) simulations as they end."""
+            while True:
+                try:
+                    requests = coro.send(reply) if reply is not None else next(coro)
+                    active.append((job, coro, requests))
+                    return
+                except StopIteration as done:
+                    self._finish(job, done.value)
+                    reply = None
+                    if job.remaining <= 0:
+                        self._close(job)
+                        return
+                    coro = self._simulate(job)
+
+        try:
+            while waiting or active:
+                while waiting and len(active) < cfg.trees_in_flight:
+                    job = waiting.popleft()
+                    if job.session is None:
+                        job.session = EnvSession(job.make_env(), job.tree.task.id)
+                    advance(job, self._simulate(job), None)
+                if not active:
+                    continue
+                batch = [r for _, _, reqs in active for r in reqs]
+                t = time.perf_counter()
+                replies = self.generator.sample(batch)
+                dt = time.perf_counter() - t
+                if len(replies) != len(batch):
+                    raise GeneratorError(f"generator returned {len(replies)} results for {len(batch)} requests")
+                n_completions = sum(len(r) for r in replies)
+                stats.gen_s += dt
+                stats.rounds += 1
+                stats.requests += len(batch)
+                stats.completions += n_completions
+                stats.batch_sizes.append(n_completions)
+                share = 1000.0 * dt / max(n_completions, 1)
+                current, active[:] = list(active), []
+                offset = 0
+                for job, coro, reqs in current:
+                    reply = replies[offset : offset + len(reqs)]
+                    offset += len(reqs)
+                    job.share_ms = share
+                    advance(job, coro, reply)
+        finally:
+            for job, _, _ in active:
+                self._collect(job)
+            stats.wall_s += time.perf_counter() - t_start
+        return stats
+
+    def _finish(self, job: TreeJob, sim: Simulation) -> None:
+        self.stats.simulations += 1
+        if self.on_simulation is not None:
+            t = time.perf_counter()
+            self.on_simulation(job, sim)
+            self.stats.commit_s += time.perf_counter() - t
+        job.committed_nodes = len(job.tree.nodes)
+
+    def _collect(self, job: TreeJob) -> None:
+        s = job.session
+        if s is not None:
+            self.stats.env_s += s.env_s
+            self.stats.replays += s.replays
+            self.stats.restores += s.restores
+            s.env_s, s.replays, s.restores = 0.0, 0, 0
+
+    def _close(self, job: TreeJob) -> None:
+        self._collect(job)
+        job.session = None  # release the env (and its snapshots)
+        if self.on_tree_done is not None:
+            self.on_tree_done(job)
+
+    # --- one simulation ----------------------------------------------------------------------
+
+    def _simulate(self, job: TreeJob) -> Coroutine[Requests, Replies, Simulation]:
+        tree, cfg = job.tree, self.config
+        node, path = tree.root, []
+        while node.children and node.terminal is None:  # selection
+            node = select_child(tree, node, cfg)
+            path.append(node.id)
+        if node.terminal is None:
+            yield from self._expand(job, node)
+            node = select_child(tree, node, cfg)
+            path.append(node.id)
+        rollout: tuple[str, ...] = ()
+        if node.terminal is not None:
+            reward = node.reward or 0.0
+        else:
+            reward, rollout = yield from self._rollout(job, node)
+        tree.backpropagate(path, reward)
+        sim = Simulation(tuple(path), reward, rollout)
+        tree.simulations.append(sim)
+        return sim
+
+    def _params(self, job: TreeJob, temperature: float, max_tokens: int, *key: Any) -> SamplingParams:
+        seed = request_seed(self.config.seed, job.tree.task.id, len(job.tree.simulations), *key)
+        return SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)
+
+    def _terminal(self, step: Step, action: CompositeAction, depth: int) -> str | None:
+        if step.done:
+            return "success" if step.reward >= self.config.success_threshold else "failure"
+        if action.status != "CONTINUE":
+            return "stopped"
+        if depth >= self.config.depth_limit:
+            return "depth_limit"
+        return None
+
+    def _expand(self, job: TreeJob, node: Node) -> Coroutine[Requests, Replies, None]:
+        tree, cfg, session = job.tree, self.config, job.session
+        assert session is not None
+        task = tree.task
+        history = tree.history(node)
+        prompt = actor_prompt(job.env_description, task.goal, task.context, history, node.observation)
+        params = self._params(job, cfg.temperature, cfg.max_tokens, "expand", node.id)
+        (completions,) = yield [SampleRequest(prompt, cfg.k, params)]
+        share = job.share_ms
+        if not completions:  # a backend that answered nothing still yields a visible node
+            completions = [Completion(text="", finish_reason="error")]
+        seen: set[Any] = set()
+        valid: list[Node] = []
+        errors: list[Node] = []
+        for c in completions:
+            parsed = parse(c.text)
+            gen = {"raw": c.text, "logprob": c.logprob, "gen_ms": share, "n_tokens": c.n_tokens}
+            if isinstance(parsed, FormatError):
+                if ("error", c.text) in seen:
+                    continue
+                seen.add(("error", c.text))
+                obs = f"Format error: {parsed.reason}. The environment was not stepped."
+                errors.append(
+                    tree.add_child(
+                        node, observation=obs, format_error=parsed.reason, terminal="format_error", reward=0.0, **gen
+                    )
+                )
+                continue
+            key = normalize_command(parsed.command)
+            if key in seen:  # dedupe identical env commands
+                continue
+            seen.add(key)
+            session.goto(tree, node)
+            t = time.perf_counter()
+            step = session.step(parsed.command)
+            child = tree.add_child(
+                node,
+                observation=step.observation,
+                action=parsed,
+                reward=step.reward,
+                progress=step.progress,
+                terminal=self._terminal(step, parsed, node.depth + 1),
+                env_ms=1000.0 * (time.perf_counter() - t),
+                **gen,
+            )
+            session.arrived(child)
+            valid.append(child)
+        if cfg.critic:
+            total = len(valid) + len(errors)
+            if len(valid) > 1:
+                critic_params = self._params(job, 0.0, cfg.critic_max_tokens, "critic", node.id)
+                ranking = yield from rank_candidates(
+                    task.goal, task.context, history, node.observation, [v.action for v in valid], critic_params
+                )
+                self.stats.critic_fallbacks += ranking.fallbacks
+                for rank, idx in enumerate(ranking.order):
+                    valid[idx].critic_rank = rank
+                    valid[idx].Q_critic = rank_to_score(rank, total, cfg.critic_mapping)
+                    valid[idx].critic_reason = ranking.reasons[idx]
+            elif valid:
+                valid[0].critic_rank = 0
+                valid[0].Q_critic = 1.0
+                valid[0].critic_reason = "(only valid candidate)"
+            for e in errors:  # unreadable candidates tie for last place
+                e.critic_rank = len(valid)
+                e.Q_critic = 0.0
+                e.critic_reason = "(format error: not shown to the critic)"
+
+    def _rollout(self, job: TreeJob, node: Node) -> Coroutine[Requests, Replies, tuple[float, tuple[str, ...]]]:
+        tree, cfg, session = job.tree, self.config, job.session
+        assert session is not None
+        task = tree.task
+        session.goto(tree, node)
+        history: list[HistoryStep] = tree.history(node)
+        observation, depth, commands = node.observation, node.depth, []
+        while depth < cfg.depth_limit:
+            prompt = actor_prompt(job.env_description, task.goal, task.context, history, observation)
+            params = self._params(job, cfg.rollout_temperature, cfg.max_tokens, "rollout", node.id, depth)
+            (completions,) = yield [SampleRequest(prompt, 1, params)]
+            parsed = parse(completions[0].text) if completions else FormatError("no completion returned")
+            if isinstance(parsed, FormatError):
+                commands.append(f"<format error: {parsed.reason}>")
+                return 0.0, tuple(commands)
+            step = session.step(parsed.command)
+            depth += 1
+            commands.append(parsed.command)
+            if step.done or parsed.status != "CONTINUE":
+                return step.reward, tuple(commands)
+            history.append(HistoryStep(parsed, step.observation))
+            observation = step.observation
+        return 0.0, tuple(commands)

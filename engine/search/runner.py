@@ -1,0 +1,94 @@
+"""A search run end to end: env + tasks + generator + config -> trees in the store.
+
+The glue between MCTS and the Store: every finished simulation is committed at once, the run's
+status and stats are kept current, and `resume` continues an interrupted run from what was
+committed (losing at most the simulations that were in progress).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict
+
+from engine.config import SearchConfig, from_dict
+from engine.envs.base import Env, TaskSpec
+from engine.envs.registry import env_factory
+from engine.llm.base import Generator
+from engine.search.mcts import MCTS, SearchStats, TreeJob, start_tree
+from engine.search.tree import Simulation
+from engine.store import Store, StoreError
+
+Progress = Callable[[TreeJob, Simulation], None]
+
+
+def _run(store: Store, run_id: str, jobs: list[TreeJob], generator: Generator, config: SearchConfig,
+         progress: Progress | None) -> SearchStats:
+    def on_simulation(job: TreeJob, sim: Simulation) -> None:
+        assert job.tree_id is not None
+        store.save_simulation(job.tree_id, job.tree, sim, job.committed_nodes)
+        if progress is not None:
+            progress(job, sim)
+
+    mcts = MCTS(generator, config, on_simulation=on_simulation)
+    store.set_run_status(run_id, "running")
+    try:
+        stats = mcts.run(jobs)
+    except BaseException:
+        store.set_run_status(run_id, "interrupted", mcts.stats.to_dict())
+        raise
+    store.set_run_status(run_id, "finished", stats.to_dict())
+    return stats
+
+
+def new_run(
+    store: Store,
+    env_spec: str,
+    tasks: list[TaskSpec],
+    generator: Generator,
+    config: SearchConfig,
+    name: str,
+    progress: Progress | None = None,
+    make_env: Callable[[], Env] | None = None,
+) -> tuple[str, SearchStats]:
+    """Create a run for `tasks` and search them; returns (run id, stats)."""
+    make_env = make_env or env_factory(env_spec)
+    run_id = store.create_run(name, env_spec, generator.name, asdict(config), tasks)
+    ids = dict((task_id, tree_id) for tree_id, task_id in store.tree_ids(run_id))
+    jobs = []
+    for task in tasks:
+        job = start_tree(task, make_env, config.simulations)
+        job.tree_id = ids[task.id]
+        jobs.append(job)
+    return run_id, _run(store, run_id, jobs, generator, config, progress)
+
+
+def resume_run(
+    store: Store,
+    run_key: str,
+    generator: Generator,
+    progress: Progress | None = None,
+    make_env: Callable[[], Env] | None = None,
+) -> tuple[str, SearchStats]:
+    """Continue run `run_key` (id, id prefix or name) to its configured simulation count."""
+    run_id = store.find_run(run_key)
+    info = store.run(run_id)
+    config = from_dict(SearchConfig, info.config, where=f"run {run_id} config")
+    make_env = make_env or env_factory(info.env)
+    env = make_env()
+    by_id = {}
+    for split in {"train", "test"}:
+        by_id.update({t.id: t for t in env.tasks(split)})
+    jobs = []
+    for tree_id, task_id in store.tree_ids(run_id):
+        tree = store.load_tree(tree_id)
+        if tree is None:  # never committed a simulation: start it afresh
+            if task_id not in by_id:
+                raise StoreError(f"run {run_id}: task {task_id!r} no longer exists in env {info.env}")
+            job = start_tree(by_id[task_id], make_env, config.simulations)
+            job.committed_nodes = 0
+        else:
+            job = TreeJob(tree=tree, make_env=make_env, env_description=env.describe(),
+                          target=config.simulations, committed_nodes=len(tree.nodes))
+        job.tree_id = tree_id
+        jobs.append(job)
+    return run_id, _run(store, run_id, jobs, generator, config, progress)

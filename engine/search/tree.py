@@ -1,0 +1,244 @@
+"""The search tree: nodes are agent histories, edges composite actions (SPEC §2, §6).
+
+The values of an edge (h, a) live on the child node it leads to. `N` and `value_sum` are the only
+fields that change after a node is created (backpropagation); everything else is written once.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.actions import CompositeAction
+from engine.envs.base import TaskSpec
+from engine.prompts import HistoryStep
+
+TERMINALS = ("success", "failure", "depth_limit", "format_error", "stopped")
+FORMAT = "orchard.tree/1"
+
+
+@dataclass
+class Node:
+    id: int
+    parent: int | None
+    depth: int
+    observation: str
+    action: CompositeAction | None = None
+    raw: str | None = None  # the model's full completion
+    format_error: str | None = None
+    N: int = 0
+    value_sum: float = 0.0
+    Q_critic: float | None = None
+    critic_rank: int | None = None
+    critic_reason: str | None = None
+    logprob: float | None = None
+    reward: float | None = None
+    progress: float | None = None
+    terminal: str | None = None
+    gen_ms: float = 0.0  # this completion's share of its batched generation call
+    env_ms: float = 0.0
+    n_tokens: int = 0
+    children: list[int] = field(default_factory=list)
+
+    @property
+    def Q_mcts(self) -> float:
+        """Q~: the running mean of eq. 8 (0 before any visit)."""
+        return self.value_sum / self.N if self.N else 0.0
+
+    def value(self, alpha: float) -> float:
+        """Eq. 10: alpha * Q~ + (1 - alpha) * Q^ (Q~ alone when there is no critic score)."""
+        if self.Q_critic is None:
+            return self.Q_mcts
+        return alpha * self.Q_mcts + (1.0 - alpha) * self.Q_critic
+
+
+@dataclass(frozen=True)
+class Simulation:
+    """One finished simulation: the tree path (root's child .. node rolled out from), the reward,
+    and the rollout's commands beyond the tree (rollout states are not added to the tree)."""
+
+    path: tuple[int, ...]
+    reward: float
+    rollout: tuple[str, ...] = ()
+
+
+@dataclass
+class SearchTree:
+    task: TaskSpec
+    nodes: list[Node]
+    simulations: list[Simulation] = field(default_factory=list)
+
+    @classmethod
+    def new(cls, task: TaskSpec, first_observation: str) -> SearchTree:
+        return cls(task=task, nodes=[Node(id=0, parent=None, depth=0, observation=first_observation)])
+
+    @property
+    def root(self) -> Node:
+        return self.nodes[0]
+
+    def add_child(self, parent: Node, **fields: Any) -> Node:
+        node = Node(id=len(self.nodes), parent=parent.id, depth=parent.depth + 1, **fields)
+        self.nodes.append(node)
+        parent.children.append(node.id)
+        return node
+
+    def path(self, node: Node) -> list[Node]:
+        """Nodes from the root's child down to `node` (empty for the root)."""
+        out = []
+        while node.parent is not None:
+            out.append(node)
+            node = self.nodes[node.parent]
+        return out[::-1]
+
+    def history(self, node: Node) -> list[HistoryStep]:
+        """Earlier steps up to and including `node`'s action, as prompts show them."""
+        return [HistoryStep(n.action, n.observation) for n in self.path(node) if n.action is not None]
+
+    def commands(self, node: Node) -> list[str]:
+        """The env commands that lead from reset to `node` (format errors step nothing)."""
+        return [n.action.command for n in self.path(node) if n.action is not None and not n.format_error]
+
+    def backpropagate(self, path: list[int], reward: float) -> None:
+        """Eq. 8 on every edge of the path; the root counts the simulation too."""
+        for nid in (0, *path):
+            node = self.nodes[nid]
+            node.N += 1
+            node.value_sum += reward
+
+    def best_path(self, alpha: float = 0.5) -> list[int]:
+        """Greedy descent by eq. 10 value among visited children (the path the dashboard highlights)."""
+        out, node = [], self.root
+        while node.children:
+            visited = [self.nodes[c] for c in node.children if self.nodes[c].N > 0]
+            if not visited:
+                break
+            node = max(visited, key=lambda n: (n.value(alpha), n.N))
+            out.append(node.id)
+        return out
+
+    def solved(self) -> bool:
+        return any(n.terminal == "success" for n in self.nodes) or any(
+            s.reward >= 1.0 for s in self.simulations
+        )
+
+    def check_invariants(self) -> list[str]:
+        """SPEC §6 invariants; returns the violations (empty when consistent)."""
+        problems = []
+        counts = [0] * len(self.nodes)
+        sums = [0.0] * len(self.nodes)
+        for s in self.simulations:
+            for nid in s.path:
+                counts[nid] += 1
+                sums[nid] += s.reward
+        for n in self.nodes:
+            child_n = sum(self.nodes[c].N for c in n.children)
+            if n.N < child_n:
+                problems.append(f"node {n.id}: N={n.N} < sum of children's N={child_n}")
+            if n.parent is not None:
+                if n.N != counts[n.id]:
+                    problems.append(f"node {n.id}: N={n.N} but {counts[n.id]} simulations pass through it")
+                elif n.N and not math.isclose(n.value_sum, sums[n.id], abs_tol=1e-9):
+                    problems.append(f"node {n.id}: value sum {n.value_sum} != {sums[n.id]}")
+                if n.parent >= len(self.nodes) or n.id not in self.nodes[n.parent].children:
+                    problems.append(f"node {n.id}: orphan (parent {n.parent})")
+        if self.root.N != len(self.simulations):
+            problems.append(f"root: N={self.root.N} but {len(self.simulations)} simulations")
+        return problems
+
+    # --- interchange -----------------------------------------------------------------------
+
+    def to_json(self, run: dict[str, Any], alpha: float = 0.5) -> dict[str, Any]:
+        """The `orchard.tree/1` document (SPEC §6)."""
+        return {
+            "format": FORMAT,
+            "run": run,
+            "task": {"id": self.task.id, "goal": self.task.goal},
+            "nodes": [
+                {
+                    "id": n.id,
+                    "parent": n.parent,
+                    "depth": n.depth,
+                    "action": n.action.to_dict() if n.action else None,
+                    "raw": n.raw,
+                    "format_error": n.format_error,
+                    "observation": n.observation,
+                    "N": n.N,
+                    "Q_mcts": n.Q_mcts,
+                    "Q_critic": n.Q_critic,
+                    "Q": n.value(alpha),
+                    "critic_rank": n.critic_rank,
+                    "critic_reason": n.critic_reason,
+                    "logprob": n.logprob,
+                    "reward": n.reward,
+                    "progress": n.progress,
+                    "terminal": n.terminal,
+                }
+                for n in self.nodes
+            ],
+            "simulations": [
+                {"path": list(s.path), "reward": s.reward, "rollout": list(s.rollout)} for s in self.simulations
+            ],
+        }
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> SearchTree:
+        """Rebuild a tree from an `orchard.tree/1` document (Q_mcts * N gives the value sums)."""
+        if doc.get("format") != FORMAT:
+            raise ValueError(f"not an {FORMAT} document (format={doc.get('format')!r})")
+        task = TaskSpec(id=str(doc["task"]["id"]), goal=doc["task"]["goal"])
+        nodes = []
+        for i, d in enumerate(doc["nodes"]):
+            if d["id"] != i:
+                raise ValueError(f"nodes[{i}]: id {d['id']} out of order (ids must be 0..n-1)")
+            nodes.append(
+                Node(
+                    id=i,
+                    parent=d["parent"],
+                    depth=d["depth"],
+                    observation=d["observation"],
+                    action=CompositeAction.from_dict(d["action"]) if d.get("action") else None,
+                    raw=d.get("raw"),
+                    format_error=d.get("format_error"),
+                    N=d["N"],
+                    value_sum=d["Q_mcts"] * d["N"],
+                    Q_critic=d.get("Q_critic"),
+                    critic_rank=d.get("critic_rank"),
+                    critic_reason=d.get("critic_reason"),
+                    logprob=d.get("logprob"),
+                    reward=d.get("reward"),
+                    progress=d.get("progress"),
+                    terminal=d.get("terminal"),
+                )
+            )
+        for n in nodes:
+            if n.parent is not None:
+                nodes[n.parent].children.append(n.id)
+        sims = [Simulation(tuple(s["path"]), s["reward"], tuple(s.get("rollout", ()))) for s in doc["simulations"]]
+        return cls(task=task, nodes=nodes, simulations=sims)
+
+    def to_networkx(self, alpha: float = 0.5):
+        """A networkx DiGraph (parent -> child) with scalar node attributes (GraphML-safe)."""
+        import networkx as nx
+
+        g = nx.DiGraph(task=self.task.id, goal=self.task.goal)
+        for n in self.nodes:
+            attrs = {
+                "depth": n.depth,
+                "N": n.N,
+                "Q_mcts": n.Q_mcts,
+                "Q": n.value(alpha),
+                "observation": n.observation,
+                "command": n.action.command if n.action else "",
+                "thought": n.action.thought if n.action else "",
+                "terminal": n.terminal or "",
+                "format_error": n.format_error or "",
+            }
+            for key in ("Q_critic", "critic_rank", "logprob", "reward", "progress"):
+                value = getattr(n, key)
+                if value is not None:
+                    attrs[key] = value
+            g.add_node(n.id, **attrs)
+            if n.parent is not None:
+                g.add_edge(n.parent, n.id)
+        return g

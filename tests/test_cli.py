@@ -1,0 +1,95 @@
+"""The `orchard` CLI: fast help, one-line errors with exit 2 and nothing written, runs, export."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import networkx as nx
+from doubles import ScriptedGenerator, SnapshotLineEnv
+
+from engine.cli import main
+from engine.config import SearchConfig
+from engine.search.runner import new_run
+from engine.store import Store
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _orchard(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "engine.cli", *args], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=120)
+
+
+def test_help_is_fast_and_imports_nothing_heavy():
+    t = time.perf_counter()
+    out = _orchard("--help")
+    assert out.returncode == 0 and "search" in out.stdout
+    assert time.perf_counter() - t < 1.0
+    probe = subprocess.run(
+        [sys.executable, "-c", "import sys, engine.cli; print(sorted(m for m in ('torch','transformers','streamlit',"
+         "'pandas','networkx') if m in sys.modules))"], cwd=ROOT, capture_output=True, text=True)
+    assert probe.stdout.strip() == "[]"
+
+
+def _one_line_error(out, *needles):
+    assert out.returncode == 2, out.stderr
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("orchard: error:"), out.stderr
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+def test_bad_inputs_are_one_line_errors_and_write_nothing(tmp_path):
+    db = tmp_path / "o.db"
+    _one_line_error(_orchard("search", "--env", "nosuch", "--db", str(db)), "unknown env", "nosuch")
+    _one_line_error(_orchard("search", "--tasks", "5:2", "--db", str(db)), "bad task range")
+    _one_line_error(_orchard("search", "--tasks", "0:99999", "--db", str(db)), "out of range", "train split")
+    _one_line_error(_orchard("search", "--tasks", "0:x", "--db", str(db)), "bad task range")
+    _one_line_error(_orchard("search", "--alpha", "3", "--db", str(db)), "alpha")
+    _one_line_error(_orchard("search", "--tasks", "0:1", "--model", str(tmp_path / "nomodel"), "--db", str(db)),
+                    "no such folder")
+    assert not db.exists()
+    junk = tmp_path / "junk.db"
+    junk.write_text("hello, not sqlite")
+    _one_line_error(_orchard("runs", "--db", str(junk)), "not an Orchard database")
+    _one_line_error(_orchard("search", "--resume", "x", "--db", str(junk)), "not an Orchard database")
+    assert junk.read_text() == "hello, not sqlite"
+
+
+def _line_run(db):
+    with Store(db) as store:
+        env = SnapshotLineEnv()
+        run_id, _ = new_run(store, "line", env.tasks()[:2], ScriptedGenerator(),
+                            SearchConfig(simulations=5, k=3, depth_limit=5), "cli-test", make_env=SnapshotLineEnv)
+    return run_id
+
+
+def test_runs_and_export(tmp_path, capsys):
+    db = tmp_path / "o.db"
+    assert main(["runs", "--db", str(db)]) == 0
+    assert "no runs yet" in capsys.readouterr().out
+    run_id = _line_run(db)
+    assert main(["runs", "--json", "--db", str(db)]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["id"] == run_id and row["trees"] == 2 and row["simulations"] == 10
+    assert main(["runs", "--db", str(db)]) == 0
+    assert "cli-test" in capsys.readouterr().out
+
+    out = tmp_path / "t.json"
+    assert main(["export", "tree", "cli-test", "--task", "goal-2", "--format", "json", "-o", str(out), "--db", str(db)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["format"] == "orchard.tree/1" and doc["run"]["id"] == run_id and doc["task"]["id"] == "goal-2"
+    assert doc["run"]["config"]["k"] == 3 and len(doc["simulations"]) == 5
+    for n in doc["nodes"]:
+        if n["Q_critic"] is not None:
+            assert abs(n["Q"] - (0.5 * n["Q_mcts"] + 0.5 * n["Q_critic"])) < 1e-9
+
+    gml = tmp_path / "t.graphml"
+    assert main(["export", "tree", run_id, "--task", "goal-2", "--format", "graphml", "-o", str(gml), "--db", str(db)]) == 0
+    g = nx.read_graphml(gml)
+    assert g.number_of_nodes() == len(doc["nodes"])
+    assert main(["export", "tree", run_id, "--task", "nope", "--db", str(db)]) == 2
+    assert "no task" in capsys.readouterr().err

@@ -1,0 +1,161 @@
+"""MCTS per SPEC §2: UCB1, backprop, eq. 10, critic mapping, batching, replay == snapshot."""
+
+import math
+
+import pytest
+from doubles import LineEnv, ScriptedGenerator, SnapshotLineEnv
+
+from engine.actions import CompositeAction
+from engine.config import ConfigError, SearchConfig
+from engine.envs.base import TaskSpec
+from engine.search.critic import rank_to_score
+from engine.search.mcts import MCTS, select_child, start_tree, ucb_score
+from engine.search.tree import SearchTree
+
+
+def _tree_with_children(stats):
+    """Root with children whose (N, value_sum, Q_critic) are given."""
+    tree = SearchTree.new(TaskSpec(id="t", goal="g"), "start")
+    for n, vs, qc in stats:
+        child = tree.add_child(tree.root, observation="o", action=CompositeAction("t", "wait"), Q_critic=qc)
+        child.N, child.value_sum = n, vs
+    tree.root.N = sum(n for n, _, _ in stats)
+    return tree
+
+
+def test_ucb1_hand_worked_example():
+    # N(h) = 3 + 1 = 4; ln 4 = 1.386294
+    # child 1: Q~ = 2/3 = .666667, explore = sqrt(1.386294 / 4) = .588705 -> 1.255372
+    # child 2: Q~ = 0,            explore = sqrt(1.386294 / 2) = .832555 -> 0.832555
+    tree = _tree_with_children([(3, 2.0, 0.0), (1, 0.0, 1.0)])
+    c1, c2 = (tree.nodes[i] for i in tree.root.children)
+    assert ucb_score(c1, 4, 1.0, c1.Q_mcts) == pytest.approx(2 / 3 + math.sqrt(math.log(4) / 4))
+    assert ucb_score(c2, 4, 1.0, c2.Q_mcts) == pytest.approx(math.sqrt(math.log(4) / 2))
+    assert select_child(tree, tree.root, SearchConfig(c_exp=1.0)).id == c1.id
+    # a larger exploration constant flips it: c=3 gives 0.667 + 1.766 = 2.433 vs 2.498 -> child 2
+    assert select_child(tree, tree.root, SearchConfig(c_exp=3.0)).id == c2.id
+    # with eq. 10 values in selection (alpha .5): child1 = .5*.667 + .5*0 = .333 + .589 = .922;
+    # child2 = .5*0 + .5*1 = .5 + .833 = 1.333 -> child 2
+    assert select_child(tree, tree.root, SearchConfig(selection_value="combined")).id == c2.id
+
+
+def test_unvisited_children_first_ties_by_critic():
+    tree = _tree_with_children([(5, 5.0, 1.0), (0, 0.0, 0.3), (0, 0.0, 0.9), (0, 0.0, 0.9)])
+    ids = tree.root.children
+    assert select_child(tree, tree.root, SearchConfig()).id == ids[2]  # first of the 0.9 ties
+
+
+def test_backprop_is_running_mean_eq8():
+    tree = _tree_with_children([(0, 0.0, None)])
+    child = tree.nodes[1]
+    grand = tree.add_child(child, observation="o2", action=CompositeAction("t", "wait"))
+    q = 0.0
+    for i, r in enumerate([1.0, 0.0, 0.0, 1.0]):
+        tree.backpropagate([child.id, grand.id], r)
+        q = (q * i + r) / (i + 1)  # eq. 8
+        assert child.Q_mcts == pytest.approx(q)
+        assert grand.N == i + 1
+    assert child.Q_mcts == pytest.approx(0.5) and tree.root.N == 4
+
+
+def test_eq10_value_and_critic_mapping():
+    tree = _tree_with_children([(4, 3.0, 0.25)])
+    child = tree.nodes[1]
+    assert child.value(0.5) == pytest.approx(0.5 * 0.75 + 0.5 * 0.25)
+    assert child.value(1.0) == pytest.approx(0.75)
+    assert child.value(0.0) == pytest.approx(0.25)
+    assert [rank_to_score(r, 4) for r in range(4)] == pytest.approx([1, 2 / 3, 1 / 3, 0])
+    assert rank_to_score(0, 1) == 1.0
+    assert [rank_to_score(r, 3, "reciprocal") for r in range(3)] == pytest.approx([1, 1 / 2, 1 / 3])
+    with pytest.raises(ValueError):
+        rank_to_score(4, 4)
+
+
+def test_config_validation_names_the_field():
+    with pytest.raises(ConfigError, match="alpha"):
+        SearchConfig(alpha=1.5)
+    with pytest.raises(ConfigError, match="critic_mapping"):
+        SearchConfig(critic_mapping="cubic")
+
+
+def _search(env_cls, gen, cfg, n_tasks=6):
+    env = env_cls()
+    jobs = [start_tree(t, env_cls, cfg.simulations) for t in env.tasks()[:n_tasks]]
+    stats = MCTS(gen, cfg).run(jobs)
+    return jobs, stats
+
+
+def _shape(tree):
+    return [(n.parent, n.action.command if n.action else None, n.N, round(n.value_sum, 9), n.Q_critic,
+             n.terminal, n.observation) for n in tree.nodes]
+
+
+def test_search_invariants_and_success():
+    cfg = SearchConfig(simulations=12, k=3, depth_limit=6)
+    jobs, stats = _search(SnapshotLineEnv, ScriptedGenerator(), cfg)
+    assert stats.simulations == 12 * 6
+    for job in jobs:
+        tree = job.tree
+        assert tree.check_invariants() == []
+        assert len(tree.simulations) == 12
+        for n in tree.nodes:
+            assert n.depth <= cfg.depth_limit
+            kids = [tree.nodes[c].action.command for c in n.children if tree.nodes[c].action]
+            assert len(kids) == len(set(kids)), "identical commands must be deduplicated"
+            if n.children and len(kids) > 1:
+                ranks = sorted(tree.nodes[c].critic_rank for c in n.children)
+                assert ranks == list(range(len(ranks)))
+    assert sum(j.tree.solved() for j in jobs) >= 3  # goals 1..3 are easy for a right-biased walk
+
+
+def test_replay_gives_the_same_trees_as_snapshots():
+    cfg = SearchConfig(simulations=10, k=3, depth_limit=6, seed=7)
+    snap_jobs, snap_stats = _search(SnapshotLineEnv, ScriptedGenerator(), cfg)
+    replay_jobs, replay_stats = _search(LineEnv, ScriptedGenerator(), cfg)
+    assert snap_stats.replays == 0 and snap_stats.restores > 0
+    assert replay_stats.replays > 0
+    for a, b in zip(snap_jobs, replay_jobs):
+        assert _shape(a.tree) == _shape(b.tree)
+
+
+def test_all_trees_requests_share_one_batch_per_round():
+    gen = ScriptedGenerator()
+    cfg = SearchConfig(simulations=4, k=4, depth_limit=5, trees_in_flight=16)
+    jobs, stats = _search(SnapshotLineEnv, gen, cfg, n_tasks=8)
+    assert len(gen.calls) == stats.rounds
+    assert gen.calls[0] == 8  # the first round: every tree's expansion in one call
+    assert max(gen.calls) == 8 and sum(gen.calls) == stats.requests
+    # trees_in_flight bounds the batch
+    gen2 = ScriptedGenerator()
+    _search(SnapshotLineEnv, gen2, SearchConfig(simulations=4, k=4, depth_limit=5, trees_in_flight=3), n_tasks=8)
+    assert max(gen2.calls) == 3
+
+
+def test_bad_model_output_becomes_format_error_nodes():
+    gen = ScriptedGenerator(p_garbage=0.5)
+    cfg = SearchConfig(simulations=8, k=4, depth_limit=5)
+    jobs, _ = _search(SnapshotLineEnv, gen, cfg, n_tasks=3)
+    errors = [n for j in jobs for n in j.tree.nodes if n.format_error]
+    assert errors, "garbage completions must show up as format-error nodes"
+    for n in errors:
+        assert n.terminal == "format_error" and n.reward == 0.0 and n.Q_critic == 0.0
+        assert n.observation.startswith("Format error")
+    for j in jobs:
+        assert j.tree.check_invariants() == []
+
+
+def test_critic_off_leaves_no_scores():
+    cfg = SearchConfig(simulations=4, k=3, depth_limit=4, critic=False)
+    jobs, _ = _search(SnapshotLineEnv, ScriptedGenerator(), cfg, n_tasks=2)
+    assert all(n.Q_critic is None for j in jobs for n in j.tree.nodes)
+
+
+def test_tree_json_roundtrip_and_networkx():
+    cfg = SearchConfig(simulations=6, k=3, depth_limit=5)
+    (job,), _ = _search(SnapshotLineEnv, ScriptedGenerator(), cfg, n_tasks=1)
+    doc = job.tree.to_json({"id": "r", "env": "line", "model": "scripted", "config": {}})
+    again = SearchTree.from_json(doc)
+    assert _shape(again) == _shape(job.tree)
+    assert again.check_invariants() == []
+    g = job.tree.to_networkx()
+    assert g.number_of_nodes() == len(job.tree.nodes) and g.number_of_edges() == len(job.tree.nodes) - 1

@@ -1,0 +1,174 @@
+"""Store: schema, one transaction per simulation, refusal of foreign files, resume after SIGKILL."""
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from doubles import ScriptedGenerator, SnapshotLineEnv
+
+from engine.config import SearchConfig
+from engine.search.runner import new_run, resume_run
+from engine.store import SCHEMA_VERSION, Store, StoreError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _run(store, sims=6, n_tasks=4, gen=None):
+    env = SnapshotLineEnv()
+    cfg = SearchConfig(simulations=sims, k=3, depth_limit=5)
+    return new_run(store, "line", env.tasks()[:n_tasks], gen or ScriptedGenerator(), cfg, "t", make_env=SnapshotLineEnv)
+
+
+def test_run_roundtrip(tmp_path):
+    with Store(tmp_path / "o.db") as store:
+        run_id, stats = _run(store)
+        assert store.schema_version == SCHEMA_VERSION
+        (info,) = store.runs()
+        assert info.id == run_id and info.status == "finished" and info.trees == 4
+        assert info.simulations == 24 and info.config["k"] == 3
+        assert info.stats["simulations"] == 24
+        for tree_id, task_id in store.tree_ids(run_id):
+            tree = store.load_tree(tree_id)
+            assert tree.task.id == task_id and len(tree.simulations) == 6
+            assert tree.check_invariants() == []
+        # observations are stored once per distinct text
+        n_obs = store.con.execute("SELECT COUNT(*) FROM observations").fetchone()[0]
+        n_nodes = store.con.execute("SELECT COUNT(*) FROM nodes").fetchone()[0]
+        assert n_obs < n_nodes
+        assert store.find_run("t") == run_id and store.find_run(run_id[:4]) == run_id
+        with pytest.raises(StoreError, match="no run"):
+            store.find_run("nope")
+
+
+def test_journal_is_wal(tmp_path):
+    with Store(tmp_path / "o.db") as store:
+        assert store.con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_foreign_and_corrupt_files_are_refused_untouched(tmp_path):
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"this is not a database at all" * 10)
+    before = junk.read_bytes()
+    with pytest.raises(StoreError, match="not a SQLite file"):
+        Store(junk)
+    assert junk.read_bytes() == before
+
+    foreign = tmp_path / "foreign.db"
+    con = sqlite3.connect(foreign)
+    con.execute("CREATE TABLE users (id INTEGER)")
+    con.commit()
+    con.close()
+    before = foreign.read_bytes()
+    with pytest.raises(StoreError, match="not Orchard's"):
+        Store(foreign)
+    assert foreign.read_bytes() == before
+    assert not (tmp_path / "foreign.db-wal").exists()
+
+    truncated = tmp_path / "trunc.db"
+    with Store(truncated) as s:
+        _run(s, sims=2, n_tasks=1)
+    data = truncated.read_bytes()
+    truncated.write_bytes(data[:100] + b"\xff" * 200)
+    with pytest.raises(StoreError):
+        Store(truncated)
+
+
+def test_newer_schema_is_refused(tmp_path):
+    path = tmp_path / "o.db"
+    Store(path).close()
+    con = sqlite3.connect(path)
+    con.execute("UPDATE meta SET value='999' WHERE key='schema_version'")
+    con.commit()
+    con.close()
+    with pytest.raises(StoreError, match="newer"):
+        Store(path)
+
+
+def test_failed_generator_marks_run_interrupted_and_resume_completes(tmp_path):
+    class Failing(ScriptedGenerator):
+        def sample(self, requests):
+            if len(self.calls) >= 15:
+                raise RuntimeError("server went away")
+            return super().sample(requests)
+
+    with Store(tmp_path / "o.db") as store:
+        with pytest.raises(RuntimeError):
+            _run(store, sims=8, gen=Failing())
+        (info,) = store.runs()
+        assert info.status == "interrupted" and 0 < info.simulations < 32
+        for tree_id, _ in store.tree_ids(info.id):
+            tree = store.load_tree(tree_id)
+            if tree is not None:
+                assert tree.check_invariants() == []
+        resume_run(store, info.id, ScriptedGenerator(), make_env=SnapshotLineEnv)
+        (info,) = store.runs()
+        assert info.status == "finished" and info.simulations == 32
+
+
+KILL_SCRIPT = """
+import sys
+sys.path.insert(0, {tests!r})
+from doubles import ScriptedGenerator, SnapshotLineEnv
+from engine.config import SearchConfig
+from engine.search.runner import new_run, resume_run
+from engine.store import Store
+store = Store({db!r})
+gen = ScriptedGenerator(delay_s={delay})
+if sys.argv[1] == "new":
+    env = SnapshotLineEnv()
+    new_run(store, "line", env.tasks()[:4], gen, SearchConfig(simulations=10, k=3, depth_limit=6), "killme",
+            make_env=SnapshotLineEnv)
+else:
+    resume_run(store, "killme", gen, make_env=SnapshotLineEnv)
+"""
+
+
+def test_resume_after_sigkill(tmp_path):
+    db = tmp_path / "o.db"
+    script = tmp_path / "s.py"
+    script.write_text(KILL_SCRIPT.format(tests=str(ROOT / "tests"), db=str(db), delay=0.02))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, str(script), "new"], env=env)
+    deadline = time.time() + 60
+    sims = 0
+    while time.time() < deadline:  # wait until some simulations are committed, then kill -9
+        time.sleep(0.2)
+        if db.exists():
+            try:
+                con = sqlite3.connect(db)
+                sims = con.execute("SELECT COUNT(*) FROM simulations").fetchone()[0]
+                con.close()
+            except sqlite3.Error:
+                sims = 0
+            if sims >= 8:
+                break
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert 8 <= sims < 40, "the run should have been killed mid-way"
+    with Store(db) as store:
+        (info,) = store.runs()
+        assert info.status == "running"  # it never got to say otherwise
+        committed = info.simulations
+        for tree_id, _ in store.tree_ids(info.id):
+            tree = store.load_tree(tree_id)
+            if tree is not None:
+                assert tree.check_invariants() == []
+    subprocess.run([sys.executable, str(script), "resume"], env=env, check=True, timeout=120)
+    with Store(db) as store:
+        (info,) = store.runs()
+        assert info.status == "finished" and info.simulations == 40 and committed <= 40
+        for tree_id, _ in store.tree_ids(info.id):
+            tree = store.load_tree(tree_id)
+            assert len(tree.simulations) == 10 and tree.check_invariants() == []
+            orphans = store.con.execute(
+                "SELECT COUNT(*) FROM nodes c WHERE c.tree_id=? AND c.parent_id IS NOT NULL AND NOT EXISTS "
+                "(SELECT 1 FROM nodes p WHERE p.tree_id=c.tree_id AND p.node_id=c.parent_id)", (tree_id,)
+            ).fetchone()[0]
+            assert orphans == 0
+        assert json.loads(json.dumps(info.stats))["simulations"] > 0
