@@ -18,11 +18,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.config import SearchConfig  # noqa: E402
-from engine.envs.registry import env_factory  # noqa: E402
-from engine.llm.base import Completion  # noqa: E402
-from engine.search.runner import new_run  # noqa: E402
-from engine.store import Store  # noqa: E402
+from engine.config import SearchConfig
+from engine.envs.registry import env_factory
+from engine.llm.base import Completion
+from engine.search.runner import new_run
+from engine.store import Store
 
 LLM_CALL_S = 0.050
 COMMANDS = ["inventory", "get 1 oak log", "get 2 cobblestone", "craft 4 oak planks using 1 oak log",

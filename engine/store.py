@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from engine.actions import CompositeAction
 from engine.envs.base import TaskSpec
@@ -181,7 +181,7 @@ class Store:
     def close(self) -> None:
         self.con.close()
 
-    def __enter__(self) -> Store:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

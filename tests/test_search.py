@@ -121,7 +121,7 @@ def test_replay_gives_the_same_trees_as_snapshots():
 def test_all_trees_requests_share_one_batch_per_round():
     gen = ScriptedGenerator()
     cfg = SearchConfig(simulations=4, k=4, depth_limit=5, trees_in_flight=16)
-    jobs, stats = _search(SnapshotLineEnv, gen, cfg, n_tasks=8)
+    _, stats = _search(SnapshotLineEnv, gen, cfg, n_tasks=8)
     assert len(gen.calls) == stats.rounds
     assert gen.calls[0] == 8  # the first round: every tree's expansion in one call
     assert max(gen.calls) == 8 and sum(gen.calls) == stats.requests

@@ -27,7 +27,7 @@ def _run(store, sims=6, n_tasks=4, gen=None):
 
 def test_run_roundtrip(tmp_path):
     with Store(tmp_path / "o.db") as store:
-        run_id, stats = _run(store)
+        run_id, _ = _run(store)
         assert store.schema_version == SCHEMA_VERSION
         (info,) = store.runs()
         assert info.id == run_id and info.status == "finished" and info.trees == 4

@@ -28,7 +28,7 @@ def load_generator(spec: str, log=print) -> Generator:
 
         path = _model_dir(spec[len("vllm:") :])
         return VLLMGenerator(path, name=f"vllm:{path}")
-    path = _model_dir(spec[len("hf:") :] if spec.startswith("hf:") else spec)
+    path = _model_dir(spec.removeprefix("hf:"))
     from engine.llm.hf import HFGenerator
 
     return HFGenerator(path, name=f"hf:{path}")

@@ -53,7 +53,7 @@ def new_run(
     """Create a run for `tasks` and search them; returns (run id, stats)."""
     make_env = make_env or env_factory(env_spec)
     run_id = store.create_run(name, env_spec, generator.name, asdict(config), tasks)
-    ids = dict((task_id, tree_id) for tree_id, task_id in store.tree_ids(run_id))
+    ids = {task_id: tree_id for tree_id, task_id in store.tree_ids(run_id)}
     jobs = []
     for task in tasks:
         job = start_tree(task, make_env, config.simulations)
@@ -76,7 +76,7 @@ def resume_run(
     make_env = make_env or env_factory(info.env)
     env = make_env()
     by_id = {}
-    for split in {"train", "test"}:
+    for split in ("train", "test"):
         by_id.update({t.id: t for t in env.tasks(split)})
     jobs = []
     for tree_id, task_id in store.tree_ids(run_id):

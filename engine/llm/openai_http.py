@@ -1,0 +1,444 @@
+"""`OpenAIGenerator`: a `Generator` over any OpenAI-compatible HTTP server.
+
+Targets `vllm serve`, `transformers serve` and hosted APIs, which differ in what they honour:
+- `n`: vLLM honours it; `transformers serve` (5.24) and some hosted APIs ignore it and return one
+  choice. We ask for `n`, then send further calls for the missing ones (each call returns >= 1
+  choice, so a request costs at most n calls). When the request has a seed, call j sends
+  `seed + j`: a server that ignores `n` but honours `seed` would otherwise repeat one sample.
+- log-probs: asked for (`logprobs: true` / `logprobs: 1`); a server that returns none gives
+  `logprob=None`, never a made-up number. vLLM reports RAW model log-probs by default
+  (`--logprobs-mode raw_logprobs`); hosted APIs report whatever they report.
+- `stop`: OpenAI semantics exclude the stop string; `transformers serve` includes it (and
+  matches it across the prompt boundary). We cut the text at the first stop string; if that
+  removes text, token log-probs can no longer be aligned with it and become None.
+
+Concurrency: a sync `httpx.Client` shared by a bounded thread pool (`max_concurrency` workers
+and connections). Threads rather than asyncio because callers (search loops, Streamlit,
+notebooks) may already run an event loop, where `asyncio.run` fails; the work is I/O-bound, so
+threads release the GIL while waiting.
+
+Retries: 429, 5xx, 408, connection errors and timeouts are retried `retries` times with
+exponential backoff (`backoff_s * 2**attempt`, jittered); other errors fail at once with a
+`GeneratorError` naming the URL and model. The API key is read from `api_key_env` at each call
+(so it can be set or rotated after construction) and never stored, logged or put in messages.
+
+`logprobs()` scores with the completions API (`echo` + `logprobs`, token-id prompt), which
+vLLM supports; servers that do not (transformers serve, most hosted APIs) yield None per item.
+It needs a local tokenizer (the `tokenizer_dir`, by default `model` when that is a folder) to
+build the same token ids as `HFGenerator`: chat-templated prompt + completion + EOS.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import threading
+from collections.abc import Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Self
+
+import httpx
+
+from engine.llm.base import Completion, GeneratorError, Prompt, SampleRequest
+
+log = logging.getLogger(__name__)
+
+Api = Literal["chat", "completions"]
+_RETRY_STATUS = frozenset({408, 429})
+_DETAIL_CHARS = 300
+
+
+class HTTPStatusError(GeneratorError):
+    """A final HTTP error answer; `status` lets callers tell "unsupported" (400/422) from outages."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _redact(text: str, secret: str | None) -> str:
+    return text.replace(secret, "***") if secret else text
+
+
+def _server_detail(resp: httpx.Response, secret: str | None) -> str:
+    """The server's own error message (FastAPI `detail`, OpenAI `error.message`), shortened."""
+    try:
+        body = resp.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict):
+        err = body.get("error")
+        detail = body.get("detail") or (err.get("message") if isinstance(err, dict) else err)
+        text = str(detail) if detail else resp.text
+    else:
+        text = resp.text
+    return _redact(text.strip(), secret)[:_DETAIL_CHARS]
+
+
+def _cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
+    cuts = [i for i in (text.find(s) for s in stop if s) if i >= 0]
+    return (text[: min(cuts)], True) if cuts else (text, False)
+
+
+def parse_choices(body: dict[str, Any], api: Api, stop: Sequence[str]) -> list[Completion]:
+    """Completions from one chat / completions response body, in `index` order."""
+    choices = body.get("choices")
+    if not isinstance(choices, list):
+        raise GeneratorError(f"malformed response: no 'choices' list in {str(body)[:_DETAIL_CHARS]}")
+    usage_tokens = (body.get("usage") or {}).get("completion_tokens")
+    out = []
+    for choice in sorted(choices, key=lambda c: c.get("index", 0)):
+        lp = choice.get("logprobs")
+        if api == "chat":
+            text = (choice.get("message") or {}).get("content") or ""
+            entries = lp.get("content") if isinstance(lp, dict) else None
+            token_lps = [e.get("logprob") for e in entries] if isinstance(entries, list) else None
+        else:
+            text = choice.get("text") or ""
+            token_lps = lp.get("token_logprobs") if isinstance(lp, dict) else None
+        if token_lps is not None and any(x is None for x in token_lps):
+            token_lps = None
+        text, cut = _cut_at_stop(text, stop)
+        finish = "length" if choice.get("finish_reason") == "length" and not cut else "stop"
+        if token_lps is not None:
+            n_tokens = len(token_lps)
+        else:  # usage sums over choices: it counts one completion's tokens only when alone
+            n_tokens = usage_tokens if len(choices) == 1 and isinstance(usage_tokens, int) else 0
+        if cut:
+            token_lps = None
+        out.append(
+            Completion(
+                text=text,
+                logprob=float(sum(token_lps)) if token_lps is not None else None,
+                token_logprobs=tuple(float(x) for x in token_lps) if token_lps is not None else None,
+                n_tokens=n_tokens,
+                finish_reason=finish,
+            )
+        )
+    return out
+
+
+def echo_logprob(body: dict[str, Any], n_prompt: int, n_completion: int) -> float | None:
+    """Sum of the log-probs of tokens [n_prompt, n_prompt + n_completion) of an echoed prompt,
+    or None when the response carries no (or too few) prompt log-probs."""
+    choices = body.get("choices") or []
+    lp = choices[0].get("logprobs") if choices and isinstance(choices[0], dict) else None
+    values = lp.get("token_logprobs") if isinstance(lp, dict) else None
+    if not isinstance(values, list) or len(values) < n_prompt + n_completion:
+        return None
+    part = values[n_prompt : n_prompt + n_completion]
+    if any(v is None for v in part):
+        return None
+    return float(sum(part))
+
+
+@dataclass
+class _Pending:
+    """Progress of one SampleRequest across its HTTP calls."""
+
+    request: SampleRequest
+    got: list[Completion] = field(default_factory=list)
+    asked_in_flight: int = 0
+    calls: int = 0
+    per_call: int = 0  # most choices one call has returned so far
+
+
+class OpenAIGenerator:
+    """See the module docstring. `tokenizer_dir` (optional) is a local folder with the model's
+    tokenizer, needed for `api="completions"` (to render chat prompts) and for `logprobs()`."""
+
+    name: str
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api: Api = "chat",
+        api_key_env: str = "OPENAI_API_KEY",
+        max_concurrency: int = 8,
+        timeout_s: float = 60,
+        retries: int = 3,
+        backoff_s: float = 0.5,
+        tokenizer_dir: str | Path | None = None,
+    ) -> None:
+        if api not in ("chat", "completions"):
+            raise ValueError(f"api must be 'chat' or 'completions', not {api!r}")
+        if max_concurrency < 1 or retries < 0 or timeout_s <= 0 or backoff_s < 0:
+            raise ValueError("need max_concurrency >= 1, retries >= 0, timeout_s > 0, backoff_s >= 0")
+        if not base_url.startswith(("http://", "https://")):
+            raise ValueError(f"base_url must start with http:// or https://, not {base_url!r}")
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.api: Api = api
+        self.api_key_env = api_key_env
+        self.max_concurrency = max_concurrency
+        self.timeout_s = timeout_s
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self.name = f"openai:{self.base_url}#{model}"
+        if tokenizer_dir is None and Path(model).is_dir():
+            tokenizer_dir = model
+        self.tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir is not None else None
+        if api == "completions" and self.tokenizer_dir is None:
+            raise GeneratorError(
+                f"{self.name}: api='completions' sends text prompts, so it needs the model's chat "
+                "template: pass tokenizer_dir (a local folder with the tokenizer)"
+            )
+        self._tokenizer: Any = None
+        self._tokenizer_lock = threading.Lock()
+        self._echo_supported: bool | None = None
+        self._client = httpx.Client(
+            timeout=httpx.Timeout(timeout_s),
+            limits=httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency),
+        )
+
+    @classmethod
+    def from_spec(cls, spec: str, **kwargs: Any) -> OpenAIGenerator:
+        """Build from "openai:BASE_URL#MODEL" (the form `name` takes); kwargs go to __init__."""
+        prefix = "openai:"
+        url, sep, model = spec[len(prefix) :].partition("#") if spec.startswith(prefix) else ("", "", "")
+        if not sep or not url or not model:
+            raise ValueError(
+                f"expected 'openai:BASE_URL#MODEL' (e.g. openai:http://127.0.0.1:8000/v1#m), got {spec!r}"
+            )
+        return cls(url, model, **kwargs)
+
+    def __repr__(self) -> str:
+        return (
+            f"OpenAIGenerator({self.base_url!r}, {self.model!r}, api={self.api!r}, "
+            f"api_key_env={self.api_key_env!r})"
+        )
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---------------------------------------------------------------- HTTP
+
+    def _post(self, path: str, payload: dict[str, Any], abort: threading.Event) -> dict[str, Any]:
+        """POST with retries; returns the JSON body or raises GeneratorError (key never shown)."""
+        url = f"{self.base_url}{path}"
+        attempts = self.retries + 1
+        for attempt in range(attempts):
+            key = os.environ.get(self.api_key_env) or None
+            headers = {"Authorization": f"Bearer {key}"} if key else {}
+            last = attempt == attempts - 1
+            try:
+                resp = self._client.post(url, json=payload, headers=headers)
+            except httpx.TimeoutException as exc:
+                if last:
+                    raise GeneratorError(
+                        f"{url}: no answer within timeout_s={self.timeout_s} after {attempts} attempts "
+                        f"({type(exc).__name__})"
+                    ) from None
+                why = "timeout"
+            except httpx.TransportError as exc:
+                if last:
+                    raise GeneratorError(
+                        f"cannot reach {url} after {attempts} attempts: "
+                        f"{type(exc).__name__}: {_redact(str(exc), key)}"
+                    ) from None
+                why = type(exc).__name__
+            else:
+                status = resp.status_code
+                if status < 400:
+                    try:
+                        body = resp.json()
+                    except ValueError:
+                        raise GeneratorError(
+                            f"{url}: answer is not JSON: {resp.text[:_DETAIL_CHARS]!r}"
+                        ) from None
+                    if not isinstance(body, dict):
+                        raise GeneratorError(f"{url}: unexpected answer {str(body)[:_DETAIL_CHARS]}")
+                    return body
+                retryable = status in _RETRY_STATUS or status >= 500
+                if not retryable or last:
+                    raise self._http_error(url, status, _server_detail(resp, key), attempt + 1)
+                why = f"HTTP {status}"
+            delay = self.backoff_s * 2**attempt * random.uniform(0.5, 1.0)
+            log.warning("%s: %s, retry %d/%d in %.2fs", url, why, attempt + 1, self.retries, delay)
+            if abort.wait(delay):
+                raise GeneratorError(f"{url}: cancelled (another call of the same batch failed)")
+        raise AssertionError("unreachable")
+
+    def _http_error(self, url: str, status: int, detail: str, attempts: int) -> HTTPStatusError:
+        return HTTPStatusError(self._http_message(url, status, detail, attempts), status)
+
+    def _http_message(self, url: str, status: int, detail: str, attempts: int) -> str:
+        if status in (401, 403):
+            has_key = bool(os.environ.get(self.api_key_env))
+            hint = (
+                f"the server rejected the API key in ${self.api_key_env}"
+                if has_key
+                else f"no API key was sent: set ${self.api_key_env}"
+            )
+            return f"{url}: HTTP {status} unauthorized; {hint}. Server said: {detail}"
+        if status == 404:
+            return (
+                f"{url}: HTTP 404, model {self.model!r} or URL not found (base_url usually ends in /v1). "
+                f"Server said: {detail}"
+            )
+        if status == 429:
+            return (
+                f"{url}: HTTP 429 rate limited, gave up after {attempts} attempts (lower max_concurrency "
+                f"or raise retries/backoff_s). Server said: {detail}"
+            )
+        if status >= 500:
+            return f"{url}: HTTP {status} server error after {attempts} attempts: {detail}"
+        return f"{url}: HTTP {status}, request for model {self.model!r} rejected: {detail}"
+
+    # ---------------------------------------------------------------- sampling
+
+    def _tok(self) -> Any:
+        with self._tokenizer_lock:
+            if self._tokenizer is None:
+                from transformers import AutoTokenizer
+
+                assert self.tokenizer_dir is not None
+                try:
+                    self._tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_dir, local_files_only=True)
+                except (OSError, ValueError) as exc:
+                    raise GeneratorError(
+                        f"{self.name}: cannot load a tokenizer from {self.tokenizer_dir}: {exc}"
+                    ) from exc
+            return self._tokenizer
+
+    def _prompt_text(self, prompt: Prompt) -> str:
+        return self._tok().apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+
+    def _payload(self, req: SampleRequest, n: int, call: int) -> dict[str, Any]:
+        p = req.params
+        payload: dict[str, Any] = {
+            "model": self.model,
+            "n": n,
+            "temperature": p.temperature,
+            "top_p": p.top_p,
+            "max_tokens": p.max_tokens,
+        }
+        if p.stop:
+            payload["stop"] = list(p.stop)
+        if p.seed is not None:
+            payload["seed"] = p.seed + call
+        if self.api == "chat":
+            payload["messages"] = req.prompt
+            payload["logprobs"] = True
+        else:
+            payload["prompt"] = self._prompt_text(req.prompt)
+            payload["logprobs"] = 1
+        return payload
+
+    def _call(self, req: SampleRequest, n: int, call: int, abort: threading.Event) -> list[Completion]:
+        path = "/chat/completions" if self.api == "chat" else "/completions"
+        body = self._post(path, self._payload(req, n, call), abort)
+        got = parse_choices(body, self.api, req.params.stop)
+        if not got:
+            raise GeneratorError(f"{self.base_url}{path}: no choices in the answer for model {self.model!r}")
+        return got
+
+    def sample(self, requests: Sequence[SampleRequest]) -> list[list[Completion]]:
+        """For each request, `request.n` completions, in order (see the module docstring for `n`)."""
+        for i, req in enumerate(requests):
+            if req.n < 0:
+                raise ValueError(f"request {i}: n must be >= 0")
+        pending = [_Pending(req) for req in requests]
+        abort = threading.Event()
+        futures: dict[Future[list[Completion]], tuple[int, int]] = {}
+        pool = ThreadPoolExecutor(max_workers=self.max_concurrency, thread_name_prefix="openai-http")
+
+        def submit(i: int, n: int) -> None:
+            st = pending[i]
+            futures[pool.submit(self._call, st.request, n, st.calls, abort)] = (i, n)
+            st.calls += 1
+            st.asked_in_flight += n
+
+        try:
+            for i, st in enumerate(pending):
+                if st.request.n > 0:
+                    submit(i, st.request.n)
+            while futures:
+                done, _ = wait(futures, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    i, n = futures.pop(fut)
+                    st = pending[i]
+                    got = fut.result()[:n]
+                    st.asked_in_flight -= n
+                    st.got.extend(got)
+                    st.per_call = max(st.per_call, len(got))
+                    missing = st.request.n - len(st.got) - st.asked_in_flight
+                    while missing > 0:  # the server returned fewer than asked: ask again
+                        k = min(st.per_call, missing)
+                        submit(i, k)
+                        missing -= k
+        except BaseException:
+            abort.set()
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+        return [st.got[: st.request.n] for st in pending]
+
+    # ---------------------------------------------------------------- scoring
+
+    def logprobs(self, prompts: Sequence[Prompt], completions: Sequence[str]) -> list[float | None]:
+        """Teacher-forced sum of log-probs of completion + EOS (as HFGenerator), via `echo`;
+        None per item when the server cannot echo prompt log-probs or no tokenizer is at hand."""
+        if len(prompts) != len(completions):
+            raise ValueError("prompts and completions differ in length")
+        if not prompts:
+            return []
+        if self._echo_supported is False:
+            return [None] * len(prompts)
+        if self.tokenizer_dir is None:
+            log.warning("%s: logprobs() needs tokenizer_dir (a local tokenizer); returning None", self.name)
+            return [None] * len(prompts)
+        tok = self._tok()
+        eos = tok.eos_token_id
+        items = []
+        for prompt, text in zip(prompts, completions, strict=True):
+            p = tok(self._prompt_text(prompt), add_special_tokens=False)["input_ids"]
+            c = tok(text, add_special_tokens=False)["input_ids"] + ([eos] if eos is not None else [])
+            items.append((p, c))
+        abort = threading.Event()
+        pool = ThreadPoolExecutor(max_workers=self.max_concurrency, thread_name_prefix="openai-http")
+        try:
+            return list(pool.map(lambda it: self._echo(it[0], it[1], abort), items))
+        except BaseException:
+            abort.set()
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def _echo(self, p: list[int], c: list[int], abort: threading.Event) -> float | None:
+        if self._echo_supported is False:
+            return None
+        payload = {
+            "model": self.model,
+            "prompt": p + c,
+            "echo": True,
+            "logprobs": 1,
+            "max_tokens": 1,
+            "temperature": 0,
+        }
+        try:
+            body = self._post("/completions", payload, abort)
+        except HTTPStatusError as exc:
+            # 400/422: the server rejects token-id prompts or `echo`; anything else is a real error.
+            if exc.status in (400, 422):
+                log.warning(
+                    "%s: no prompt log-probs from this server (%s); logprobs() gives None", self.name, exc
+                )
+                self._echo_supported = False
+                return None
+            raise
+        value = echo_logprob(body, len(p), len(c))
+        if value is None:
+            log.warning("%s: the server ignores echo/logprobs; logprobs() gives None", self.name)
+            self._echo_supported = False
+        return value

@@ -1,0 +1,266 @@
+"""`VLLMGenerator`: the offline vLLM engine (GPU), with the same conventions as `HFGenerator`.
+
+vLLM is imported lazily in the constructor: it pins its own torch/transformers and lives in a
+separate GPU venv (`pip install -e ".[vllm]"`), so this module must import without it. The pure
+parts (request -> SamplingParams kwargs, vLLM outputs -> Completions) are module functions,
+tested on CPU with stand-in objects shaped like vLLM's.
+
+WHY we apply the chat template ourselves and call `llm.generate` on token ids, not `llm.chat`:
+- `sample()` and `logprobs()` see exactly HFGenerator's prompt ids (template rendered to text,
+  encoded without added special tokens), so the prompt/completion boundary is exact and vLLM's
+  own special-token handling cannot add a second BOS;
+- one `generate` call takes every request with its own SamplingParams; search siblings share
+  long token prefixes, which `enable_prefix_caching=True` then computes once.
+Text is decoded by us from the token ids with HFGenerator's rules (trailing EOS dropped, special
+tokens kept, cut at the first stop string), whatever vLLM's detokenizer options.
+
+Log-probs: `logprobs=1` makes vLLM return, per step, the sampled token's log-prob (plus the top-1;
+1 rather than 0, which old vLLM versions answered with no log-probs at all). With
+`logprobs_mode="raw_logprobs"` (set when the installed vLLM has the option, >= 0.10.2; it is
+also the V1 default) they come from the raw model distribution, not the temperature/top-p
+processed one, as the replay buffer needs. `Completion.logprob` sums over all generated ids:
+the EOS when the model ended, and for a stop string the tokens up to the one completing it.
+`logprobs()` scores prompt + completion + EOS (HFGenerator's convention) with `prompt_logprobs=1`.
+"""
+
+from __future__ import annotations
+
+import gc
+import inspect
+import logging
+from collections.abc import Callable, Collection, Sequence
+from pathlib import Path
+from typing import Any
+
+from engine.llm.base import Completion, GeneratorError, Prompt, SampleRequest, SamplingParams
+
+log = logging.getLogger(__name__)
+
+_FINISH = {"length": "length", "abort": "error"}  # vLLM's "stop" (EOS or stop string) stays "stop"
+
+
+def sampling_kwargs(params: SamplingParams, n: int) -> dict[str, Any]:
+    """`vllm.SamplingParams` kwargs for one request; raises ValueError on settings vLLM rejects."""
+    if n < 1:
+        raise ValueError("n must be >= 1 (requests with n=0 are not sent)")
+    if params.max_tokens < 1:
+        raise ValueError("max_tokens must be >= 1")
+    if params.temperature < 0 or not 0 < params.top_p <= 1:
+        raise ValueError("temperature must be >= 0 and top_p in (0, 1]")
+    return {
+        "n": n,
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "max_tokens": params.max_tokens,
+        "stop": list(params.stop) or None,
+        "seed": params.seed,
+        "logprobs": 1,  # each step's dict holds the sampled token (and the top-1)
+    }
+
+
+# Teacher-forced scoring: one throw-away generated token; prompt_logprobs=1 gives each prompt
+# token's own log-prob (the first is None: it has no context).
+SCORING_KWARGS: dict[str, Any] = {"max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 1}
+
+
+def engine_kwargs(
+    model_dir: str | Path, seed: int, engine_arg_names: Collection[str], overrides: dict[str, Any]
+) -> dict[str, Any]:
+    """`vllm.LLM` kwargs: prefix caching on, raw log-probs where this vLLM has the option."""
+    kwargs: dict[str, Any] = {"model": str(model_dir), "enable_prefix_caching": True, "seed": seed}
+    if "logprobs_mode" in engine_arg_names:
+        kwargs["logprobs_mode"] = "raw_logprobs"
+    return {**kwargs, **overrides}
+
+
+def _cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
+    cuts = [i for i in (text.find(s) for s in stop if s) if i >= 0]
+    return (text[: min(cuts)], True) if cuts else (text, False)
+
+
+def _sampled_logprobs(steps: Sequence[dict[int, Any]] | None, ids: Sequence[int]) -> tuple[float, ...] | None:
+    """The log-prob of each sampled id from vLLM's per-step {token_id: Logprob} dicts."""
+    if steps is None or len(steps) != len(ids):
+        return None
+    out = []
+    for step, tid in zip(steps, ids, strict=True):
+        entry = step.get(tid)
+        if entry is None:
+            return None
+        out.append(float(entry.logprob))
+    return tuple(out)
+
+
+def completions_from_output(
+    output: Any, decode: Callable[[list[int]], str], eos_ids: Collection[int], stop: Sequence[str]
+) -> list[Completion]:
+    """Map one vLLM `RequestOutput` (its `outputs[i]`: token_ids, logprobs, finish_reason)."""
+    comps = []
+    for o in sorted(output.outputs, key=lambda o: o.index):
+        ids = list(o.token_ids)
+        visible = ids[:-1] if ids and ids[-1] in eos_ids else ids
+        text, cut = _cut_at_stop(decode(visible), stop)
+        lps = _sampled_logprobs(o.logprobs, ids)
+        comps.append(
+            Completion(
+                text=text,
+                logprob=float(sum(lps)) if lps is not None else None,
+                token_logprobs=lps,
+                n_tokens=len(ids),
+                finish_reason="stop" if cut else _FINISH.get(o.finish_reason, "stop"),
+            )
+        )
+    return comps
+
+
+def prompt_logprob_sum(output: Any, start: int) -> float | None:
+    """Sum of the prompt log-probs of tokens [start, end) of a scored `RequestOutput`."""
+    ids, steps = list(output.prompt_token_ids), output.prompt_logprobs
+    if steps is None or len(steps) != len(ids) or start < 1:
+        return None
+    lps = _sampled_logprobs(steps[start:], ids[start:])
+    return float(sum(lps)) if lps is not None else None
+
+
+class VLLMGenerator:
+    """A `Generator` over `vllm.LLM` (see the module docstring). `engine_overrides` go to
+    `vllm.LLM` as they are (e.g. `max_model_len`, `enforce_eager`, `dtype`)."""
+
+    name: str
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        seed: int = 0,
+        gpu_memory_utilization: float = 0.85,
+        name: str | None = None,
+        **engine_overrides: Any,
+    ) -> None:
+        path = Path(model_dir)
+        if not path.is_dir():
+            raise GeneratorError(f"model folder {path} does not exist")
+        try:
+            import vllm
+        except ImportError as exc:
+            raise GeneratorError(
+                "vLLM is not installed: install it in a separate GPU venv (pip install -e '.[vllm]'; "
+                f"it pins its own torch): {exc}"
+            ) from exc
+        self._vllm = vllm
+        self._seed = seed
+        self._overrides = {"gpu_memory_utilization": gpu_memory_utilization, **engine_overrides}
+        self._engine_arg_names = frozenset(inspect.signature(vllm.EngineArgs).parameters)
+        self._llm = vllm.LLM(**engine_kwargs(path, seed, self._engine_arg_names, self._overrides))
+        self._load_tokenizer(path)
+        self.name = name or f"vllm:{path}"
+
+    @property
+    def llm(self) -> Any:
+        """The underlying `vllm.LLM` (for benchmarks and vLLM-specific calls)."""
+        return self._llm
+
+    def _load_tokenizer(self, path: Path) -> None:
+        from transformers import AutoTokenizer, GenerationConfig
+
+        tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        if getattr(tok, "chat_template", None) is None:
+            raise GeneratorError(f"{path}: the tokenizer has no chat template")
+        eos_ids = {tok.eos_token_id} if tok.eos_token_id is not None else set()
+        if (path / "generation_config.json").exists():
+            eos = GenerationConfig.from_pretrained(path, local_files_only=True).eos_token_id
+            eos_ids |= set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+        if not eos_ids:
+            raise GeneratorError(
+                f"{path}: neither the tokenizer nor the generation config names an EOS token"
+            )
+        self.tokenizer = tok
+        self.eos_ids = frozenset(eos_ids)
+        self.eos_id: int = tok.eos_token_id if tok.eos_token_id is not None else min(eos_ids)
+        self.model_dir = path
+
+    def encode_prompt(self, prompt: Prompt) -> list[int]:
+        """Token ids of the chat-templated prompt, as HFGenerator.encode_prompt."""
+        text = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    def _generate(self, prompts: list[dict[str, list[int]]], params: list[Any]) -> list[Any]:
+        try:
+            return self._llm.generate(prompts, params, use_tqdm=False)
+        except ValueError as exc:  # e.g. a prompt longer than max_model_len
+            raise GeneratorError(f"{self.name}: {exc}") from exc
+
+    def sample(self, requests: Sequence[SampleRequest]) -> list[list[Completion]]:
+        """For each request, `request.n` completions, in order; all requests in one `generate`."""
+        sent: list[int] = []
+        prompts: list[dict[str, list[int]]] = []
+        params: list[Any] = []
+        for r, req in enumerate(requests):
+            if req.n < 0:
+                raise ValueError(f"request {r}: n must be >= 0")
+            if req.n == 0:
+                continue
+            try:
+                kwargs = sampling_kwargs(req.params, req.n)
+            except ValueError as exc:
+                raise ValueError(f"request {r}: {exc}") from None
+            sent.append(r)
+            prompts.append({"prompt_token_ids": self.encode_prompt(req.prompt)})
+            params.append(self._vllm.SamplingParams(**kwargs))
+        out: list[list[Completion]] = [[] for _ in requests]
+        if prompts:
+            for r, output in zip(sent, self._generate(prompts, params), strict=True):
+                out[r] = completions_from_output(output, self._decode, self.eos_ids, requests[r].params.stop)
+        return out
+
+    def logprobs(self, prompts: Sequence[Prompt], completions: Sequence[str]) -> list[float | None]:
+        """Teacher-forced sum of RAW log-probs of each completion + EOS as the assistant reply."""
+        if len(prompts) != len(completions):
+            raise ValueError("prompts and completions differ in length")
+        if not prompts:
+            return []
+        starts, batch = [], []
+        for prompt, text in zip(prompts, completions, strict=True):
+            p = self.encode_prompt(prompt)
+            c = self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.eos_id]
+            starts.append(len(p))
+            batch.append({"prompt_token_ids": p + c})
+        scoring = self._vllm.SamplingParams(**SCORING_KWARGS)
+        outputs = self._generate(batch, [scoring] * len(batch))
+        return [prompt_logprob_sum(o, s) for o, s in zip(outputs, starts, strict=True)]
+
+    def reload(self, model_dir: str | Path) -> None:
+        """Serve new weights (same architecture and vocabulary, e.g. after training).
+
+        In place through the worker API vLLM documents for RL (`update_config` pointing the model
+        config at the new folder, then `reload_weights`); cached prefixes belong to the old weights,
+        so the prefix cache is reset. If the in-place path is missing or fails in this vLLM, the
+        engine is rebuilt (slower: a full start). `name` becomes "vllm:<model_dir>", the spec that
+        loads these weights again."""
+        path = Path(model_dir)
+        if not path.is_dir():
+            raise GeneratorError(f"model folder {path} does not exist")
+        try:
+            self._llm.collective_rpc("update_config", args=({"model_config": {"model": str(path)}},))
+            self._llm.collective_rpc("reload_weights")
+        except Exception as exc:  # noqa: BLE001 (any failure of the in-place path: rebuild instead)
+            log.warning("%s: in-place weight reload failed (%r); rebuilding the vLLM engine", self.name, exc)
+            self._rebuild(path)
+        else:
+            self._llm.reset_prefix_cache()
+        self._load_tokenizer(path)
+        self.name = f"vllm:{path}"
+
+    def _rebuild(self, path: Path) -> None:
+        old, self._llm = self._llm, None
+        shutdown = getattr(getattr(old.llm_engine, "engine_core", None), "shutdown", None)
+        if shutdown is not None:
+            shutdown()  # V1 runs the engine in a child process: free its GPU memory first
+        del old
+        gc.collect()
+        import torch  # present wherever vLLM is
+
+        torch.cuda.empty_cache()  # for an in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0)
+        self._llm = self._vllm.LLM(**engine_kwargs(path, self._seed, self._engine_arg_names, self._overrides))
