@@ -191,23 +191,33 @@ def build_parser() -> argparse.ArgumentParser:
     et.add_argument("-o", "--output")
     et.set_defaults(func=cmd_export_tree)
 
+    from engine.datasets.cli_commands import add_export_parsers, add_parsers
+
+    add_export_parsers(esub, common)  # export pairs | sft | agentgym
+    add_parsers(sub, common)  # pairs build, revisions build, import
+
     d = sub.add_parser(
         "demo", parents=[common], help="build the tiny offline model if needed and search TextCraft with it"
     )
     d.set_defaults(func=cmd_demo)
+
+    from engine.datasets.refine_cli import add_parser as add_refine_parser
+
+    add_refine_parser(sub, common)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from engine.config import ConfigError
+    from engine.datasets.samples import DatasetError
     from engine.envs.base import EnvError
     from engine.llm.base import GeneratorError
     from engine.store import StoreError
 
     try:
         return args.func(args)
-    except (UsageError, ConfigError, EnvError, GeneratorError, StoreError) as e:
+    except (UsageError, ConfigError, DatasetError, EnvError, GeneratorError, StoreError) as e:
         print(f"orchard: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

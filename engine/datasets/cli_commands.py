@@ -1,0 +1,196 @@
+"""`orchard pairs build`, `orchard revisions build`, `orchard export pairs|sft|agentgym`, `orchard import`.
+
+Wired into engine/cli.py by `add_parsers(sub, common)` (the `pairs`, `revisions` and `import`
+commands) and `add_export_parsers(export_sub, common)` (targets of the existing `export` group).
+Only argparse is imported at start-up; every command imports what it needs when it runs. User
+errors raise `DatasetError` (a ValueError), `ConfigError`, `EnvError`, `GeneratorError` or
+`StoreError`, which the CLI prints as one line (exit 2). Each command prints what it counted and
+where it wrote, on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import sys
+from typing import Any
+
+SAMPLE_KINDS = "revision,good,rft,recovery,refine,imported"
+EXPORT_STATUSES = "pending,approved,edited"
+
+
+def _who() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "orchard"
+
+
+def _trees(store: Any, run_id: str) -> list[Any]:
+    """The run's committed trees as TreeRefs, with the env description their prompts used."""
+    from engine.datasets.samples import TreeRef
+    from engine.envs.registry import env_factory
+
+    info = store.run(run_id)
+    description = env_factory(info.env)().describe()
+    refs = []
+    for tree_id, _ in store.tree_ids(run_id):
+        tree = store.load_tree(tree_id)
+        if tree is not None:
+            refs.append(TreeRef(tree=tree, run_id=run_id, tree_id=tree_id, env_description=description))
+    return refs
+
+
+def _list(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def cmd_pairs_build(args: argparse.Namespace) -> int:
+    from engine.datasets.pairs import PairsConfig, build_pairs
+    from engine.store import Store
+
+    with Store(args.db) as store:
+        run_id = store.find_run(args.run)
+        info = store.run(run_id)
+        alpha = args.alpha if args.alpha is not None else info.config.get("alpha", 0.5)
+        config = PairsConfig(alpha=alpha, theta=args.theta, trajectory_pairs=args.trajectory_pairs)
+        refs = _trees(store, run_id)
+        built = build_pairs(refs, config)
+        who = _who()
+        pairs = store.save_pairs(run_id, [*built.step, *built.trajectory], who=who)
+        rft = store.save_samples(built.rft, prune_run=run_id, prune_kinds=("rft",), who=who)
+        print(f"run {run_id}: {len(refs)} trees -> {len(built.step)} step pairs, {len(built.trajectory)} trajectory "
+              f"pairs (alpha={config.alpha}, theta={config.theta}), {len(built.rft)} RFT rows")
+        print(f"pairs: {pairs}; RFT rows: {rft}; db {store.path}")
+    return 0
+
+
+def cmd_revisions_build(args: argparse.Namespace) -> int:
+    from engine.datasets.revisions import RevisionConfig, build_revisions
+    from engine.llm.registry import load_generator
+    from engine.store import Store
+
+    config = RevisionConfig(alpha_good=args.alpha_good, beta_gap=args.beta_gap, max_per_task=args.max_per_task,
+                            noop_command=args.noop_command, judge_max_tokens=args.judge_max_tokens)
+    with Store(args.db) as store:
+        run_id = store.find_run(args.run)
+        refs = _trees(store, run_id)
+        judge = load_generator(args.model, log=lambda m: print(m, file=sys.stderr, flush=True))
+        built = build_revisions(refs, judge, config)
+        report = store.save_samples(built.samples, prune_run=run_id, prune_kinds=("revision", "good", "recovery"),
+                                    who=_who())
+        found = sum(1 for s in built.revision if s.source["error_found"])
+        print(f"run {run_id}: {len(refs)} trees -> {len(built.revision)} revision trajectories ({found} with a "
+              f"judged error), {len(built.good)} good trajectories, {len(built.recovery)} recovery prefixes; "
+              f"judge {judge.name}: {built.judge_calls} batched calls, {built.judge_requests} judgements, "
+              f"{built.garbled} garbled")
+        print(f"samples: {report}; db {store.path}")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from engine.datasets import formats
+    from engine.store import Store
+
+    statuses = _list(args.status)
+    with Store(args.db) as store:
+        run_id = store.find_run(args.run) if args.run else None
+        if args.what == "pairs":
+            kinds = _list(args.kind) if args.kind else ["step"]
+            items = store.pairs(run_id=run_id, status=statuses, kind=kinds, task_id=args.task,
+                                min_gap=args.min_gap)
+            rows = formats.dpo_rows(items)
+        else:
+            kinds = _list(args.kind) if args.kind else ["revision", "good"]
+            items = store.samples(run_id=run_id, status=statuses, kind=kinds, task_id=args.task)
+            if args.what == "agentgym":
+                rows = formats.agentgym_rows(items)
+            else:
+                rows = formats.step_rows(items) if args.per_step else formats.sft_rows(items)
+        out = formats.write_rows(rows, args.out)
+    what = {"pairs": "DPO rows", "sft": "per-step SFT rows" if getattr(args, "per_step", False) else "SFT rows",
+            "agentgym": "AgentGym rows"}[args.what]
+    print(f"exported {len(rows)} {what} from {len(items)} {'pairs' if args.what == 'pairs' else 'samples'} "
+          f"(kind {','.join(kinds)}, status {','.join(statuses)}) to {out}")
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from engine.datasets.formats import read_samples
+    from engine.store import Store
+
+    result = read_samples(args.file, kind=args.kind)
+    styles = ", ".join(f"{n} {style}" for style, n in sorted(result.formats.items()))
+    if args.dry_run:
+        print(f"{args.file}: {result.records} valid records ({styles}), {len(result.samples)} distinct; "
+              "nothing written (dry run)")
+        return 0
+    with Store(args.db) as store:
+        report = store.save_samples(result.samples, who=_who())
+        print(f"imported {args.file}: {result.records} records ({styles}), {result.duplicates} duplicates in the "
+              f"file, as kind {args.kind}: {report}; db {store.path}")
+    return 0
+
+
+def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
+    """Register `pairs`, `revisions` and `import` on the CLI's top-level subparsers."""
+    p = sub.add_parser("pairs", help="preference pairs (Agent Q) from a run's trees")
+    psub = p.add_subparsers(dest="action", required=True)
+    pb = psub.add_parser("build", parents=[common],
+                         help="step pairs, trajectory pairs and RFT rows from RUN; keeps curation on rebuild")
+    pb.add_argument("run", help="run id, id prefix or name")
+    pb.add_argument("--theta", type=float, default=0.1, help="minimum Q gap, strict (default 0.1)")
+    pb.add_argument("--alpha", type=float, help="eq. 10 weight of the MCTS value (default: the run's alpha)")
+    pb.add_argument("--trajectory-pairs", dest="trajectory_pairs", type=int, default=4,
+                    help="success-vs-failure trajectory pairs per task (default 4)")
+    pb.set_defaults(func=cmd_pairs_build)
+
+    r = sub.add_parser("revisions", help="revision trajectories (Agent-R) from a run's trees")
+    rsub = r.add_subparsers(dest="action", required=True)
+    rb = rsub.add_parser("build", parents=[common],
+                         help="revision, good and recovery samples from RUN, first errors judged by --model")
+    rb.add_argument("run", help="run id, id prefix or name")
+    rb.add_argument("--model", required=True, help="the judge: tiny | PATH | hf:PATH | openai:URL#MODEL | vllm:PATH")
+    rb.add_argument("--alpha-good", dest="alpha_good", type=float, default=0.5,
+                    help="a good leaf has reward above this (default 0.5)")
+    rb.add_argument("--beta-gap", dest="beta_gap", type=float, default=0.5,
+                    help="pair a bad leaf when the good one's reward is higher by more than this (default 0.5)")
+    rb.add_argument("--max-per-task", dest="max_per_task", type=int, default=16,
+                    help="revision trajectories per task at most (default 16)")
+    rb.add_argument("--noop-command", dest="noop_command", default="noop",
+                    help="the revision turn's command (default 'noop')")
+    rb.add_argument("--judge-max-tokens", dest="judge_max_tokens", type=int, default=128)
+    rb.set_defaults(func=cmd_revisions_build)
+
+    i = sub.add_parser("import", parents=[common],
+                       help="import AgentGym / AgentRefine / chat-messages data (JSONL, JSON, Parquet) for curation")
+    i.add_argument("file")
+    i.add_argument("--kind", default="imported", choices=_list(SAMPLE_KINDS),
+                   help="sample kind to file them under (default imported)")
+    i.add_argument("--dry-run", dest="dry_run", action="store_true", help="validate only, write nothing")
+    i.set_defaults(func=cmd_import)
+
+
+def add_export_parsers(export_sub: Any, common: argparse.ArgumentParser) -> None:
+    """Register `pairs`, `sft` and `agentgym` as targets of the existing `export` subparsers."""
+    helps = {
+        "pairs": "preference pairs as TRL conversational DPO rows",
+        "sft": "samples as chat `messages` with per-message train flags (or --per-step rows)",
+        "agentgym": "samples as AgentGym `conversations` with loss true/false/null",
+    }
+    for what, help_text in helps.items():
+        e = export_sub.add_parser(what, parents=[common], help=help_text)
+        e.add_argument("run", nargs="?", help="only this run (id, prefix or name); default: all")
+        e.add_argument("--out", required=True, help="output file, .jsonl or .parquet")
+        e.add_argument("--status", default=EXPORT_STATUSES,
+                       help=f"curation statuses to include (default {EXPORT_STATUSES}: all but rejected)")
+        e.add_argument("--task", help="only this task id")
+        if what == "pairs":
+            e.add_argument("--kind", help="step,trajectory (default step)")
+            e.add_argument("--min-gap", dest="min_gap", type=float, help="only pairs with Q gap at least this")
+        else:
+            e.add_argument("--kind", help=f"sample kinds among {SAMPLE_KINDS} (default revision,good)")
+            if what == "sft":
+                e.add_argument("--per-step", dest="per_step", action="store_true",
+                               help="one prompt/completion row per trained turn, in the policy's inference format")
+        e.set_defaults(func=cmd_export, what=what)

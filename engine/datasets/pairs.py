@@ -1,0 +1,192 @@
+"""Preference pairs from search trees (Agent Q, SPEC §3) and the two baselines' data.
+
+- Step pairs: at EVERY node, every two explored children (N > 0) whose eq. 10 values differ by more
+  than theta give (prompt = the agent input at the node, chosen, rejected), with the generation
+  log-probs stored on the children (the replay buffer).
+- Trajectory pairs (trajectory-level DPO baseline): a successful whole trajectory against a failed
+  one of the same task.
+- RFT rows (rejection-sampling fine-tuning baseline): the successful trajectories.
+
+Builders are pure functions of trees. Ids are derived from (run, task, kind, node ids), so the same
+tree gives the same ids and curation decisions survive a rebuild; alpha and theta decide which pairs
+exist, not what a pair is called, so retuning them keeps the decisions on pairs that remain.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.config import ConfigError
+from engine.datasets.samples import Sample, TreeRef, action_text, stable_id, to_messages, trajectory_sample
+from engine.prompts import actor_prompt
+
+# Q values are means of rewards mixed with rank scores: 0.4 - 0.3 must not pass theta = 0.1 when
+# 0.6 - 0.5 does not, so differences within EPS of theta count as equal to it (not kept).
+EPS = 1e-9
+PAIR_KINDS = ("step", "trajectory")
+
+
+@dataclass(frozen=True)
+class PairsConfig:
+    """alpha: eq. 10 weight of the MCTS value; theta: the minimum value gap (strict);
+    trajectory_pairs: at most this many success-vs-failure pairs per task."""
+
+    alpha: float = 0.5
+    theta: float = 0.1
+    trajectory_pairs: int = 4
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.alpha <= 1.0:
+            raise ConfigError(f"pairs alpha: must be in [0, 1], got {self.alpha!r}")
+        if self.theta < 0:
+            raise ConfigError(f"pairs theta: must be >= 0, got {self.theta!r}")
+        if self.trajectory_pairs < 0:
+            raise ConfigError(f"pairs trajectory_pairs: must be >= 0, got {self.trajectory_pairs!r}")
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One preference pair. Step pairs hold composite action texts in `chosen`/`rejected`;
+    trajectory pairs hold JSON-encoded message lists (the turns after the task prompt).
+    The curation fields (`status` .. `updated_by`) are filled by the store."""
+
+    id: str
+    kind: str
+    run_id: str
+    tree_id: int | None
+    task_id: str
+    node_id: int
+    chosen_node: int
+    rejected_node: int
+    prompt: list[dict[str, Any]]
+    chosen: str
+    rejected: str
+    q_chosen: float
+    q_rejected: float
+    logprob_chosen: float | None
+    logprob_rejected: float | None
+    depth: int
+    status: str = "pending"
+    version: int = 0
+    updated_at: float | None = None
+    updated_by: str | None = None
+
+    @property
+    def gap(self) -> float:
+        return self.q_chosen - self.q_rejected
+
+    def messages(self, which: str) -> list[dict[str, str]]:
+        """`chosen` or `rejected` as assistant message lists (TRL's conversational form)."""
+        text = self.chosen if which == "chosen" else self.rejected
+        if self.kind == "trajectory":
+            return json.loads(text)
+        return [{"role": "assistant", "content": text}]
+
+
+@dataclass
+class PairsBuild:
+    step: list[Pair] = field(default_factory=list)
+    trajectory: list[Pair] = field(default_factory=list)
+    rft: list[Sample] = field(default_factory=list)
+
+
+def step_pairs(ref: TreeRef, config: PairsConfig) -> list[Pair]:
+    """Every (node, winner, loser) with Q(winner) - Q(loser) > theta among explored children."""
+    tree, alpha, limit = ref.tree, config.alpha, config.theta + EPS
+    nodes, task = tree.nodes, tree.task
+    out: list[Pair] = []
+    for node in nodes:
+        explored = [nodes[c] for c in node.children if nodes[c].N > 0]
+        if len(explored) < 2:
+            continue
+        values = [c.value(alpha) for c in explored]
+        prompt: list[dict[str, Any]] | None = None
+        texts: dict[int, str] = {}
+        for i, a in enumerate(explored):
+            for j in range(i + 1, len(explored)):
+                if values[i] - values[j] > limit:
+                    w, lo, qw, ql = a, explored[j], values[i], values[j]
+                elif values[j] - values[i] > limit:
+                    w, lo, qw, ql = explored[j], a, values[j], values[i]
+                else:
+                    continue
+                if prompt is None:
+                    prompt = actor_prompt(ref.env_description, task.goal, task.context, tree.history(node),
+                                          node.observation)
+                for n in (w, lo):
+                    if n.id not in texts:
+                        texts[n.id] = action_text(tree, n.id)
+                out.append(
+                    Pair(
+                        id=stable_id("step", ref.run_id, task.id, node.id, w.id, lo.id),
+                        kind="step", run_id=ref.run_id, tree_id=ref.tree_id, task_id=task.id,
+                        node_id=node.id, chosen_node=w.id, rejected_node=lo.id, prompt=prompt,
+                        chosen=texts[w.id], rejected=texts[lo.id], q_chosen=qw, q_rejected=ql,
+                        logprob_chosen=w.logprob, logprob_rejected=lo.logprob, depth=node.depth,
+                    )
+                )
+    return out
+
+
+def _leaves(ref: TreeRef) -> tuple[list[int], list[int]]:
+    """(successful, failed) terminal leaves, failed ones lowest reward first."""
+    tree = ref.tree
+    done = [n for n in tree.nodes if n.terminal is not None and n.parent is not None]
+    wins = [n.id for n in done if n.terminal == "success"]
+    losses = [n.id for n in sorted(done, key=lambda n: (n.reward or 0.0, n.id)) if n.terminal != "success"]
+    return wins, losses
+
+
+def _path_logprob(ref: TreeRef, leaf: int) -> float | None:
+    total = 0.0
+    for n in ref.tree.path(ref.tree.nodes[leaf]):
+        if n.logprob is None:
+            return None
+        total += n.logprob
+    return total
+
+
+def trajectory_pairs(ref: TreeRef, config: PairsConfig) -> list[Pair]:
+    """Up to `trajectory_pairs` failed trajectories, each against a successful one (taken in
+    turn), both from the task's start: the trajectory-level DPO baseline."""
+    wins, losses = _leaves(ref)
+    if not wins:
+        return []
+    tree, out = ref.tree, []
+    for i, lose in enumerate(losses[: config.trajectory_pairs]):
+        win = wins[i % len(wins)]
+        chosen = to_messages(trajectory_sample(ref, win, "rft"))
+        rejected = to_messages(trajectory_sample(ref, lose, "rft"))
+        n_prompt = 2 if chosen[0]["role"] == "system" else 1
+        out.append(
+            Pair(
+                id=stable_id("trajectory", ref.run_id, tree.task.id, win, lose),
+                kind="trajectory", run_id=ref.run_id, tree_id=ref.tree_id, task_id=tree.task.id, node_id=0,
+                chosen_node=win, rejected_node=lose,
+                prompt=[{"role": m["role"], "content": m["content"]} for m in chosen[:n_prompt]],
+                chosen=json.dumps([{"role": m["role"], "content": m["content"]} for m in chosen[n_prompt:]]),
+                rejected=json.dumps([{"role": m["role"], "content": m["content"]} for m in rejected[n_prompt:]]),
+                q_chosen=tree.nodes[win].reward or 0.0, q_rejected=tree.nodes[lose].reward or 0.0,
+                logprob_chosen=_path_logprob(ref, win), logprob_rejected=_path_logprob(ref, lose), depth=0,
+            )
+        )
+    return out
+
+
+def rft_samples(ref: TreeRef) -> list[Sample]:
+    """Every successful trajectory, all turns trained (the RFT baseline)."""
+    wins, _ = _leaves(ref)
+    return [trajectory_sample(ref, leaf, "rft") for leaf in wins]
+
+
+def build_pairs(refs: Sequence[TreeRef], config: PairsConfig) -> PairsBuild:
+    """Step pairs, trajectory pairs and RFT rows for many trees."""
+    out = PairsBuild()
+    for ref in refs:
+        out.step.extend(step_pairs(ref, config))
+        out.trajectory.extend(trajectory_pairs(ref, config))
+        out.rft.extend(rft_samples(ref))
+    return out

@@ -1,0 +1,326 @@
+"""Exports load with `datasets.load_dataset` and train in TRL (the per-turn loss mask reaches the
+trainer); imports round-trip and reject malformed files naming file, line and field."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+from test_pairs import _two_outcome_tree, add
+from test_revisions import Judge, spliced_tree
+
+from engine.datasets.formats import (
+    ImportFormatError,
+    agentgym_rows,
+    dpo_rows,
+    read_samples,
+    sft_rows,
+    step_rows,
+    tokenize_messages,
+    write_rows,
+)
+from engine.datasets.pairs import PairsConfig, build_pairs
+from engine.datasets.revisions import RevisionConfig, build_revisions
+from engine.datasets.samples import DatasetError, TreeRef, to_messages
+
+DESC = "Commands: anything."
+
+
+def built_pairs():
+    tree, ids = _two_outcome_tree()
+    tree.nodes[ids["r1"]].Q_critic = 1.0
+    add(tree, 0, "left", N=2, value_sum=0.0, q_critic=0.0)
+    return build_pairs([TreeRef(tree, "run1", 1, DESC)], PairsConfig())
+
+
+def revision_samples():
+    tree, _ = spliced_tree()
+    built = build_revisions([TreeRef(tree, "run1", 1, DESC)], Judge({"b2": "Judgement: Bad"}), RevisionConfig())
+    return built.revision + built.good
+
+
+def load(path):
+    import datasets
+
+    return datasets.load_dataset("parquet" if path.suffix == ".parquet" else "json", data_files=str(path),
+                                 split="train")
+
+
+# --- exports -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
+def test_every_export_loads_with_load_dataset(tmp_path, suffix):
+    pairs = built_pairs()
+    samples = revision_samples()
+    assert pairs.step and pairs.trajectory
+    exports = {
+        "dpo": dpo_rows(pairs.step + pairs.trajectory),
+        "sft": sft_rows(samples),
+        "agentgym": agentgym_rows(samples),
+        "steps": step_rows(samples),
+    }
+    for name, rows in exports.items():
+        ds = load(write_rows(rows, tmp_path / f"{name}{suffix}"))
+        assert len(ds) == len(rows)
+        assert ds[0]["id"] == rows[0]["id"]
+
+    dpo = load(tmp_path / f"dpo{suffix}")
+    p = pairs.step[0]
+    row = dpo[0]
+    assert row["prompt"] == p.prompt and row["chosen"] == [{"role": "assistant", "content": p.chosen}]
+    assert row["rejected"] == [{"role": "assistant", "content": p.rejected}]
+    assert (row["q_chosen"], row["node_id"], row["status"]) == (p.q_chosen, p.node_id, "pending")
+    traj = dpo[len(pairs.step)]
+    assert traj["kind"] == "trajectory" and traj["chosen"][-1]["role"] == "assistant"
+
+    sft = load(tmp_path / f"sft{suffix}")
+    rev = samples[0]
+    assert sft[0]["messages"] == to_messages(rev)
+    assert [m["train"] for m in sft[0]["messages"] if m["role"] == "assistant"] == [t.trains for t in rev.turns]
+    gym = load(tmp_path / f"agentgym{suffix}")
+    assert {c["from"] for c in gym[0]["conversations"]} == {"human", "gpt"}
+    assert [c["loss"] for c in gym[0]["conversations"] if c["from"] == "gpt"] == [t.loss for t in rev.turns]
+    steps = load(tmp_path / f"steps{suffix}")
+    assert set(steps.column_names) >= {"prompt", "completion"}
+
+
+def test_write_rows_refuses_unknown_suffix_and_empty_exports_and_leaves_no_temp_files(tmp_path):
+    with pytest.raises(DatasetError, match="use .jsonl or .parquet"):
+        write_rows([{"a": 1}], tmp_path / "x.csv")
+    with pytest.raises(DatasetError, match="nothing to export"):
+        write_rows([], tmp_path / "x.jsonl")
+    write_rows([{"a": 1}], tmp_path / "x.jsonl")
+    assert [p.name for p in tmp_path.iterdir()] == ["x.jsonl"]
+
+
+# --- imports -----------------------------------------------------------------------------------
+
+
+def test_agentgym_and_messages_exports_import_back_to_the_same_turns(tmp_path):
+    samples = revision_samples()
+    for name, rows in (("gym.jsonl", agentgym_rows(samples)), ("msgs.parquet", sft_rows(samples))):
+        result = read_samples(write_rows(rows, tmp_path / name))
+        assert result.records == len(samples) and result.duplicates == 0
+        for original, back in zip(samples, result.samples):
+            assert [(t.text, t.loss) for t in back.turns] == [(t.text, t.loss) for t in original.turns]
+            assert [t.observation for t in back.turns] == [t.observation for t in original.turns]
+            assert back.kind == "imported" and back.task.id == original.id
+        assert read_samples(tmp_path / name).samples[0].id == result.samples[0].id  # stable ids
+
+
+def test_agentrefine_style_rows_with_system_turns_weights_and_json_arrays(tmp_path):
+    rows = [
+        {"id": "refine-1", "conversations": [
+            {"from": "system", "value": "You are the player."},
+            {"from": "human", "value": "You are in a kitchen. Task: boil water."},
+            {"from": "gpt", "value": "Thought: get a pot.\nAction: take pot", "weight": 0},
+            {"from": "human", "value": "There is no pot here."},
+            {"from": "gpt", "value": "Thought: look around.\nAction: look", "weight": 1},
+        ]},
+        {"id": "refine-2", "conversations": [
+            {"from": "human", "value": "Task: open the door."},
+            {"from": "gpt", "value": "Action: open door", "loss": None},
+            {"from": "human", "value": "The door is open."},
+        ]},
+    ]
+    path = tmp_path / "refine.json"
+    path.write_text(json.dumps(rows, indent=2))
+    result = read_samples(path, kind="refine")
+    a, b = result.samples
+    assert a.task.system == "You are the player." and a.task.first_observation.startswith("You are in a kitchen")
+    assert [t.loss for t in a.turns] == [False, True] and a.turns[0].observation == "There is no pot here."
+    assert a.turns[1].observation is None and a.kind == "refine" and a.source["line"] == 2
+    assert b.turns[0].loss is None and b.turns[0].trains and b.turns[0].observation == "The door is open."
+    lines = path.read_text().splitlines()
+    assert b.source["line"] == lines.index('    "id": "refine-2",')  # the line of its opening brace
+    msgs = to_messages(a)
+    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user", "assistant"]
+    assert [m["train"] for m in msgs] == [None, None, False, None, True]
+
+
+def test_duplicate_records_collapse(tmp_path):
+    row = {"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "ACTION: wait"}]}
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps(row) + "\n\n" + json.dumps(row) + "\n")
+    result = read_samples(path)
+    assert result.records == 2 and result.duplicates == 1 and len(result.samples) == 1
+
+
+GOOD = {"conversations": [{"from": "human", "value": "task"}, {"from": "gpt", "value": "ACTION: go", "loss": True}]}
+
+
+@pytest.mark.parametrize("bad_line,line,field,problem", [
+    ('{"conversations": [', 3, None, "not valid JSON"),
+    ('[1, 2]', 3, None, "expected a JSON object"),
+    ('{"dialog": []}', 3, "conversations", "missing"),
+    ('{"conversations": []}', 3, "conversations", "non-empty list"),
+    ('{"conversations": [{"from": "human"}]}', 3, "conversations[0].value", "missing"),
+    ('{"conversations": [{"value": "x"}]}', 3, "conversations[0].from", "missing"),
+    ('{"conversations": [{"from": "human", "value": 5}]}', 3, "conversations[0].value", "expected text"),
+    ('{"conversations": [{"from": "bot", "value": "x"}]}', 3, "conversations[0].from", "unknown role 'bot'"),
+    ('{"conversations": [{"from": "gpt", "value": "x"}]}', 3, "conversations[0].from", "expected 'human'"),
+    ('{"conversations": [{"from": "human", "value": "a"}, {"from": "human", "value": "b"}]}', 3,
+     "conversations[1].from", "expected 'gpt'"),
+    ('{"conversations": [{"from": "human", "value": "a"}, {"from": "system", "value": "b"}]}', 3,
+     "conversations[1].from", "only come first"),
+    ('{"conversations": [{"from": "human", "value": "a"}, {"from": "gpt", "value": "b", "loss": "yes"}]}', 3,
+     "conversations[1].loss", "true, false or null"),
+    (('{"conversations": [{"from": "human", "value": "a"}, {"from": "gpt", "value": "b", "loss": true, '
+      '"weight": 0}]}'), 3, "conversations[1].weight", "contradicts"),
+    ('{"conversations": [{"from": "human", "value": "a", "loss": true}, {"from": "gpt", "value": "b"}]}', 3,
+     "conversations[0].loss", "user turns carry no loss"),
+    ('{"conversations": [{"from": "human", "value": "a"}]}', 3, "conversations", "no assistant"),
+    ('{"messages": [{"role": "user", "content": "a"}, {"role": "tool", "content": "b"}]}', 3,
+     "messages[1].role", "unknown role 'tool'"),
+    ('{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b", "train": 1}]}', 3,
+     "messages[1].train", "true, false or null"),
+])
+def test_malformed_records_name_file_line_and_field(tmp_path, bad_line, line, field, problem):
+    path = tmp_path / "in.jsonl"
+    path.write_text(json.dumps(GOOD) + "\n\n" + bad_line + "\n" + json.dumps(GOOD) + "\n")
+    with pytest.raises(ImportFormatError) as err:
+        read_samples(path)
+    message = str(err.value)
+    assert message.startswith(f"{path}:{line}: ") and problem in message, message
+    assert err.value.line == line and (field is None or err.value.field == field), message
+
+
+def test_a_50_mb_line_is_refused_without_reading_it_whole(tmp_path):
+    path = tmp_path / "big.jsonl"
+    with open(path, "w") as f:
+        f.write(json.dumps(GOOD) + "\n")
+        f.write('{"conversations": [{"from": "human", "value": "' + "x" * (50 * 1024 * 1024) + '"}]}\n')
+    with pytest.raises(ImportFormatError, match=r"big.jsonl:2: line is 52,428,\d+ bytes, over the 16,777,216"):
+        read_samples(path)
+
+
+def test_other_unreadable_inputs(tmp_path):
+    with pytest.raises(DatasetError, match="no such file"):
+        read_samples(tmp_path / "missing.jsonl")
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    with pytest.raises(ImportFormatError, match="no records"):
+        read_samples(empty)
+    junk = tmp_path / "junk.parquet"
+    junk.write_bytes(b"not parquet at all")
+    with pytest.raises(ImportFormatError, match="junk.parquet: not a readable Parquet file"):
+        read_samples(junk)
+    latin = tmp_path / "latin.jsonl"
+    latin.write_bytes(json.dumps(GOOD).encode() + b"\n\xff\xfe\n")
+    with pytest.raises(ImportFormatError, match="latin.jsonl:2: not UTF-8"):
+        read_samples(latin)
+    arr = tmp_path / "arr.json"
+    arr.write_text("[\n" + json.dumps(GOOD) + ",\n" + json.dumps({"x": 1}) + "\n]")
+    with pytest.raises(ImportFormatError, match="arr.json:3: conversations: missing"):
+        read_samples(arr)
+    arr.write_text("[\n" + json.dumps(GOOD) + ",\n{oops}\n]")
+    with pytest.raises(ImportFormatError, match="arr.json:3: not valid JSON"):
+        read_samples(arr)
+    with pytest.raises(DatasetError, match="unknown sample kind"):
+        read_samples(arr, kind="nope")
+
+
+# --- TRL ---------------------------------------------------------------------------------------
+
+# ChatML whose assistant messages are inside {% generation %} only when their `train` flag is not
+# false: way (a) of STACK-NOTES, so TRL's assistant_only_loss honours the exported flags.
+TRAIN_FLAG_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' }}"
+    "{% if message['role'] == 'assistant' and message['train'] is not false %}"
+    "{% generation %}{{ message['content'] + '<|im_end|>' }}{% endgeneration %}"
+    "{% else %}{{ message['content'] + '<|im_end|>' }}{% endif %}{{ '\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    import torch
+    from tiny_model_fixture import build_tiny_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(1)
+    folder = build_tiny_model(tmp_path_factory.mktemp("tiny"))
+    tok = AutoTokenizer.from_pretrained(folder)
+    assert "{% generation %}" in tok.chat_template
+    return folder, AutoModelForCausalLM.from_pretrained(folder), tok
+
+
+def _train_config(cls, out, **kw):
+    return cls(output_dir=str(out), bf16=False, gradient_checkpointing=False, max_steps=1,
+               per_device_train_batch_size=2, report_to=[], save_strategy="no", use_cpu=True, logging_steps=1,
+               dataloader_num_workers=0, **kw)
+
+
+def test_dpo_trainer_takes_one_step_on_exported_pairs(tmp_path, tiny):
+    from trl import DPOConfig, DPOTrainer
+
+    _, model, tok = tiny
+    pairs = built_pairs()
+    ds = load(write_rows(dpo_rows(pairs.step + pairs.trajectory), tmp_path / "dpo.parquet"))
+    policy = copy.deepcopy(model)
+    trainer = DPOTrainer(model=policy, ref_model=copy.deepcopy(model), processing_class=tok, train_dataset=ds,
+                         args=_train_config(DPOConfig, tmp_path / "out", max_length=1024))
+    row = trainer.train_dataset[0]  # the completion the trainer scores is exactly the chosen action
+    assert tok.decode(row["chosen_ids"]).startswith(pairs.step[0].chosen + "<|im_end|>")
+    assert tok.decode(row["rejected_ids"]).startswith(pairs.step[0].rejected + "<|im_end|>")
+    before = [p.detach().clone() for p in policy.parameters()]
+    trainer.train()
+    (log, _) = trainer.state.log_history
+    assert log["loss"] == pytest.approx(0.693147, abs=1e-4)  # policy == reference at step 0: -log sigmoid(0)
+    assert any(not b.equal(a) for b, a in zip(before, policy.parameters()))
+
+
+def _trained_text(tok, input_ids, labels) -> str:
+    return tok.decode([i for i, lab in zip(input_ids, labels) if lab != -100])
+
+
+def test_sft_trainer_gives_masked_turns_no_loss_with_a_train_flag_template(tmp_path, tiny):
+    from trl import SFTConfig, SFTTrainer
+
+    _, model, tok = tiny
+    tok = copy.deepcopy(tok)
+    tok.chat_template = TRAIN_FLAG_TEMPLATE
+    samples = revision_samples()
+    rev = samples[0]
+    ds = load(write_rows(sft_rows(samples), tmp_path / "sft.jsonl"))
+    trainer = SFTTrainer(model=copy.deepcopy(model), processing_class=tok, train_dataset=ds,
+                         args=_train_config(SFTConfig, tmp_path / "out", assistant_only_loss=True, max_length=4096))
+    batch = next(iter(trainer.get_train_dataloader()))
+    assert "labels" in batch
+    row = trainer.train_dataset[0]
+    trained = _trained_text(tok, row["input_ids"], row["labels"])
+    expected = "".join(t.text + "<|im_end|>" for t in rev.turns if t.loss)
+    assert trained == expected  # the bad turns and every user turn carry no loss
+    assert all(t.text not in trained for t in rev.turns if t.loss is False)
+    # the same rows pre-tokenized by tokenize_messages give the very same mask (way (b))
+    masks = tokenize_messages(ds[0]["messages"], tiny[2])
+    assert masks["input_ids"] == row["input_ids"]
+    assert masks["assistant_masks"] == [int(lab != -100) for lab in row["labels"]]
+    trainer.train()
+    assert trainer.state.log_history[-1]["train_loss"] > 0
+
+
+def test_sft_trainer_on_pretokenized_rows_from_tokenize_messages(tmp_path, tiny):
+    import datasets
+    from trl import SFTConfig, SFTTrainer
+
+    _, model, tok = tiny
+    samples = revision_samples()
+    flagged = samples[0]
+    rows = sft_rows(samples)
+    ds = datasets.Dataset.from_list([tokenize_messages(r["messages"], tok) for r in rows])
+    trainer = SFTTrainer(model=copy.deepcopy(model), processing_class=tok, train_dataset=ds,
+                         args=_train_config(SFTConfig, tmp_path / "out", max_length=4096))
+    row = trainer.train_dataset[0]
+    trained = _trained_text(tok, row["input_ids"], row["labels"])
+    assert trained == "".join(t.text + "<|im_end|>" for t in flagged.turns if t.loss)
+    # flipping one flag moves exactly that turn in or out of the loss
+    rows[0]["messages"][[i for i, m in enumerate(rows[0]["messages"]) if m["role"] == "assistant"][2]]["train"] = True
+    again = tokenize_messages(rows[0]["messages"], tok)
+    bad = flagged.turns[2].text
+    assert bad in _trained_text(tok, again["input_ids"], [0 if m else -100 for m in again["assistant_masks"]])
+    trainer.train()
+    assert trainer.state.global_step == 1
