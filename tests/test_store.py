@@ -172,3 +172,19 @@ def test_resume_after_sigkill(tmp_path):
             ).fetchone()[0]
             assert orphans == 0
         assert json.loads(json.dumps(info.stats))["simulations"] > 0
+
+
+def test_readonly_store_reads_without_writing(tmp_path):
+    path = tmp_path / "o.db"
+    with Store(path) as store:
+        run_id, _ = _run(store, sims=2, n_tasks=1)
+    before = path.read_bytes()
+    with Store(path, readonly=True) as ro:
+        (tree_id, _), = ro.tree_ids(run_id)
+        assert ro.load_tree(tree_id).check_invariants() == []
+        with pytest.raises(sqlite3.OperationalError, match="readonly"):
+            ro.con.execute("DELETE FROM runs")
+    assert path.read_bytes() == before
+    with pytest.raises(StoreError, match="schema version 0"):
+        Store(tmp_path / "missing.db", readonly=True)
+    assert not (tmp_path / "missing.db").exists()

@@ -1,0 +1,227 @@
+"""Plotly figures. The tree is two WebGL traces (edges, nodes) whatever its size, plus small overlays.
+
+Values shown come from the engine (`Node.Q_mcts`, `Node.Q_critic`, `Node.value(alpha)` = eq. 10,
+`SearchTree.best_path`); this module only maps them to marks. Traces are built with plotly's
+validation off: validating 100k-element symbol/text arrays costs seconds, and the tests validate
+the same construction on small trees instead.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Collection, Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+import streamlit as st
+from plotly.colors import get_colorscale
+
+from dashboard import data
+from dashboard.layout import TreeLayout, layout_tree
+from engine.search.tree import Node, SearchTree
+
+# What colours the nodes: label shown in the UI -> key.
+MEASURES: dict[str, str] = {
+    "Q (eq. 10)": "q",
+    "Q~ (MCTS mean)": "q_mcts",
+    "Q^ (critic)": "q_critic",
+}
+SYMBOLS: dict[str | None, str] = {
+    None: "circle",  # inner node or unfinished leaf
+    "success": "star",
+    "failure": "x",
+    "format_error": "diamond",
+    "depth_limit": "square",
+    "stopped": "triangle-down",
+}
+COLLAPSED_SYMBOL = "hexagon"  # a node whose descendants are hidden
+LEGEND = (
+    "circle: open or inner node · star: success · x: failure · diamond: format error · "
+    "square: depth limit · triangle: stopped (STATUS ≠ CONTINUE) · hexagon: has hidden descendants · "
+    "size: visits N · grey: no value (Q^ of the root) · blue line: best path (eq. 10) · magenta ring: search match"
+)
+# Diverging red (0) -> green (1), spelled out: plotly.js has no "RdYlGn" of its own (plotly.py expands
+# the name only when validating, which we skip).
+COLORSCALE = get_colorscale("RdYlGn")
+NO_VALUE = float("nan")  # nodes without a critic score (the root, critic off): drawn grey
+BEST_COLOR = "#1565c0"
+MATCH_COLOR = "#d500f9"
+EDGE_COLOR = "#b0b0b0"
+
+
+def node_value(node: Node, measure: str, alpha: float) -> float:
+    if measure == "q_mcts":
+        return node.Q_mcts
+    if measure == "q_critic":
+        return NO_VALUE if node.Q_critic is None else node.Q_critic
+    if measure == "q":
+        return node.value(alpha)
+    raise ValueError(f"unknown measure {measure!r} (one of {', '.join(MEASURES.values())})")
+
+
+def short_command(node: Node, limit: int = 60) -> str:
+    """One line naming the node's action (the root and format errors have none)."""
+    if node.parent is None:
+        return "(root)"
+    if node.action is None:
+        return "(format error)"
+    cmd = " ".join(node.action.command.split())
+    return cmd if len(cmd) <= limit else cmd[: limit - 1] + "…"
+
+
+def _fmt(value: float | None) -> str:
+    return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.2f}"
+
+
+def hover_text(node: Node, alpha: float, hidden: int) -> str:
+    """Short hover label. Env/model text is HTML-escaped: plotly renders a subset of HTML in labels."""
+    parts = [
+        f"#{node.id} · depth {node.depth}",
+        html.escape(short_command(node)),
+        f"N={node.N} · Q~={_fmt(node.Q_mcts)} · Q^={_fmt(node.Q_critic)} · Q={_fmt(node.value(alpha))}",
+    ]
+    if node.terminal:
+        parts.append(html.escape(node.terminal))
+    if hidden:
+        parts.append(f"+{hidden} hidden below")
+    return "<br>".join(parts)
+
+
+def matching_nodes(tree: SearchTree, query: str) -> list[int]:
+    """Nodes whose composite action (or raw completion, for format errors) contains `query`
+    (case-insensitive)."""
+    q = query.strip().lower()
+    if not q:
+        return []
+    out = []
+    for n in tree.nodes:
+        a = n.action
+        if a is not None:
+            text = " ".join((a.command, a.thought, a.explanation, a.plan or "", a.status))
+        else:
+            text = n.raw or ""
+        if q in text.lower():
+            out.append(n.id)
+    return out
+
+
+def tree_figure(
+    tree: SearchTree,
+    lay: TreeLayout,
+    measure: str = "q",
+    alpha: float = 0.5,
+    best_path: Sequence[int] = (),
+    matches: Collection[int] = (),
+    height: int = 640,
+) -> go.Figure:
+    """The tree: one Scattergl trace of edges (NaN-separated segments), one of nodes (node id in
+    customdata, so a click names the node), and overlays for the best path and search matches."""
+    nodes = tree.nodes
+    # Root on top via y = -depth: a reversed y axis draws Scattergl *lines* flat along the bottom in the
+    # plotly.js that Streamlit 1.67 bundles (markers are fine).
+    ids, x, y = lay.ids, lay.x, -lay.y
+    m = len(ids)
+
+    child = np.arange(1, m)
+    par = lay.parent_index[1:]
+    nan = np.full(m - 1, np.nan)
+    ex = np.column_stack([x[par], x[child], nan]).ravel()
+    ey = np.column_stack([y[par], y[child], nan]).ravel()
+
+    visible = [nodes[i] for i in ids.tolist()]
+    hidden = lay.hidden.tolist()
+    values = np.fromiter((node_value(n, measure, alpha) for n in visible), dtype=np.float64, count=m)
+    visits = np.fromiter((n.N for n in visible), dtype=np.float64, count=m)
+    small, extra = (5.0, 13.0) if m <= 2000 else (3.0, 9.0)  # big trees: smaller marks, less overlap
+    size = small + extra * np.sqrt(visits / max(1.0, float(visits.max(initial=0.0))))
+    symbol = [COLLAPSED_SYMBOL if h else SYMBOLS.get(n.terminal, "circle") for n, h in zip(visible, hidden)]
+    text = [hover_text(n, alpha, h) for n, h in zip(visible, hidden)]
+    label = next(k for k, v in MEASURES.items() if v == measure)
+
+    traces = [
+        go.Scattergl(
+            x=ex, y=ey, mode="lines", line={"color": EDGE_COLOR, "width": 1},
+            hoverinfo="skip", name="edges", showlegend=False, _validate=False,
+        ),
+    ]
+    pos = {int(v): i for i, v in enumerate(ids.tolist())}
+    path = [p for p in (0, *best_path) if p in pos]
+    if len(path) > 1:
+        idx = np.asarray([pos[p] for p in path])
+        traces.append(go.Scattergl(
+            x=x[idx], y=y[idx], mode="lines", line={"color": BEST_COLOR, "width": 4},
+            hoverinfo="skip", name="best path", showlegend=False, _validate=False,
+        ))
+    traces.append(go.Scattergl(
+        x=x, y=y, mode="markers", customdata=ids, text=text, hoverinfo="text", name="nodes",
+        showlegend=False,
+        marker={
+            "color": values, "colorscale": COLORSCALE, "cmin": 0.0, "cmax": 1.0, "size": size,
+            "symbol": symbol, "line": {"width": 0.5, "color": "#424242"},
+            "colorbar": {"title": {"text": label}, "thickness": 12, "len": 0.6},
+        },
+        unselected={"marker": {"opacity": 0.55}},
+        _validate=False,
+    ))
+    hits = [pos[h] for h in matches if h in pos]
+    if hits:
+        idx = np.asarray(sorted(hits))
+        traces.append(go.Scattergl(
+            x=x[idx], y=y[idx], mode="markers", hoverinfo="skip", name="matches", showlegend=False,
+            marker={"symbol": "circle-open", "size": 18, "color": MATCH_COLOR, "line": {"width": 2.5}},
+            _validate=False,
+        ))
+    fig = go.Figure(data=traces, _validate=False)
+    fig.update_layout(
+        height=height,
+        margin={"l": 10, "r": 10, "t": 10, "b": 10},
+        xaxis={"visible": False},
+        yaxis={"visible": False},
+        hovermode="closest",
+        plot_bgcolor="white",
+        uirevision=f"tree-{tree.task.id}",
+    )
+    return fig
+
+
+# --- cached per (database version, tree, view settings) ---------------------------------------------
+# The figure is rebuilt only when one of these changes, so a rerun that only changes the selected
+# node sends byte-identical JSON and the chart (and its selection) stays as it is in the browser.
+
+
+@st.cache_data(show_spinner=False, max_entries=32)
+def cached_layout(
+    path: str, tree_id: int, version: tuple[int, ...], max_depth: int | None, collapsed: tuple[int, ...]
+) -> TreeLayout:
+    tree = data.load_tree(path, tree_id, version)
+    if tree is None:
+        raise ValueError(f"tree {tree_id} has no nodes yet")
+    return layout_tree(tree, max_depth=max_depth, collapsed=collapsed)
+
+
+@st.cache_data(show_spinner=False, max_entries=32)
+def cached_matches(path: str, tree_id: int, version: tuple[int, ...], query: str) -> list[int]:
+    tree = data.load_tree(path, tree_id, version)
+    return matching_nodes(tree, query) if tree is not None else []
+
+
+# cache_resource: a pickled plotly Figure re-validates every array when loaded (~0.8 s at 100k
+# nodes), which cache_data would do on every rerun; the figure is never mutated after building.
+@st.cache_resource(show_spinner=False, max_entries=12)
+def cached_tree_figure(
+    path: str,
+    tree_id: int,
+    version: tuple[int, ...],
+    measure: str,
+    alpha: float,
+    max_depth: int | None,
+    collapsed: tuple[int, ...],
+    query: str,
+) -> go.Figure:
+    tree = data.load_tree(path, tree_id, version)
+    if tree is None:
+        raise ValueError(f"tree {tree_id} has no nodes yet")
+    lay = cached_layout(path, tree_id, version, max_depth, collapsed)
+    matches = cached_matches(path, tree_id, version, query)
+    return tree_figure(tree, lay, measure, alpha, tree.best_path(alpha), matches)

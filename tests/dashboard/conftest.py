@@ -1,0 +1,26 @@
+"""Fixtures for the dashboard tests (see dash_fixtures for what the stores contain)."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+from dash_fixtures import build_store
+
+
+@pytest.fixture(scope="session")
+def store_db(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    path = tmp_path_factory.mktemp("store") / "orchard.db"
+    return path, build_store(path)
+
+
+@pytest.fixture()
+def foreign_db(tmp_path: Path) -> Path:
+    path = tmp_path / "foreign.db"
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)")
+    con.execute("INSERT INTO meta VALUES ('app', 'someone-else')")
+    con.commit()
+    con.close()
+    return path

@@ -1,0 +1,136 @@
+"""One real-browser test: `streamlit run` on a fixture store, headless Chromium, a real click on a node.
+
+Needs the Debian `chromium` package (/usr/bin/chromium) and the `playwright` Python package (no
+browser download: we launch the system Chromium). Screenshots of each page land in pytest's tmp folder
+for this test (paths printed; see them with `pytest -s`); the viewport is tall because Streamlit
+scrolls inside the page, which full-page screenshots do not follow.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from dash_fixtures import APP, ROOT, build_store
+
+from engine.store import Store
+
+CHROMIUM = Path("/usr/bin/chromium")
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+        "--no-first-run"]
+
+pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="needs /usr/bin/chromium (apt-get install chromium)")
+
+# Page position of a node's marker: the plot div's box + axis offset + data-to-pixel (plotly internals).
+MARKER_XY = """(id) => {
+  const gd = document.querySelector('.js-plotly-plot');
+  const tr = gd._fullData.find(t => t.name === 'nodes');
+  const i = Array.from(tr.customdata).indexOf(id);
+  if (i < 0) return null;
+  const xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis, box = gd.getBoundingClientRect();
+  return {x: box.left + xa._offset + xa.l2p(tr.x[i]), y: box.top + ya._offset + ya.l2p(tr.y[i])};
+}"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 60.0) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"streamlit exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
+                if r.read().strip() == b"ok":
+                    return
+        except OSError:
+            time.sleep(0.3)
+    raise TimeoutError("streamlit did not become healthy")
+
+
+@pytest.fixture()
+def server(tmp_path: Path):
+    db = tmp_path / "orchard.db"
+    runs = build_store(db)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with open(tmp_path / "streamlit.log", "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "streamlit", "run", str(APP), "--server.headless", "true",
+             "--server.port", str(port), "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false"],
+            cwd=ROOT, env={**os.environ, "ORCHARD_DB": str(db)}, stdout=log, stderr=subprocess.STDOUT,
+        )
+        try:
+            wait_healthy(url, proc)
+            yield url, db, runs
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def test_click_on_a_node_opens_it_in_the_inspector(server, tmp_path: Path) -> None:
+    from playwright.sync_api import expect, sync_playwright  # the [dev] extra installs it
+
+    url, db, runs = server
+    with Store(db) as store:
+        tree = store.load_tree(store.tree_id(runs["main"], "goal-4"))
+    target = max((n for n in tree.nodes if n.action is not None), key=lambda n: (n.depth, n.id))
+    shots = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1500, "height": 2200})
+            page.goto(url)
+            expect(page.get_by_role("heading", name="Runs")).to_be_visible(timeout=30_000)
+            expect(page.get_by_role("combobox", name="Run")).to_have_value(re.compile("fixture-run"), timeout=30_000)
+            page.wait_for_timeout(500)  # the data grid draws on a canvas
+            shots.append(tmp_path / "runs.png")
+            page.screenshot(path=shots[-1], full_page=True)
+
+            # Selecting the first row (the newest run) of the runs table opens it in the Tree explorer.
+            grid = page.get_by_test_id("stDataFrame").bounding_box()
+            page.mouse.click(grid["x"] + 15, grid["y"] + 35 + 17)  # row-selection cell of row 1
+            expect(page.get_by_role("heading", name="Tree explorer")).to_be_visible(timeout=30_000)
+            page.wait_for_url(re.compile(f"run={runs['main']}"), timeout=15_000)
+
+            page.goto(f"{url}/tree?run={runs['main']}&task=goal-4")  # a shared link
+            expect(page.get_by_role("heading", name="Node 0")).to_be_visible(timeout=30_000)
+            page.wait_for_function("() => { const gd = document.querySelector('.js-plotly-plot');"
+                                   " return gd && gd._fullData && gd._fullData.length > 1 }", timeout=30_000)
+            page.wait_for_timeout(1000)  # WebGL draw
+            shots.append(tmp_path / "tree_explorer.png")
+            page.screenshot(path=shots[-1], full_page=True)
+
+            xy = page.evaluate(MARKER_XY, target.id)
+            assert xy is not None, f"node {target.id} is not in the plot"
+            page.mouse.move(xy["x"], xy["y"])
+            page.wait_for_timeout(300)
+            page.mouse.click(xy["x"], xy["y"])
+            expect(page.get_by_role("heading", name=f"Node {target.id}")).to_be_visible(timeout=15_000)
+            assert f"node={target.id}" in page.url
+            expect(page.get_by_text(target.observation).first).to_be_visible()
+            shots.append(tmp_path / "tree_explorer_clicked.png")
+            page.screenshot(path=shots[-1], full_page=True)
+
+            # The path table is selectable too: its first row is the root.
+            path_table = page.get_by_test_id("stDataFrame").nth(1).bounding_box()  # siblings, then path
+            page.mouse.click(path_table["x"] + 15, path_table["y"] + 35 + 17)
+            expect(page.get_by_role("heading", name="Node 0")).to_be_visible(timeout=15_000)
+            assert "node=0" in page.url
+        finally:
+            browser.close()
+    print("screenshots:", *shots, sep="\n  ")
