@@ -16,8 +16,12 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+PORT ?= 8501
+
 run: $(STAMP)
 	$(BIN)/orchard demo
+	@echo "Dashboard: http://localhost:$(PORT)  (Ctrl-C to stop)"
+	$(BIN)/streamlit run dashboard/app.py --server.port $(PORT)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 -q

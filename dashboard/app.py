@@ -1,7 +1,8 @@
 """Orchard dashboard: `streamlit run dashboard/app.py` (database: $ORCHARD_DB, else the engine default).
 
 The entry point only registers pages and checks that the database can be shown; each page reads
-through `dashboard.data` (the engine's Store API) and never writes.
+through `dashboard.data` (the engine's Store API). Only the Data pages write, and only curation
+decisions, through the Store's versioned curation calls, under the name typed in the sidebar.
 """
 
 from __future__ import annotations
@@ -12,16 +13,29 @@ from dashboard import data
 
 st.set_page_config(page_title="Orchard", page_icon="🌳", layout="wide")
 
-# One section per stage of the data flow. Later stages (Trajectories, Preference pairs, Refinement
-# data, Training, Evaluation) add their page files here when their engine parts exist.
+# One section per stage of the data flow. Later stages (Training, Evaluation) add their page files here
+# when their engine parts exist.
 PAGES: dict[str, list[st.Page]] = {
     "Search": [
         st.Page("views/runs.py", title="Runs", icon=":material/table_rows:", default=True),
         st.Page("views/tree_explorer.py", title="Tree explorer", icon=":material/account_tree:", url_path="tree"),
     ],
+    "Data": [
+        st.Page("views/trajectories.py", title="Trajectories", icon=":material/alt_route:",
+                url_path="trajectories"),
+        st.Page("views/pairs.py", title="Preference pairs", icon=":material/compare_arrows:",
+                url_path="pairs"),
+        st.Page("views/refinement.py", title="Refinement data", icon=":material/edit_note:",
+                url_path="refinement"),
+    ],
 }
+CURATION_PAGES = {p.url_path for p in PAGES["Data"]}
 
 page = st.navigation(PAGES)
+if page.url_path in CURATION_PAGES:
+    # Who curates: recorded in every history entry; kept for the whole session across pages.
+    st.sidebar.text_input("Your name", key="who", placeholder="anonymous", persist_state="session",
+                          help="Recorded with every decision you make on these pages (empty: anonymous).")
 
 path = data.db_path()
 problem = data.db_problem(path)

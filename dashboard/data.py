@@ -14,8 +14,10 @@ from pathlib import Path
 
 import streamlit as st
 
+from engine.datasets.pairs import Pair
+from engine.datasets.samples import Sample
 from engine.search.tree import SearchTree
-from engine.store import RunInfo, Store, StoreError, default_db_path
+from engine.store import HistoryEntry, RunInfo, Store, StoreError, default_db_path
 
 DB_ENV = "ORCHARD_DB"
 NO_RUNS = "No runs yet — run `make run` to search the demo tasks, then reload this page."
@@ -88,5 +90,76 @@ def resolve_run(path: str, key: str, version: tuple[int, ...]) -> str | None:
     with Store(path, readonly=True) as store:
         try:
             return store.find_run(key)
+        except StoreError:
+            return None
+
+
+# --- datasets (curation pages) ---------------------------------------------------------------------------
+# Lists are cached per database version (and cleared after this dashboard's own writes, so a save shows
+# at once even within the file system's timestamp granularity). The row being curated and its history
+# are read uncached: the version a person acts on must be the one in the database.
+
+Filters = tuple[tuple[str, object], ...]  # store filter keywords, hashable for the cache
+
+
+def filters(**values: object) -> Filters:
+    """Store filters without the unset (None / empty) ones, in a stable order."""
+    return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in values.items()
+                        if v is not None and v != [] and v != ()))
+
+
+def as_kwargs(f: Filters) -> dict[str, object]:
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in f}
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def pair_page(
+    path: str, f: Filters, order: str, limit: int, offset: int, version: tuple[int, ...]
+) -> list[Pair]:
+    """One page of the pairs matching `f`, in `order` ("tree", "gap" or "updated")."""
+    with Store(path, readonly=True) as store:
+        return store.pairs(limit=limit, offset=offset, order=order, **as_kwargs(f))
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def pair_counts(path: str, f: Filters, version: tuple[int, ...]) -> dict[str, int]:
+    """Pairs matching `f` per curation status, plus "total"."""
+    with Store(path, readonly=True) as store:
+        return store.pair_counts(**as_kwargs(f))
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def sample_page(path: str, f: Filters, limit: int, offset: int, version: tuple[int, ...]) -> list[Sample]:
+    """One page of the samples matching `f` (kind, run, task, status)."""
+    with Store(path, readonly=True) as store:
+        return store.samples(limit=limit, offset=offset, **as_kwargs(f))
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def sample_counts(path: str, f: Filters, version: tuple[int, ...]) -> dict[str, int]:
+    with Store(path, readonly=True) as store:
+        return store.sample_counts(**as_kwargs(f))
+
+
+def clear_dataset_caches() -> None:
+    """After a curation write by this dashboard."""
+    for fn in (pair_page, pair_counts, sample_page, sample_counts):
+        fn.clear()
+
+
+def read_pair(path: str, pair_id: str) -> tuple[Pair, list[HistoryEntry]] | None:
+    """The pair as stored now, with its audit history (None: no such pair)."""
+    with Store(path, readonly=True) as store:
+        try:
+            return store.pair(pair_id), store.pair_history(pair_id)
+        except StoreError:
+            return None
+
+
+def read_sample(path: str, sample_id: str) -> tuple[Sample, list[HistoryEntry]] | None:
+    """The sample as stored now, with its audit history (None: no such sample)."""
+    with Store(path, readonly=True) as store:
+        try:
+            return store.sample(sample_id), store.sample_history(sample_id)
         except StoreError:
             return None

@@ -1,21 +1,36 @@
-"""Fixture stores for the dashboard tests: small real searches (scripted generator, line env).
+"""Fixture stores for the dashboard tests: small real searches (scripted generator, line env), and
+the datasets the engine builds from them (preference pairs, Agent-R revisions with a scripted judge,
+AgentRefine samples from a canned model answer).
 
 A module of its own (not conftest) so tests and the browser test can import it by name."""
 
 from __future__ import annotations
 
+import copy
+import json
+import re
+import shutil
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from doubles import ScriptedGenerator, SnapshotLineEnv
 
 from engine.config import SearchConfig
+from engine.datasets.pairs import PairsConfig, build_pairs
+from engine.datasets.refine import EXAMPLE_SCRIPT, EXAMPLE_TRAJECTORY, Persona, Script, check_script, generate
+from engine.datasets.revisions import RevisionConfig, build_revisions
+from engine.datasets.samples import TreeRef
 from engine.envs.base import Step
+from engine.llm.base import Completion, SampleRequest
 from engine.search.runner import new_run
 from engine.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = ROOT / "dashboard" / "app.py"
 XSS = "<script>alert(1)</script>"
+JUDGE_BAD = f"REASON: moving left goes away from the goal. {XSS} **bold**\nJudgement: Bad"
+JUDGE_GOOD = "REASON: this moves towards the goal.\nJudgement: Good"
 
 
 class XssLineEnv(SnapshotLineEnv):
@@ -29,8 +44,69 @@ class XssLineEnv(SnapshotLineEnv):
         return step
 
 
+class Judge:
+    """First-error judge double: 'left' is Bad (with markup in its reason), everything else Good."""
+
+    name = "judge-double"
+
+    def sample(self, requests: Sequence[SampleRequest]) -> list[list[Completion]]:
+        out = []
+        for req in requests:
+            found = re.search(r"CURRENT ACTION:\n.*?^ACTION: ([^\n]*)", req.prompt[-1]["content"],
+                              re.DOTALL | re.MULTILINE)
+            command = found.group(1).strip() if found else ""
+            out.append([Completion(JUDGE_BAD if command == "left" else JUDGE_GOOD)] * req.n)
+        return out
+
+    def logprobs(self, prompts: Sequence[Any], completions: Sequence[Any]) -> list[None]:
+        return [None] * len(completions)
+
+
+def refine_trajectories() -> list[list[dict]]:
+    """Two verified AgentRefine trajectories: the engine's example, and one with markup in the DM's text."""
+    second = copy.deepcopy(EXAMPLE_TRAJECTORY)
+    second[0]["observation"] = "You wake up at the counter of a small bakery."
+    second[4]["observation"] = f"{XSS} **Nothing** happens."
+    return [copy.deepcopy(EXAMPLE_TRAJECTORY), second]
+
+
+class RefineModel:
+    """Plays the Dungeon Master and the player: the i-th prompt of a batch gets trajectory i."""
+
+    name = "refine-double"
+
+    def sample(self, requests: Sequence[SampleRequest]) -> list[list[Completion]]:
+        answers = refine_trajectories()
+        return [[Completion(json.dumps(answers[i % len(answers)]), n_tokens=50)] * req.n
+                for i, req in enumerate(requests)]
+
+    def logprobs(self, prompts: Sequence[Any], completions: Sequence[Any]) -> list[None]:
+        return [None] * len(completions)
+
+
+def build_datasets(store: Store, runs: dict[str, str]) -> None:
+    """Pairs and revision / good / recovery samples of every run (what `orchard pairs build` and
+    `orchard revisions build` write), and two refinement samples (what `orchard refine` writes)."""
+    env = XssLineEnv()
+    for run_id in runs.values():
+        refs = [TreeRef(store.load_tree(tid), run_id, tid, env.describe())
+                for tid, _ in store.tree_ids(run_id)]
+        built = build_pairs(refs, PairsConfig(alpha=store.run(run_id).config.get("alpha", 0.5)))
+        store.save_pairs(run_id, [*built.step, *built.trajectory])
+        store.save_samples(built.rft)
+        store.save_samples(build_revisions(refs, Judge(), RevisionConfig()).samples)
+    script = check_script(EXAMPLE_SCRIPT)
+    assert isinstance(script, Script)
+    personas = [Persona("baker", "A baker who loves bread."),
+                Persona("apprentice", "A new apprentice baker.")]
+    result = generate(RefineModel(), personas, scripts=[script, script])
+    assert len(result.samples) == 2, result.failures
+    store.save_samples(result.samples)
+
+
 def build_store(path: Path) -> dict[str, str]:
-    """Two runs; the second has three tasks with format errors and the XSS observation."""
+    """Two runs; the second has three tasks with format errors and the XSS observation. Plus the
+    datasets of `build_datasets`."""
     with Store(path) as store:
         env = XssLineEnv()
         first, _ = new_run(store, "line", env.tasks()[:1], ScriptedGenerator(), SearchConfig(simulations=3, k=2,
@@ -38,4 +114,14 @@ def build_store(path: Path) -> dict[str, str]:
         second, _ = new_run(store, "line", env.tasks()[2:5], ScriptedGenerator(p_right=0.4, p_garbage=0.15),
                             SearchConfig(simulations=10, k=3, depth_limit=5, alpha=0.3), "fixture-run",
                             make_env=XssLineEnv)
-    return {"small": first, "main": second}
+        runs = {"small": first, "main": second}
+        build_datasets(store, runs)
+    return runs
+
+
+def copy_store(source: Path, target: Path) -> Path:
+    """A private copy of a fixture database (with its WAL, if any), for tests that write."""
+    for suffix in ("", "-wal", "-shm"):
+        if (src := source.with_name(source.name + suffix)).exists():
+            shutil.copyfile(src, target.with_name(target.name + suffix))
+    return target

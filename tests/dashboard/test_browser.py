@@ -1,8 +1,9 @@
-"""One real-browser test: `streamlit run` on a fixture store, headless Chromium, a real click on a node.
+"""Real-browser tests: `streamlit run` on a fixture store, headless Chromium: a real click on a node in the
+Tree explorer, and approving preference pairs (by click and by keyboard shortcut) on the curation pages.
 
 Needs the Debian `chromium` package (/usr/bin/chromium) and the `playwright` Python package (no
 browser download: we launch the system Chromium). Screenshots of each page land in pytest's tmp folder
-for this test (paths printed; see them with `pytest -s`); the viewport is tall because Streamlit
+for each test (paths printed; see them with `pytest -s`); the viewport is tall because Streamlit
 scrolls inside the page, which full-page screenshots do not follow.
 """
 
@@ -16,9 +17,10 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
-from dash_fixtures import APP, ROOT, build_store
+from dash_fixtures import APP, JUDGE_BAD, ROOT, build_store
 
 from engine.store import Store
 
@@ -37,6 +39,17 @@ MARKER_XY = """(id) => {
   const xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis, box = gd.getBoundingClientRect();
   return {x: box.left + xa._offset + xa.l2p(tr.x[i]), y: box.top + ya._offset + ya.l2p(tr.y[i])};
 }"""
+
+
+# Streamlit is idle: no "running" icon, no element left stale (greyed) by the last rerun.
+IDLE = """() => !document.querySelector('[data-testid="stStatusWidgetRunningIcon"], [data-stale="true"]')"""
+
+
+def settle(page: Any, pause_ms: int = 500) -> None:
+    """Wait until the current rerun has finished drawing (before a screenshot)."""
+    page.wait_for_timeout(pause_ms)
+    page.wait_for_function(IDLE, timeout=30_000)
+    page.wait_for_timeout(300)
 
 
 def free_port() -> int:
@@ -59,8 +72,10 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 60.0) -> Non
     raise TimeoutError("streamlit did not become healthy")
 
 
-@pytest.fixture()
-def server(tmp_path: Path):
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    """One server for the module (starting one costs seconds); only the curation test writes."""
+    tmp_path = tmp_path_factory.mktemp("server")
     db = tmp_path / "orchard.db"
     runs = build_store(db)
     port = free_port()
@@ -131,6 +146,66 @@ def test_click_on_a_node_opens_it_in_the_inspector(server, tmp_path: Path) -> No
             page.mouse.click(path_table["x"] + 15, path_table["y"] + 35 + 17)
             expect(page.get_by_role("heading", name="Node 0")).to_be_visible(timeout=15_000)
             assert "node=0" in page.url
+        finally:
+            browser.close()
+    print("screenshots:", *shots, sep="\n  ")
+
+
+def test_approve_pairs_in_the_browser_and_screenshot_the_data_pages(server, tmp_path: Path) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    url, db, runs = server
+    with Store(db) as store:
+        queue = [p.id for p in store.pairs(run_id=runs["main"], task_id="goal-4", kind="step")]
+        revision = next(s for s in store.samples(kind="revision")
+                        if any(j["answer"] == JUDGE_BAD for j in s.source["judgements"]))
+        refine = next(s for s in store.samples(kind="refine") if s.task.id == "apprentice")
+    shots, dialogs = [], []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1500, "height": 2200})
+            page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))  # an alert() would be XSS
+            page.goto(f"{url}/pairs?run={runs['main']}&task=goal-4")
+            expect(page.get_by_role("heading", name="Preference pairs")).to_be_visible(timeout=30_000)
+            name = page.get_by_role("textbox", name="Your name")
+            name.fill("browser-tester")
+            name.press("Enter")
+            settle(page)
+            shots.append(tmp_path / "pairs.png")
+            page.screenshot(path=shots[-1], full_page=True)
+
+            page.get_by_role("button", name="Approve & next").click()
+            expect(page.get_by_text(f"Approved pair {queue[0]}.")).to_be_visible(timeout=15_000)
+            page.wait_for_url(re.compile(f"pair={queue[1]}"), timeout=15_000)
+            page.get_by_role("heading", name="Preference pairs").click()  # focus off the name field
+            page.keyboard.press("a")  # the "approve & next" shortcut
+            expect(page.get_by_text(f"Approved pair {queue[1]}.")).to_be_visible(timeout=15_000)
+            page.wait_for_url(re.compile(f"pair={queue[2]}"), timeout=15_000)
+            with Store(db) as store:
+                for pair_id in queue[:2]:
+                    stored = store.pair(pair_id)
+                    assert (stored.status, stored.updated_by) == ("approved", "browser-tester")
+                assert store.pair(queue[2]).status == "pending"
+            settle(page)
+            shots.append(tmp_path / "pairs_approved.png")
+            page.screenshot(path=shots[-1], full_page=True)
+
+            page.goto(f"{url}/trajectories?run={runs['main']}&task={revision.task.id}&sample={revision.id}")
+            spliced = page.get_by_role("heading", name="Spliced revision trajectory")
+            expect(spliced).to_be_visible(timeout=30_000)
+            expect(page.get_by_text("moving left goes away from the goal", exact=False).first).to_be_visible()
+            settle(page)
+            shots.append(tmp_path / "trajectories.png")
+            page.screenshot(path=shots[-1], full_page=True)
+
+            page.goto(f"{url}/refinement?sample={refine.id}")
+            expect(page.get_by_role("heading", name="Trajectory", exact=True)).to_be_visible(timeout=30_000)
+            expect(page.get_by_text("<script>alert(1)</script> **Nothing** happens.").first).to_be_visible()
+            settle(page)
+            shots.append(tmp_path / "refinement.png")
+            page.screenshot(path=shots[-1], full_page=True)
+            assert not dialogs, f"page script ran: {dialogs}"
         finally:
             browser.close()
     print("screenshots:", *shots, sep="\n  ")
