@@ -5,10 +5,6 @@ client's handling (401/429/5xx/timeouts/partial `n`), which a healthy real serve
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -17,8 +13,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import httpx
 import pytest
+from serve_fixture import free_port, transformers_serve
 from tiny_model_fixture import build_tiny_model
 
 from engine.llm.base import GeneratorError, SampleRequest, SamplingParams
@@ -31,12 +27,6 @@ PROMPT = [
 FAST = {"retries": 2, "backoff_s": 0.01, "timeout_s": 30}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 # ---------------------------------------------------------------- the real server
 
 
@@ -47,37 +37,8 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]:
-    port = _free_port()
-    log_path = tmp_path_factory.mktemp("serve") / "serve.log"
-    cmd = [str(Path(sys.executable).with_name("transformers")), "serve", str(tiny_dir)]
-    cmd += ["--host", "127.0.0.1", "--port", str(port), "--device", "cpu"]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    with log_path.open("wb") as log_file:
-        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env)
-    base = f"http://127.0.0.1:{port}"
-    start = time.monotonic()
-    try:
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(
-                    f"`transformers serve` exited ({proc.returncode}):\n{log_path.read_text()[-3000:]}"
-                )
-            try:
-                if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() - start > 60:
-                pytest.fail(f"`transformers serve` not healthy within 60 s:\n{log_path.read_text()[-3000:]}")
-            time.sleep(0.1)
-        yield SimpleNamespace(base_url=f"{base}/v1", model=str(tiny_dir), log=log_path)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    with transformers_serve(tiny_dir, tmp_path_factory.mktemp("serve")) as srv:
+        yield srv
 
 
 def test_server_ignores_n_and_client_collects_n(server: SimpleNamespace) -> None:
@@ -147,7 +108,7 @@ def test_wrong_url_path_is_a_clear_404(server: SimpleNamespace) -> None:
 
 
 def test_closed_port_fails_fast_after_bounded_retries() -> None:
-    gen = OpenAIGenerator(f"http://127.0.0.1:{_free_port()}/v1", "m", retries=2, backoff_s=0.01, timeout_s=2)
+    gen = OpenAIGenerator(f"http://127.0.0.1:{free_port()}/v1", "m", retries=2, backoff_s=0.01, timeout_s=2)
     start = time.monotonic()
     with pytest.raises(GeneratorError, match=r"cannot reach .* after 3 attempts: ConnectError"):
         gen.sample([SampleRequest(PROMPT, n=2)])

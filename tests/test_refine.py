@@ -8,17 +8,13 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 
-import httpx
 import pytest
+from serve_fixture import transformers_serve
 from tiny_model_fixture import build_tiny_model
 
 from engine.config import ConfigError
@@ -521,45 +517,12 @@ def test_cli_user_errors_write_nothing(tmp_path: Path, monkeypatch) -> None:
 # ---------------------------------------------------------------- a real server (slow)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]:
     """`transformers serve` on the tiny random model (127.0.0.1 only, offline)."""
     model = build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
-    port = _free_port()
-    log_path = tmp_path_factory.mktemp("serve") / "serve.log"
-    cmd = [str(Path(sys.executable).with_name("transformers")), "serve", str(model)]
-    cmd += ["--host", "127.0.0.1", "--port", str(port), "--device", "cpu"]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    with log_path.open("wb") as log_file:
-        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env)
-    base = f"http://127.0.0.1:{port}"
-    start = time.monotonic()
-    try:
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"`transformers serve` exited ({proc.returncode}):\n{log_path.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() - start > 60:
-                pytest.fail(f"`transformers serve` not healthy within 60 s:\n{log_path.read_text()[-3000:]}")
-            time.sleep(0.1)
-        yield SimpleNamespace(base_url=f"{base}/v1", model=str(model), log=log_path)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    with transformers_serve(model, tmp_path_factory.mktemp("serve")) as srv:
+        yield srv
 
 
 @pytest.mark.slow
