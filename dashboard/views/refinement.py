@@ -153,6 +153,15 @@ def flagged_turns(sample: Sample) -> set[int]:
     return {(int(i) - 1) // 2 for i in flagged if isinstance(i, int)}
 
 
+def dm_evaluations(sample: Sample) -> dict[int, dict[str, Any]]:
+    """Sample turn k -> the DM's evaluation of its action ({"error", "detail", "thought"}), when recorded."""
+    out: dict[int, dict[str, Any]] = {}
+    for e in verification_of(sample).get("evaluations") or []:
+        if isinstance(e, dict) and isinstance(e.get("player_turn"), int):
+            out[(e["player_turn"] - 1) // 2] = e
+    return out
+
+
 def history_table(entries: list[HistoryEntry]) -> pd.DataFrame:
     def text(value: Any) -> str:
         return "" if value is None else json.dumps(value, ensure_ascii=False)
@@ -201,6 +210,7 @@ qp["sample"] = sample_id
 sample, history = loaded
 src = sample.source
 flags = flagged_turns(sample)
+evaluations = dm_evaluations(sample)
 
 st.caption(f"{total} refinement samples · {counts['pending']} pending · {counts['approved']} approved · "
            f"{counts['rejected']} rejected · {counts['edited']} edited — select a row to open it")
@@ -343,6 +353,11 @@ for i, turn in enumerate(sample.turns):
         note = " (after the last action; not in the chat)" if turn.observation is None else ""
         right.caption(f"DM'S ANSWER{note}")
         right.code(str(answer or "—"), language=None, wrap_lines=True)
+        evaluation = evaluations.get(i)
+        if evaluation:
+            right.caption(f"DM'S EVALUATION · error: {evaluation.get('error', '?')}")
+            right.code(str(evaluation.get("detail") or evaluation.get("thought") or "—"), language=None,
+                       wrap_lines=True)
 
 rejections = verification.get("rejections") or []
 with st.expander(f"How it was verified ({len(rejections)} rejected attempts, "

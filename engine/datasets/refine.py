@@ -868,6 +868,11 @@ class _Pipeline:
             "verification": {
                 "corrections": v.corrections,
                 "flagged_turns": list(v.flagged),
+                # the DM's judgement of each player turn (index of the judged player turn), for curation
+                "evaluations": [
+                    {"player_turn": i - 1, "thought": t.get("thought", ""), **t["evaluation"]}
+                    for i, t in enumerate(v.turns) if i % 2 == 0 and i > 0
+                ],
                 "dropped_turns": v.dropped,
                 "final_observation": v.turns[-1]["observation"],
                 "continuations": job.continuations,

@@ -374,6 +374,10 @@ def test_refinement_shows_dm_evaluations_and_toggles_a_loss_flag(db) -> None:
     assert flagged == [1, 3] and len(heads) == len(sample.turns)
     assert all(("flagged as an error" in h) == (i in flagged) for i, h in enumerate(heads))
     assert sample.source["script"]["task"] in code_texts(at)
+    evaluations = sample.source["verification"]["evaluations"]
+    assert [e["error"] != "none" for e in evaluations] == [i in flagged for i in range(len(sample.turns))]
+    details = [e["detail"] for e in evaluations if e["detail"]]
+    assert details and all(d in code_texts(at) for d in details)  # the DM's reasons, as text
     assert any(XSS in c for c in code_texts(at))
     assert_no_markup_rendered(at)
 
