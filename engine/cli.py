@@ -204,6 +204,10 @@ def build_parser() -> argparse.ArgumentParser:
     from engine.datasets.refine_cli import add_parser as add_refine_parser
 
     add_refine_parser(sub, common)
+
+    from engine.train.cli_commands import add_parsers as add_train_parsers
+
+    add_train_parsers(sub, common)  # train dpo|sft|rft, jobs [cancel|show|log], eval, iterate
     return p
 
 

@@ -58,7 +58,7 @@ def test_migration_2_upgrades_a_version_1_database_in_place(tmp_path, monkeypatc
         assert old.schema_version == 1
     monkeypatch.undo()
     with Store(path) as new:
-        assert new.schema_version == 2 and new.find_run(run_id) == run_id
+        assert new.schema_version == store_module.SCHEMA_VERSION and new.find_run(run_id) == run_id
         tables = {r[0] for r in new.con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         assert {"pairs", "pair_history", "samples", "sample_history"} <= tables
 

@@ -1,0 +1,434 @@
+"""Evaluation of a policy on held-out tasks (SPEC §4 metrics, §5 progress rate, §3 MCTS at test time).
+
+Metrics per evaluation, each with a bootstrap confidence interval over TASKS (episodes of one task
+are averaged first, so more seeds narrow the per-task estimate without pretending tasks are more
+numerous than they are):
+- success rate: the episode reached reward >= `success_threshold`;
+- progress rate: the env's latched progress at the end (max over the episode; AgentBoard style);
+- loop rate: the share of episodes in which some run of L consecutive commands is immediately
+  repeated (A B A B for L = 2), for L = 1..`loop_max_len`; per L also the mean number of repeats;
+- recovery score: the success rate of episodes that START from an erroneous prefix (Agent-R's
+  recovery set: a bad path through its first error; the prefix is replayed, the model continues).
+
+Policy modes:
+- greedy: temperature 0, one episode per task;
+- sampled: temperature `temperature`, one episode per task and seed;
+- mcts: search at inference (Agent Q). At every real step, `mcts_simulations` more MCTS simulations
+  (the model as actor, critic and rollout policy) grow the tree below the current state; the agent
+  then commits to the best explored child (eq. 10 value, visits break ties) and the tree is re-rooted
+  there, keeping the subtree already searched. The search steps private env copies (replay or
+  snapshots), so it assumes a resettable simulator, as MCTS at test time does; the real episode's env
+  is stepped once per committed action and its outcome is what is scored.
+
+All episodes advance in lock-step: one `Generator.sample` call per step serves every active episode
+(greedy/sampled), and one MCTS scheduler grows every episode's tree with shared batches (mcts).
+An episode ends at success (env done), a STATUS other than CONTINUE, a format error (as in search),
+or `max_steps` model steps.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from engine.actions import FormatError, parse
+from engine.config import ConfigError, SearchConfig
+from engine.envs.base import Env, TaskSpec
+from engine.llm.base import Generator, GeneratorError, SampleRequest, SamplingParams
+from engine.prompts import HistoryStep, actor_prompt
+
+MODES = ("greedy", "sampled", "mcts")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """How to evaluate. `seeds`: episodes per task for sampled/mcts (greedy uses the first only)."""
+
+    mode: str = "greedy"
+    seeds: tuple[int, ...] = (0,)
+    max_steps: int = 15
+    temperature: float = 1.0
+    max_tokens: int = 256
+    success_threshold: float = 1.0
+    loop_max_len: int = 4
+    bootstrap: int = 1000
+    confidence: float = 0.95
+    mcts_simulations: int = 8
+    mcts_k: int = 4
+    mcts_critic: bool = True
+    mcts_alpha: float = 0.5
+    mcts_rollout_temperature: float = 1.0
+
+    def __post_init__(self) -> None:
+        checks = {
+            "mode": self.mode in MODES,
+            "seeds": len(self.seeds) >= 1,
+            "max_steps": self.max_steps >= 1,
+            "temperature": self.temperature >= 0,
+            "max_tokens": self.max_tokens >= 1,
+            "loop_max_len": self.loop_max_len >= 1,
+            "bootstrap": self.bootstrap >= 0,
+            "confidence": 0 < self.confidence < 1,
+            "mcts_simulations": self.mcts_simulations >= 1,
+            "mcts_k": self.mcts_k >= 1,
+            "mcts_alpha": 0 <= self.mcts_alpha <= 1,
+        }
+        for name, ok in checks.items():
+            if not ok:
+                raise ConfigError(f"EvalConfig.{name}: invalid value {getattr(self, name)!r}")
+
+    @property
+    def episode_seeds(self) -> tuple[int, ...]:
+        return self.seeds[:1] if self.mode == "greedy" else self.seeds
+
+
+@dataclass(frozen=True)
+class Start:
+    """Where an episode starts: a task, optionally after a prefix (recovery): the env commands to
+    replay and the history the prompts show for it."""
+
+    task: TaskSpec
+    commands: tuple[str, ...] = ()
+    history: tuple[HistoryStep, ...] = ()
+    label: str = ""
+
+
+@dataclass
+class Episode:
+    task_id: str
+    seed: int
+    label: str = ""
+    success: bool = False
+    reward: float = 0.0
+    progress: float = 0.0
+    steps: int = 0
+    commands: list[str] = field(default_factory=list)
+    terminal: str = ""
+    format_errors: int = 0
+    prefix_steps: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# ------------------------------------------------------------------ metrics
+
+
+def repeats(commands: Sequence[str], length: int) -> int:
+    """How many times a run of `length` commands immediately repeats the run before it, scanning
+    left to right and skipping past each repeat found (A B A B A B has 2 repeats of length 2)."""
+    count, i = 0, length
+    while i + length <= len(commands):
+        if list(commands[i : i + length]) == list(commands[i - length : i]):
+            count += 1
+            i += length
+        else:
+            i += 1
+    return count
+
+
+def bootstrap_ci(groups: dict[str, list[float]], n: int, confidence: float, seed: int = 0) -> dict[str, float]:
+    """Mean of per-group means and a percentile bootstrap interval resampling groups (tasks)."""
+    means = [statistics.fmean(v) for v in groups.values() if v]
+    if not means:
+        return {"mean": float("nan"), "low": float("nan"), "high": float("nan"), "n": 0}
+    mean = statistics.fmean(means)
+    if n == 0 or len(means) == 1:
+        return {"mean": mean, "low": mean, "high": mean, "n": len(means)}
+    rng = random.Random(seed)
+    k = len(means)
+    stats = sorted(statistics.fmean(rng.choices(means, k=k)) for _ in range(n))
+    tail = (1 - confidence) / 2
+    low = stats[int(tail * (n - 1))]
+    high = stats[round((1 - tail) * (n - 1))]
+    return {"mean": mean, "low": low, "high": high, "n": k}
+
+
+def summarize(episodes: Sequence[Episode], config: EvalConfig) -> dict[str, Any]:
+    """Every metric with its interval (see the module docstring)."""
+
+    def per_task(value: Callable[[Episode], float]) -> dict[str, list[float]]:
+        groups: dict[str, list[float]] = {}
+        for e in episodes:
+            groups.setdefault(e.label or e.task_id, []).append(value(e))
+        return groups
+
+    def ci(value: Callable[[Episode], float]) -> dict[str, float]:
+        return bootstrap_ci(per_task(value), config.bootstrap, config.confidence)
+
+    lengths = range(1, config.loop_max_len + 1)
+    loops = {
+        str(L): {
+            "episodes": statistics.fmean(1.0 if repeats(e.commands, L) else 0.0 for e in episodes) if episodes else 0.0,
+            "mean_repeats": statistics.fmean(repeats(e.commands, L) for e in episodes) if episodes else 0.0,
+        }
+        for L in lengths
+    }
+    terminals: dict[str, int] = {}
+    for e in episodes:
+        terminals[e.terminal] = terminals.get(e.terminal, 0) + 1
+    return {
+        "episodes": len(episodes),
+        "tasks": len({e.label or e.task_id for e in episodes}),
+        "success": ci(lambda e: 1.0 if e.success else 0.0),
+        "progress": ci(lambda e: e.progress),
+        "loop_rate": ci(lambda e: 1.0 if any(repeats(e.commands, L) for L in lengths) else 0.0),
+        "loops_by_length": loops,
+        "mean_steps": statistics.fmean(e.steps for e in episodes) if episodes else 0.0,
+        "format_error_rate": (sum(e.format_errors for e in episodes) / max(1, sum(e.steps for e in episodes))),
+        "terminals": terminals,
+    }
+
+
+# ------------------------------------------------------------------ episodes
+
+
+@dataclass
+class _Live:
+    """An episode in progress: its env, prompt history and current observation."""
+
+    episode: Episode
+    env: Env
+    task: TaskSpec
+    history: list[HistoryStep]
+    observation: str
+
+
+def _seed(*parts: Any) -> int:
+    return zlib.crc32(repr(parts).encode()) & 0x7FFFFFFF
+
+
+def _begin(start: Start, seed: int, make_env: Callable[[], Env], config: EvalConfig) -> _Live:
+    env = make_env()
+    obs = env.reset(start.task.id)
+    episode = Episode(task_id=start.task.id, seed=seed, label=start.label, prefix_steps=len(start.commands))
+    for command in start.commands:
+        step = env.step(command)
+        obs = step.observation
+        episode.progress = max(episode.progress, step.progress or 0.0)
+        if step.done:
+            episode.reward = step.reward
+            episode.success = step.reward >= config.success_threshold
+            episode.terminal = "done_in_prefix"
+    return _Live(episode, env, start.task, list(start.history), obs)
+
+
+def _apply(live: _Live, text: str, config: EvalConfig) -> bool:
+    """Act on one completion; True while the episode goes on."""
+    e = live.episode
+    e.steps += 1
+    parsed = parse(text)
+    if isinstance(parsed, FormatError):
+        e.format_errors += 1
+        e.terminal = "format_error"
+        return False
+    step = live.env.step(parsed.command)
+    e.commands.append(parsed.command)
+    e.progress = max(e.progress, step.progress or 0.0)
+    live.history.append(HistoryStep(parsed, step.observation))
+    live.observation = step.observation
+    if step.done or step.reward >= config.success_threshold:
+        e.reward = step.reward
+        e.success = step.reward >= config.success_threshold
+        e.terminal = "success" if e.success else "failure"
+        return False
+    if parsed.status != "CONTINUE":
+        e.terminal = "stopped"
+        return False
+    if e.steps >= config.max_steps:
+        e.terminal = "max_steps"
+        return False
+    return True
+
+
+def _policy_episodes(generator: Generator, make_env: Callable[[], Env], starts: Sequence[Start],
+                     config: EvalConfig) -> list[Episode]:
+    description = make_env().describe()
+    lives = [_begin(s, seed, make_env, config) for s in starts for seed in config.episode_seeds]
+    active = [lv for lv in lives if not lv.episode.terminal]
+    temperature = 0.0 if config.mode == "greedy" else config.temperature
+    while active:
+        requests = [
+            SampleRequest(
+                actor_prompt(description, lv.task.goal, lv.task.context, lv.history, lv.observation), 1,
+                SamplingParams(temperature=temperature, max_tokens=config.max_tokens,
+                               seed=_seed(lv.episode.seed, lv.episode.label, lv.task.id, lv.episode.steps)),
+            )
+            for lv in active
+        ]
+        replies = generator.sample(requests)
+        if len(replies) != len(requests):
+            raise GeneratorError(f"generator returned {len(replies)} results for {len(requests)} requests")
+        active = [lv for lv, reply in zip(active, replies, strict=True)
+                  if _apply(lv, reply[0].text if reply else "", config)]
+    return [lv.episode for lv in lives]
+
+
+# ------------------------------------------------------------------ MCTS at inference
+
+
+def reroot(tree: Any, node_id: int) -> tuple[Any, int]:
+    """A copy of `tree` keeping the path root..node (each ancestor with only its path child) and
+    the subtree below `node_id`; returns (tree, the node's new id). Node ids stay creation-ordered."""
+    from engine.search.tree import Node, SearchTree
+
+    chain = [0, *(n.id for n in tree.path(tree.nodes[node_id]))]
+    keep: list[int] = list(chain)
+    stack = list(tree.nodes[node_id].children)
+    while stack:
+        nid = stack.pop()
+        keep.append(nid)
+        stack.extend(tree.nodes[nid].children)
+    keep = sorted(set(keep))
+    new_id = {old: i for i, old in enumerate(keep)}
+    nodes = []
+    for old in keep:
+        n = tree.nodes[old]
+        copy = Node(**{k: v for k, v in n.__dict__.items() if k not in ("children", "id", "parent")},
+                    id=new_id[old], parent=new_id[n.parent] if n.parent is not None else None)
+        nodes.append(copy)
+    for n in nodes:
+        if n.parent is not None:
+            nodes[n.parent].children.append(n.id)
+    return SearchTree(task=tree.task, nodes=nodes, simulations=[]), new_id[node_id]
+
+
+def _mcts_episodes(generator: Generator, make_env: Callable[[], Env], starts: Sequence[Start],
+                   config: EvalConfig) -> list[Episode]:
+    from engine.search.mcts import MCTS, TreeJob, start_tree
+
+    if any(s.commands for s in starts):
+        raise ConfigError("mcts mode evaluates from the task start only (recovery starts need greedy or sampled)")
+    lives: list[_Live] = []
+    jobs: list[tuple[_Live, Any, int]] = []  # (episode, tree, current node id)
+    description = make_env().describe()
+    for s in starts:
+        for seed in config.episode_seeds:
+            live = _begin(s, seed, make_env, config)
+            job = start_tree(s.task, make_env, 0)
+            lives.append(live)
+            jobs.append((live, job.tree, 0))
+    active = list(range(len(jobs)))
+    for step in range(config.max_steps):
+        if not active:
+            break
+        batch = []
+        for i in active:
+            live, tree, current = jobs[i]
+            rooted, current = reroot(tree, current)
+            jobs[i] = (live, rooted, current)
+            batch.append(TreeJob(tree=rooted, make_env=make_env, env_description=description,
+                                 target=config.mcts_simulations))
+        # Episodes of different seeds need different search randomness (the search config's seed),
+        # so each seed's trees share one scheduler; every tree of a seed shares its batches.
+        by_seed: dict[int, list[int]] = {}
+        for k, i in enumerate(active):
+            by_seed.setdefault(jobs[i][0].episode.seed, []).append(k)
+        for seed, ks in by_seed.items():
+            search = SearchConfig(simulations=config.mcts_simulations, k=config.mcts_k,
+                                  depth_limit=config.max_steps, max_tokens=config.max_tokens,
+                                  critic=config.mcts_critic, alpha=config.mcts_alpha,
+                                  rollout_temperature=config.mcts_rollout_temperature,
+                                  success_threshold=config.success_threshold, seed=_seed(seed, step))
+            MCTS(generator, search).run([batch[k] for k in ks])
+        still = []
+        for i in active:
+            live, tree, current = jobs[i]
+            node = tree.nodes[current]
+            visited = [tree.nodes[c] for c in node.children if tree.nodes[c].N > 0]
+            e = live.episode
+            if not visited:
+                e.terminal = "no_candidate"
+                continue
+            best = max(visited, key=lambda n: (n.value(config.mcts_alpha), n.N, -n.id))
+            go_on = _apply(live, best.raw if best.raw is not None else "", config)
+            jobs[i] = (live, tree, best.id)
+            if go_on and best.terminal is None:
+                still.append(i)
+            elif go_on:  # the tree says terminal (depth limit) but the real env goes on: stop here
+                e.terminal = best.terminal or "stopped"
+        active = still
+    for i in active:
+        jobs[i][0].episode.terminal = jobs[i][0].episode.terminal or "max_steps"
+    return [lv.episode for lv in lives]
+
+
+# ------------------------------------------------------------------ entry points
+
+
+def run_episodes(generator: Generator, make_env: Callable[[], Env], starts: Sequence[Start],
+                 config: EvalConfig) -> list[Episode]:
+    """Episodes for every start and seed, batched (see the module docstring)."""
+    if config.mode == "mcts":
+        return _mcts_episodes(generator, make_env, starts, config)
+    return _policy_episodes(generator, make_env, starts, config)
+
+
+def recovery_starts(samples: Sequence[Any]) -> list[Start]:
+    """Starts from Agent-R recovery samples (kind "recovery": the bad prefix through t', with the
+    commands that replay it)."""
+    out = []
+    for s in samples:
+        history = []
+        for turn in s.turns:
+            parsed = parse(turn.text)
+            if not isinstance(parsed, FormatError):
+                history.append(HistoryStep(parsed, turn.observation or ""))
+        task = TaskSpec(id=s.task.id, goal=s.task.goal, context=s.task.context)
+        out.append(Start(task=task, commands=tuple(s.source.get("commands", ())), history=tuple(history),
+                         label=s.id))
+    return out
+
+
+@dataclass
+class EvalResult:
+    metrics: dict[str, Any]
+    episodes: list[Episode]
+    recovery: list[Episode] = field(default_factory=list)
+    eval_id: str | None = None
+
+
+def evaluate(generator: Generator, make_env: Callable[[], Env], tasks: Sequence[TaskSpec], config: EvalConfig,
+             recovery: Sequence[Start] = ()) -> EvalResult:
+    """Episodes on `tasks` (and on recovery starts, if any) with every metric and interval."""
+    episodes = run_episodes(generator, make_env, [Start(t) for t in tasks], config)
+    metrics = summarize(episodes, config)
+    metrics["mode"] = config.mode
+    rec: list[Episode] = []
+    if recovery:
+        rec_config = config if config.mode != "mcts" else EvalConfig(**{**asdict(config), "mode": "greedy"})
+        rec = run_episodes(generator, make_env, recovery, rec_config)
+        metrics["recovery"] = summarize(rec, config)["success"]
+        metrics["recovery_mode"] = rec_config.mode
+    return EvalResult(metrics=metrics, episodes=episodes, recovery=rec)
+
+
+def evaluate_and_store(store: Any, generator: Generator, env_spec: str, split: str, tasks: Sequence[TaskSpec],
+                       config: EvalConfig, recovery: Sequence[Start] = (), model: str | None = None,
+                       job_id: str | None = None, make_env: Callable[[], Env] | None = None) -> EvalResult:
+    """`evaluate` and record it in the store under `model` (default: the generator's name)."""
+    from engine.envs.registry import env_factory
+
+    result = evaluate(generator, make_env or env_factory(env_spec), tasks, config, recovery)
+    rows = [e.to_dict() for e in result.episodes] + [{**e.to_dict(), "recovery": True} for e in result.recovery]
+    result.eval_id = store.save_evaluation(model or generator.name, env_spec, split, [t.id for t in tasks],
+                                           config.mode, asdict(config), result.metrics, rows, job_id=job_id)
+    return result
+
+
+def format_metrics(metrics: dict[str, Any]) -> str:
+    """One line per headline metric: `success 0.25 [0.10, 0.40] (n=20 tasks)`."""
+
+    def ci(name: str, m: dict[str, float]) -> str:
+        return f"{name:<10} {m['mean']:.3f} [{m['low']:.3f}, {m['high']:.3f}]"
+
+    lines = [ci("success", metrics["success"]), ci("progress", metrics["progress"]), ci("loop rate", metrics["loop_rate"])]
+    if "recovery" in metrics:
+        lines.append(ci("recovery", metrics["recovery"]))
+    lines.append(f"episodes {metrics['episodes']} on {metrics['tasks']} tasks, mean steps {metrics['mean_steps']:.2f}, "
+                 f"format errors {metrics['format_error_rate']:.3f} per step")
+    return "\n".join(lines)

@@ -1,0 +1,384 @@
+"""What every trainer shares: configs, model loading and saving, progress reporting, TRL arguments.
+
+WHY one place: DPO, SFT and RFT differ only in their data and loss; hardware settings (CPU fp32 vs
+GPU bf16, LoRA or full fine-tuning), the saved folder layout and the progress stream are the same,
+and a model trained by any of them must load with `engine.llm.registry.load_generator(PATH)`.
+
+A trained model is a plain transformers folder (safetensors weights, config, tokenizer with its
+chat template; LoRA adapters are merged in) plus `orchard_train.json`: what was trained from what,
+on which data ids, with which config, and the resulting metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Protocol, Self
+
+from engine.config import ConfigError
+
+TRAIN_META = "orchard_train.json"
+TRAIN_FORMAT = 1
+PRECISIONS = ("auto", "fp32", "bf16")
+
+
+class TrainError(ConfigError):
+    """A user-facing training problem (no data, bad model folder, no GPU): one line in the CLI.
+    A ConfigError (a ValueError), so the CLI's existing handler prints it."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimisation and hardware settings common to all trainers.
+
+    `device`: auto | cpu | cuda | cuda:N. `precision`: auto = bf16 on a CUDA device that supports it,
+    fp32 otherwise (bf16 on CPU is emulated on most machines and far slower). TRL defaults to bf16
+    and gradient checkpointing; both are off on CPU here, where they make a step ~20x slower.
+    `lora`: train a LoRA adapter (peft) and merge it into the saved model instead of all weights.
+    `num_threads`: torch CPU threads while training (None: torch's default)."""
+
+    learning_rate: float = 1e-6
+    epochs: float = 1.0
+    max_steps: int = -1  # > 0 overrides epochs
+    batch_size: int = 8
+    grad_accum: int = 1
+    warmup: float = 0.0  # < 1: a fraction of the steps; >= 1: a number of steps
+    weight_decay: float = 0.0
+    lr_scheduler: str = "linear"
+    max_length: int | None = 2048
+    seed: int = 0
+    device: str = "auto"
+    precision: str = "auto"
+    gradient_checkpointing: bool = False
+    lora: bool = False
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.05
+    lora_targets: str = "all-linear"
+    num_threads: int | None = None
+    logging_steps: int = 1
+
+    def __post_init__(self) -> None:
+        checks = {
+            "learning_rate": self.learning_rate > 0,
+            "epochs": self.epochs > 0,
+            "batch_size": self.batch_size >= 1,
+            "grad_accum": self.grad_accum >= 1,
+            "warmup": self.warmup >= 0,
+            "weight_decay": self.weight_decay >= 0,
+            "max_length": self.max_length is None or self.max_length >= 8,
+            "device": self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:"),
+            "precision": self.precision in PRECISIONS,
+            "lora_r": self.lora_r >= 1,
+            "lora_dropout": 0 <= self.lora_dropout < 1,
+            "num_threads": self.num_threads is None or self.num_threads >= 1,
+            "logging_steps": self.logging_steps >= 1,
+        }
+        for name, ok in checks.items():
+            if not ok:
+                raise ConfigError(f"{type(self).__name__}.{name}: invalid value {getattr(self, name)!r}")
+
+    @classmethod
+    def for_cpu(cls, **overrides: Any) -> Self:
+        """fp32, no gradient checkpointing: the fast settings on a CPU."""
+        return cls(**{"device": "cpu", "precision": "fp32", "gradient_checkpointing": False, **overrides})
+
+    @classmethod
+    def for_gpu(cls, **overrides: Any) -> Self:
+        """bf16 on CUDA with gradient checkpointing (memory for larger batches and models)."""
+        return cls(**{"device": "cuda", "precision": "bf16", "gradient_checkpointing": True, **overrides})
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "train config") -> Self:
+        """Like engine.config.from_dict, with list -> tuple for tuple fields and None allowed."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"{where}: unknown field(s) {', '.join(unknown)} for {cls.__name__}")
+        values = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
+        try:
+            return cls(**values)
+        except TypeError as e:
+            raise ConfigError(f"{where}: {e}") from None
+
+
+# ------------------------------------------------------------------ devices and precision
+
+
+def resolve_device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise TrainError(f"device {device!r} asked for, but no CUDA device is available")
+    return device
+
+
+def resolve_precision(config: TrainConfig, device: str) -> str:
+    import torch
+
+    if config.precision != "auto":
+        if config.precision == "bf16" and device.startswith("cuda") and not torch.cuda.is_bf16_supported():
+            raise TrainError("precision bf16 asked for, but this GPU does not support bf16")
+        return config.precision
+    if device.startswith("cuda") and torch.cuda.is_bf16_supported():
+        return "bf16"
+    return "fp32"
+
+
+# ------------------------------------------------------------------ models
+
+
+def resolve_model_path(spec: str | Path, log: Callable[[str], None] = print) -> Path:
+    """A local model folder from `tiny`, `hf:PATH` or `PATH` (training needs the weights at hand)."""
+    text = str(spec).strip()
+    if text == "tiny":
+        from engine.llm.tiny import ensure_tiny_model
+
+        return ensure_tiny_model(log=log)
+    if text.startswith(("openai:", "vllm:")):
+        raise TrainError(f"model {text!r}: training needs a local model folder (tiny | PATH | hf:PATH)")
+    path = Path(text.removeprefix("hf:")).expanduser()
+    if not (path / "config.json").is_file():
+        raise TrainError(f"model {text!r}: not a transformers model folder (no config.json)")
+    return path.resolve()
+
+
+def load_model(path: str | Path, config: TrainConfig) -> tuple[Any, Any, str, str]:
+    """(model, tokenizer, device, precision) for training; weights in bf16 only under bf16."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    device = resolve_device(config.device)
+    precision = resolve_precision(config, device)
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, use_safetensors=True, dtype=dtype)
+    except (OSError, ValueError) as e:
+        raise TrainError(f"cannot load a model from {path}: {e}") from e
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise TrainError(f"{path}: the tokenizer has no chat template")
+    return model, tokenizer, device, precision
+
+
+def lora_config(config: TrainConfig) -> Any:
+    from peft import LoraConfig
+
+    targets: Any = config.lora_targets
+    if targets != "all-linear":
+        targets = [t.strip() for t in targets.split(",") if t.strip()]
+    return LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
+                      target_modules=targets, task_type="CAUSAL_LM")
+
+
+def save_model(model: Any, tokenizer: Any, out_dir: str | Path, meta: dict[str, Any]) -> Path:
+    """Write the model (LoRA merged), tokenizer and `orchard_train.json` to `out_dir`, atomically:
+    the folder appears complete or not at all (a sibling temp folder is renamed into place)."""
+    out = Path(out_dir).resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        from peft import PeftModel
+
+        if isinstance(model, PeftModel):
+            model = model.merge_and_unload()
+    except ImportError:  # pragma: no cover - peft is a dependency
+        pass
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.saving-"))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        record = {"format": TRAIN_FORMAT, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **meta}
+        (tmp / TRAIN_META).write_text(json.dumps(record, indent=2, default=str))
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def read_train_meta(path: str | Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((Path(path) / TRAIN_META).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def default_output_dir(name: str) -> Path:
+    """`$ORCHARD_HOME/models/trained/NAME`, else `<repo>/data/models/trained/NAME`."""
+    home = os.environ.get("ORCHARD_HOME")
+    root = Path(home) if home else Path(__file__).resolve().parents[2] / "data"
+    return root / "models" / "trained" / name
+
+
+# ------------------------------------------------------------------ progress
+
+
+class Reporter(Protocol):
+    """Where a trainer sends progress; the job runner's implementation writes to the store."""
+
+    def progress(self, data: dict[str, Any]) -> None: ...
+
+    def metrics(self, step: int, data: dict[str, Any]) -> None: ...
+
+    def should_stop(self) -> bool: ...
+
+    def log(self, message: str) -> None: ...
+
+
+@dataclass
+class MemoryReporter:
+    """Keeps everything in memory (library calls and tests); prints nothing unless `echo`."""
+
+    echo: bool = False
+    stop: bool = False
+    progress_rows: list[dict[str, Any]] = field(default_factory=list)
+    metric_rows: list[dict[str, Any]] = field(default_factory=list)
+    lines: list[str] = field(default_factory=list)
+
+    def progress(self, data: dict[str, Any]) -> None:
+        self.progress_rows.append(dict(data))
+
+    def metrics(self, step: int, data: dict[str, Any]) -> None:
+        self.metric_rows.append({"step": step, **data})
+
+    def should_stop(self) -> bool:
+        return self.stop
+
+    def log(self, message: str) -> None:
+        self.lines.append(message)
+        if self.echo:
+            print(message, flush=True)
+
+
+def progress_callback(reporter: Reporter, phase: str) -> Any:
+    """A transformers TrainerCallback: step/total/ETA and every log record to `reporter`, and a
+    clean stop at the next step end when `reporter.should_stop()`."""
+    from transformers import TrainerCallback
+
+    class _Callback(TrainerCallback):
+        def __init__(self) -> None:
+            self.began = time.monotonic()
+            self.stopped = False
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.began = time.monotonic()
+            reporter.progress({"phase": phase, "step": 0, "total": state.max_steps, "eta_s": None})
+
+        def on_step_end(self, args, state, control, **kwargs):
+            elapsed = time.monotonic() - self.began
+            step, total = state.global_step, state.max_steps
+            eta = elapsed / step * (total - step) if step else None
+            reporter.progress({"phase": phase, "step": step, "total": total, "eta_s": eta,
+                               "elapsed_s": elapsed, "steps_per_s": step / elapsed if elapsed > 0 else None})
+            if reporter.should_stop():
+                self.stopped = True
+                control.should_training_stop = True
+            return control
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs:
+                reporter.metrics(state.global_step, {k: v for k, v in logs.items() if isinstance(v, (int, float))})
+
+    return _Callback()
+
+
+def quiet_trainer(trainer: Any) -> None:
+    """Drop transformers' stdout printer: the metric stream goes to the reporter instead."""
+    from transformers.trainer_callback import PrinterCallback
+
+    trainer.remove_callback(PrinterCallback)
+
+
+# ------------------------------------------------------------------ TRL arguments
+
+
+def trl_common_args(config: TrainConfig, device: str, precision: str, scratch: str | Path) -> dict[str, Any]:
+    """Keyword arguments shared by DPOConfig and SFTConfig: no checkpoints, no hub, no reports,
+    our precision and device choice, the seed."""
+    return {
+        "output_dir": str(scratch),
+        "learning_rate": config.learning_rate,
+        "num_train_epochs": config.epochs,
+        "max_steps": config.max_steps,
+        "per_device_train_batch_size": config.batch_size,
+        "gradient_accumulation_steps": config.grad_accum,
+        "warmup_steps": config.warmup,
+        "weight_decay": config.weight_decay,
+        "lr_scheduler_type": config.lr_scheduler,
+        "max_length": config.max_length,
+        "seed": config.seed,
+        "bf16": precision == "bf16",
+        "activation_checkpointing": config.gradient_checkpointing,
+        "use_cpu": device == "cpu",
+        "logging_steps": config.logging_steps,
+        "save_strategy": "no",
+        "report_to": "none",
+        "disable_tqdm": True,
+        "dataloader_num_workers": 0,
+    }
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """What a training call produced: the saved folder (None when stopped early), the data ids it
+    trained on, the final metrics, and the full metric stream."""
+
+    output: Path | None
+    data_ids: list[str]
+    metrics: dict[str, Any]
+    history: list[dict[str, Any]]
+    stopped: bool = False
+
+
+def summarize_history(history: list[dict[str, Any]]) -> dict[str, Any]:
+    """First and last values of each logged metric, plus the trainer's own summary fields."""
+    out: dict[str, Any] = {}
+    for row in history:
+        for key, value in row.items():
+            if key in ("step", "epoch"):
+                continue
+            out.setdefault(f"first_{key}", value)
+            out[f"last_{key}"] = value
+    return out
+
+
+def with_threads(config: TrainConfig) -> Any:
+    """A context manager setting torch's CPU threads for the duration of training."""
+    import contextlib
+
+    import torch
+
+    @contextlib.contextmanager
+    def cm():
+        if config.num_threads is None:
+            yield
+            return
+        before = torch.get_num_threads()
+        torch.set_num_threads(config.num_threads)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(before)
+
+    return cm()
+
+
+def merged_config(cls: type[TrainConfig], base: TrainConfig | None, **overrides: Any) -> TrainConfig:
+    """`base` (or the class defaults) with non-None `overrides` applied."""
+    values = {k: v for k, v in overrides.items() if v is not None}
+    return replace(base, **values) if base is not None else cls(**values)

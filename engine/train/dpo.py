@@ -1,0 +1,385 @@
+"""Step-level DPO on curated preference pairs (Agent Q, SPEC §3) and the trajectory-level baseline.
+
+Tokenization is the generator's, not TRL's: a step pair's prompt is the chat-templated actor prompt
+with the generation header, and each completion is the tokenizer's encoding of the action text
+followed by the EOS (end-of-turn) token — exactly what `HFGenerator.sample` generated and logged
+as the replay buffer's log-prob, and what `HFGenerator.logprobs` re-scores. TRL's own tokenization
+would also score the template's glue after the EOS (a newline), which the policy never generates
+and the stored log-probs do not include. Rows reach TRL pre-tokenized (`prompt_ids`, `chosen_ids`,
+`rejected_ids` plus per-token completion masks), so TRL scores exactly the tokens that were
+generated.
+
+Reference log-probs (`ref_source`):
+- "auto" (default): the replay buffer's stored log-probs where they are the reference's, a one-off
+  reference pass (TRL's precompute) for the rest. A stored value is used only when the pair is
+  not edited, no completion is cut by `max_length`, the node's generated token count equals the
+  canonical encoding + EOS (the sample ended at EOS and was tokenized canonically; checked when
+  the store's token counts are given), and a spot check passes: `verify_per_run` pairs of
+  each run are re-scored by the reference model and must agree within `ref_tolerance` nats per
+  token (a run searched with another model fails and is re-scored entirely).
+- "stored": stored values only: an error if any pair lacks a usable one or a run fails the spot
+  check (set verify_per_run=0 to skip the check and trust the buffer blindly).
+- "precompute": TRL's one-off reference pass for every pair.
+- "live": TRL's default, a reference forward at every step (an explicit copy of the starting
+  weights is passed, so TRL never reloads the reference from the config's path).
+Trajectory pairs are multi-turn chats scored on their assistant tokens only; their stored values
+(sums of per-step log-probs under step prompts) are not the chat's, so they are always re-scored.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.config import ConfigError
+from engine.datasets.pairs import Pair
+from engine.train.common import (
+    MemoryReporter,
+    Reporter,
+    TrainConfig,
+    TrainError,
+    TrainResult,
+    load_model,
+    lora_config,
+    progress_callback,
+    quiet_trainer,
+    save_model,
+    summarize_history,
+    trl_common_args,
+    with_threads,
+)
+
+REF_SOURCES = ("auto", "stored", "precompute", "live")
+_REF_COLUMNS = ("ref_chosen_logps", "ref_rejected_logps")
+
+
+@dataclass(frozen=True)
+class DPOTrainConfig(TrainConfig):
+    """DPO settings. Data: pairs of `kinds` whose curation status is in `statuses` (approved and
+    edited by default; `include_pending` adds pending ones), optionally only with Q gap >= min_gap."""
+
+    learning_rate: float = 1e-6
+    beta: float = 0.1
+    loss_type: str = "sigmoid"
+    statuses: tuple[str, ...] = ("approved", "edited")
+    include_pending: bool = False
+    kinds: tuple[str, ...] = ("step",)
+    min_gap: float | None = None
+    ref_source: str = "auto"
+    verify_per_run: int = 4
+    ref_tolerance: float = 1e-3  # nats per token between stored and re-scored log-probs
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.beta <= 0:
+            raise ConfigError(f"DPOTrainConfig.beta: must be > 0, got {self.beta!r}")
+        if self.ref_source not in REF_SOURCES:
+            raise ConfigError(f"DPOTrainConfig.ref_source: {self.ref_source!r} is not one of {', '.join(REF_SOURCES)}")
+        if self.verify_per_run < 0 or self.ref_tolerance < 0:
+            raise ConfigError("DPOTrainConfig: verify_per_run and ref_tolerance must be >= 0")
+        bad = set(self.kinds) - {"step", "trajectory"}
+        if bad or not self.kinds:
+            raise ConfigError(f"DPOTrainConfig.kinds: expected step and/or trajectory, got {self.kinds!r}")
+
+    @property
+    def selected_statuses(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys((*self.statuses, *(("pending",) if self.include_pending else ()))))
+
+
+# ------------------------------------------------------------------ data
+
+
+def select_pairs(store: Any, config: DPOTrainConfig, runs: Sequence[str] | None = None) -> list[Pair]:
+    """The pairs a DPO job trains on, in a stable order."""
+    out: list[Pair] = []
+    for run in runs if runs else [None]:
+        run_id = store.find_run(run) if run is not None else None
+        out.extend(store.pairs(run_id=run_id, status=list(config.selected_statuses), kind=list(config.kinds),
+                               min_gap=config.min_gap))
+    return out
+
+
+def encode_prompt(tokenizer: Any, prompt: list[dict[str, str]]) -> list[int]:
+    """The prompt's ids exactly as `HFGenerator.encode_prompt` makes them."""
+    text = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def encode_completion(tokenizer: Any, text: str) -> list[int]:
+    """The completion's ids exactly as `HFGenerator.logprobs` scores them: text + EOS."""
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"]) + [tokenizer.eos_token_id]
+
+
+def _trajectory_ids(tokenizer: Any, prompt: list[dict[str, str]], messages: list[dict[str, str]],
+                    prompt_ids: list[int]) -> tuple[list[int], list[int]]:
+    from engine.datasets.formats import tokenize_messages
+
+    rows = [{**m, "train": m["role"] == "assistant" or None} for m in [*prompt, *messages]]
+    tok = tokenize_messages(rows, tokenizer)
+    ids, mask = tok["input_ids"], tok["assistant_masks"]
+    if ids[: len(prompt_ids)] != prompt_ids:
+        raise TrainError("trajectory pair: the chat template does not render the prompt as a prefix of the chat")
+    return ids[len(prompt_ids) :], mask[len(prompt_ids) :]
+
+
+def pair_rows(pairs: Sequence[Pair], tokenizer: Any) -> list[dict[str, Any]]:
+    """Pre-tokenized DPO rows: prompt/chosen/rejected ids and per-token completion masks."""
+    rows = []
+    prompts: dict[int, list[int]] = {}
+    for p in pairs:
+        key = id(p.prompt)
+        if key not in prompts:
+            prompts[key] = encode_prompt(tokenizer, p.prompt)
+        prompt_ids = prompts[key]
+        if p.kind == "step":
+            chosen, rejected = encode_completion(tokenizer, p.chosen), encode_completion(tokenizer, p.rejected)
+            chosen_mask, rejected_mask = [1] * len(chosen), [1] * len(rejected)
+        else:
+            chosen, chosen_mask = _trajectory_ids(tokenizer, p.prompt, p.messages("chosen"), prompt_ids)
+            rejected, rejected_mask = _trajectory_ids(tokenizer, p.prompt, p.messages("rejected"), prompt_ids)
+        rows.append({"id": p.id, "prompt_ids": prompt_ids, "chosen_ids": chosen, "rejected_ids": rejected,
+                     "chosen_mask": chosen_mask, "rejected_mask": rejected_mask})
+    return rows
+
+
+def stored_reference(
+    pairs: Sequence[Pair], rows: Sequence[dict[str, Any]], node_tokens: dict[tuple[int | None, int], int] | None,
+    max_length: int | None = None,
+) -> list[tuple[float, float] | None]:
+    """Per pair, the stored (chosen, rejected) log-probs when they can be the reference's values
+    for the tokens TRL scores, else None: a step pair, not edited, both values finite, neither
+    completion cut by `max_length`, and (when `node_tokens` is given) each node's generated token
+    count equal to the completion's ids (text + EOS)."""
+    out: list[tuple[float, float] | None] = []
+    for p, row in zip(pairs, rows, strict=True):
+        ok = p.kind == "step" and p.logprob_chosen is not None and p.logprob_rejected is not None
+        ok = ok and p.status != "edited" and math.isfinite(p.logprob_chosen) and math.isfinite(p.logprob_rejected)
+        if ok and max_length is not None:
+            longest = len(row["prompt_ids"]) + max(len(row["chosen_ids"]), len(row["rejected_ids"]))
+            ok = longest <= max_length  # the collator would cut the completion: not what was stored
+        if ok and node_tokens is not None:
+            for node, ids in ((p.chosen_node, row["chosen_ids"]), (p.rejected_node, row["rejected_ids"])):
+                if node_tokens.get((p.tree_id, node)) != len(ids):
+                    ok = False
+        out.append((float(p.logprob_chosen), float(p.logprob_rejected)) if ok else None)
+    return out
+
+
+# ------------------------------------------------------------------ TRL subclass
+
+
+def _trainer_class() -> type:
+    """DPOTrainer taking pre-tokenized rows with per-token masks and partly supplied reference
+    log-probs (built lazily: TRL takes seconds to import)."""
+    import torch
+    from trl import DPOTrainer
+    from trl.trainer.dpo_trainer import DataCollatorForPreference
+
+    class MaskedPreferenceCollator(DataCollatorForPreference):
+        """TRL's collator, with the completion mask narrowed to `chosen_mask`/`rejected_mask`
+        (trajectory pairs: assistant tokens only)."""
+
+        def torch_call(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
+            out = super().torch_call(examples)
+            if "chosen_mask" not in examples[0]:
+                return out
+            masks = [[0] * len(e["prompt_ids"]) + list(e["chosen_mask"]) for e in examples]
+            masks += [[0] * len(e["prompt_ids"]) + list(e["rejected_mask"]) for e in examples]
+            width = out["completion_mask"].shape[1]
+            narrowed = torch.zeros_like(out["completion_mask"])
+            for i, m in enumerate(masks):
+                m = m[:width] if self.truncation_mode == "keep_start" or self.max_length is None else m[-width:]
+                narrowed[i, : len(m)] = torch.tensor(m, dtype=narrowed.dtype)
+            out["completion_mask"] = out["completion_mask"] * narrowed
+            return out
+
+    class OrchardDPOTrainer(DPOTrainer):
+        ref_stats: dict[str, Any]
+
+        def __init__(self, *args: Any, ref_plan: dict[str, Any] | None = None, **kwargs: Any) -> None:
+            self._ref_plan = ref_plan or {}
+            self.ref_stats = {}
+            super().__init__(*args, **kwargs)
+
+        def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
+            if "prompt_ids" not in dataset.column_names:
+                return super()._prepare_dataset(dataset, processing_class, args, dataset_name)
+            if args.max_length is not None and args.truncation_mode == "keep_start":
+                dataset = dataset.filter(lambda row: len(row["prompt_ids"]) < args.max_length)
+            return dataset
+
+        def _set_signature_columns_if_needed(self) -> None:
+            super()._set_signature_columns_if_needed()
+            self._signature_columns = [*self._signature_columns, "chosen_mask", "rejected_mask"]
+
+        def _precompute_ref_logps(self, dataset, name, batch_size):
+            """Fill only what the plan does not supply; spot-check stored values per group."""
+            plan = self._ref_plan
+            if name != "train" or "stored" not in plan:
+                return super()._precompute_ref_logps(dataset, name, batch_size)
+            stored: list[tuple[float, float] | None] = list(plan["stored"])
+            groups: list[str] = plan["groups"]
+            verify: set[int] = set(plan["verify"])
+            n_tokens = [(sum(r["chosen_mask"]), sum(r["rejected_mask"])) for r in dataset]
+            computed: dict[int, tuple[float, float]] = {}
+
+            def score(indices: list[int]) -> None:
+                todo = [i for i in indices if i not in computed]
+                if not todo:
+                    return
+                part = dataset.select(todo)
+                part = super(OrchardDPOTrainer, self)._precompute_ref_logps(part, f"{name}-{len(computed)}",
+                                                                            batch_size)
+                for i, c, r in zip(todo, part["ref_chosen_logps"], part["ref_rejected_logps"], strict=True):
+                    computed[i] = (float(c), float(r))
+
+            score(sorted(verify | {i for i, s in enumerate(stored) if s is None}))
+            worst: dict[str, float] = {}
+            for i in verify:
+                if stored[i] is None:
+                    continue
+                diff = max(abs(stored[i][k] - computed[i][k]) / max(1, n_tokens[i][k]) for k in (0, 1))
+                worst[groups[i]] = max(worst.get(groups[i], 0.0), diff)
+            rejected = sorted(g for g, d in worst.items() if d > plan["tolerance"])
+            if rejected:
+                score([i for i, g in enumerate(groups) if g in rejected])
+            final: list[tuple[float, float]] = []
+            used_stored = 0
+            for i, s in enumerate(stored):
+                if s is not None and groups[i] not in rejected:
+                    final.append(s)
+                    used_stored += 1
+                else:
+                    final.append(computed[i])
+            self.ref_stats = {
+                "ref_stored": used_stored, "ref_computed": len(computed), "ref_verified": len(verify),
+                "ref_verify_max_diff_per_token": max(worst.values(), default=None),
+                "ref_groups_rejected": rejected,
+            }
+            if plan.get("require_stored") and used_stored < len(final):
+                raise TrainError(f"ref_source=stored: {len(final) - used_stored} pairs have no usable stored "
+                                 f"log-probs (groups failing the spot check: {rejected or 'none'})")
+            return dataset.add_column("ref_chosen_logps", [c for c, _ in final]).add_column(
+                "ref_rejected_logps", [r for _, r in final])
+
+    OrchardDPOTrainer.collator_class = MaskedPreferenceCollator  # type: ignore[attr-defined]
+    return OrchardDPOTrainer
+
+
+def _verify_indices(groups: Sequence[str], stored: Sequence[Any], per_group: int) -> list[int]:
+    chosen: dict[str, list[int]] = {}
+    for i, (g, s) in enumerate(zip(groups, stored, strict=True)):
+        if s is not None and len(chosen.setdefault(g, [])) < per_group:
+            chosen[g].append(i)
+    return sorted(i for ids in chosen.values() for i in ids)
+
+
+def build_trainer(
+    model_path: str | Path,
+    pairs: Sequence[Pair],
+    config: DPOTrainConfig,
+    reporter: Reporter | None = None,
+    node_tokens: dict[tuple[int | None, int], int] | None = None,
+    scratch: str | Path | None = None,
+) -> tuple[Any, Any, list[dict[str, Any]]]:
+    """(trainer, tokenizer, rows) ready to `train()`; reference log-probs are resolved here."""
+    from datasets import Dataset
+    from datasets.utils.logging import disable_progress_bar
+    from trl import DPOConfig
+
+    disable_progress_bar()
+
+    if not pairs:
+        raise TrainError("no preference pairs to train on (check the statuses: by default only approved and "
+                         "edited pairs are used; include pending ones with --include-pending)")
+    reporter = reporter or MemoryReporter()
+    model, tokenizer, device, precision = load_model(model_path, config)
+    rows = pair_rows(pairs, tokenizer)
+    if config.max_length is not None:  # TRL would drop these (nothing of the completion fits)
+        keep = [i for i, r in enumerate(rows) if len(r["prompt_ids"]) < config.max_length]
+        if len(keep) < len(rows):
+            reporter.log(f"DPO: {len(rows) - len(keep)} pairs dropped: the prompt alone fills max_length "
+                         f"{config.max_length}")
+            rows, pairs = [rows[i] for i in keep], [pairs[i] for i in keep]
+        if not rows:
+            raise TrainError(f"every pair's prompt is longer than max_length {config.max_length}")
+    mode = config.ref_source
+    plan: dict[str, Any] | None = None
+    if mode in ("auto", "stored"):
+        stored = stored_reference(pairs, rows, node_tokens, config.max_length)
+        groups = [p.run_id for p in pairs]
+        plan = {"stored": stored, "groups": groups, "tolerance": config.ref_tolerance,
+                "verify": _verify_indices(groups, stored, config.verify_per_run),
+                "require_stored": mode == "stored"}
+        if mode == "stored" and any(s is None for s in stored):
+            missing = sum(s is None for s in stored)
+            raise TrainError(f"ref_source=stored: {missing} of {len(stored)} pairs have no usable stored log-probs "
+                             "(edited, trajectory, missing, or not ended at EOS); use ref_source=auto")
+    CLS = _trainer_class()
+    args = DPOConfig(
+        **trl_common_args(config, device, precision, scratch or tempfile.mkdtemp(prefix="orchard-dpo-")),
+        beta=config.beta,
+        loss_type=[config.loss_type],
+        precompute_ref_log_probs=mode != "live",
+        remove_unused_columns=False,
+    )
+    ref_model = None
+    if mode == "live" and not config.lora:
+        ref_model = copy.deepcopy(model).eval()  # never let TRL reload it from the config's path
+    collator = CLS.collator_class(pad_token_id=tokenizer.pad_token_id, max_length=config.max_length,
+                                  truncation_mode=args.truncation_mode)
+    dataset = Dataset.from_list(rows)
+    reporter.log(f"DPO: {len(rows)} pairs, ref_source={mode}, device={device}, precision={precision}, "
+                 f"lora={config.lora}")
+    began = time.perf_counter()
+    trainer = CLS(
+        model=model, ref_model=ref_model, args=args, train_dataset=dataset, processing_class=tokenizer,
+        data_collator=collator, peft_config=lora_config(config) if config.lora else None,
+        callbacks=[progress_callback(reporter, "dpo")], ref_plan=plan,
+    )
+    quiet_trainer(trainer)
+    if mode == "precompute":
+        trainer.ref_stats = {"ref_stored": 0, "ref_computed": len(rows)}
+    elif mode == "live":
+        trainer.ref_stats = {"ref_stored": 0, "ref_computed": 0, "ref_live": True}
+    trainer.ref_stats["ref_setup_s"] = time.perf_counter() - began
+    return trainer, tokenizer, rows
+
+
+def train_dpo(
+    model_path: str | Path,
+    pairs: Sequence[Pair],
+    config: DPOTrainConfig,
+    output_dir: str | Path | None,
+    reporter: Reporter | None = None,
+    node_tokens: dict[tuple[int | None, int], int] | None = None,
+    parent: str | None = None,
+) -> TrainResult:
+    """DPO-train the model at `model_path` on `pairs` and save it to `output_dir` (None: don't save)."""
+    reporter = reporter or MemoryReporter()
+    with with_threads(config), tempfile.TemporaryDirectory(prefix="orchard-dpo-") as scratch:
+        trainer, tokenizer, rows = build_trainer(model_path, pairs, config, reporter, node_tokens, scratch)
+        reporter.log(f"DPO: reference {trainer.ref_stats}")
+        began = time.perf_counter()
+        out = trainer.train()
+        seconds = time.perf_counter() - began
+        history = [dict(h) for h in trainer.state.log_history]
+        stopped = trainer.state.global_step < trainer.state.max_steps
+        metrics = {**summarize_history([h for h in history if "loss" in h]), **trainer.ref_stats,
+                   "train_loss": out.training_loss, "steps": trainer.state.global_step,
+                   "train_seconds": seconds, "steps_per_s": trainer.state.global_step / seconds if seconds else None,
+                   "pairs": len(rows)}
+        ids = [r["id"] for r in rows]
+        saved = None
+        if output_dir is not None and not stopped:
+            meta = {"kind": "dpo", "base_model": str(parent or model_path), "config": asdict(config),
+                    "data_ids": ids, "metrics": metrics}
+            saved = save_model(trainer.model, tokenizer, output_dir, meta)
+            reporter.log(f"DPO: saved {saved}")
+    return TrainResult(output=saved, data_ids=ids, metrics=metrics, history=history, stopped=stopped)

@@ -1,0 +1,226 @@
+"""Iterated training loops: Agent Q's Algorithm 1 and Agent-R's iterative self-training.
+
+Agent Q (SPEC §3, Algorithm 1), per iteration: pi_ref <- the current policy; sample B train tasks;
+MCTS with the current policy (actor, critic, rollouts); step pairs from the trees (eq. 10, theta);
+DPO with the replay buffer's log-probs as the reference (they come from pi_ref, which generated
+them); evaluate on held-out tasks; the trained model is the next policy.
+
+Agent-R (SPEC §4.3), per iteration: MCTS with the current model; first errors judged by the CURRENT
+model; revision trajectories + good trajectories mixed with a rising revision share; SFT; evaluate.
+
+Nobody curates inside a loop, so its trainers take pending rows too (curated rejections are still
+honoured: rejected rows are never used). Every iteration's run, data counts, model folder and
+scores are recorded (`Store.save_iteration`), with the model lineage in `models` and the scores in
+`evaluations`.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from engine.config import ConfigError, SearchConfig, from_dict
+from engine.train.common import MemoryReporter, Reporter, default_output_dir
+
+METHODS = ("agentq", "agentr")
+
+
+@dataclass(frozen=True)
+class IterateConfig:
+    """A loop. `search`, `dpo`, `sft`, `eval` hold overrides of SearchConfig, DPOTrainConfig,
+    SFTTrainConfig and EvalConfig. `revision_shares[i]` is iteration i's revision share (the last
+    one repeats). `eval_tasks`: a range or ids within `eval_split` ("" = the whole split)."""
+
+    method: str = "agentq"
+    model: str = "tiny"
+    env: str = "textcraft"
+    iterations: int = 1
+    tasks_per_iteration: int = 8
+    train_split: str = "train"
+    eval_split: str = "test"
+    eval_tasks: str = ""
+    seed: int = 0
+    theta: float = 0.1
+    evaluate_base: bool = True
+    revision_shares: tuple[float, ...] = (0.25, 0.5, 0.75)
+    output_root: str | None = None
+    name: str | None = None
+    search: dict[str, Any] = field(default_factory=dict)
+    dpo: dict[str, Any] = field(default_factory=dict)
+    sft: dict[str, Any] = field(default_factory=dict)
+    eval: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        checks = {
+            "method": self.method in METHODS,
+            "iterations": self.iterations >= 1,
+            "tasks_per_iteration": self.tasks_per_iteration >= 1,
+            "theta": self.theta >= 0,
+            "revision_shares": bool(self.revision_shares) and all(0 < s <= 1 for s in self.revision_shares),
+        }
+        for name, ok in checks.items():
+            if not ok:
+                raise ConfigError(f"IterateConfig.{name}: invalid value {getattr(self, name)!r}")
+        self.search_config()
+        self.dpo_config()
+        self.sft_config()
+        self.eval_config()
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> IterateConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"iterate config: unknown field(s) {', '.join(unknown)}")
+        values = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
+        return cls(**values)
+
+    def search_config(self) -> SearchConfig:
+        return from_dict(SearchConfig, {"seed": self.seed, **self.search}, where="iterate search")
+
+    def dpo_config(self) -> Any:
+        from engine.train.dpo import DPOTrainConfig
+
+        return DPOTrainConfig.from_dict({"include_pending": True, "seed": self.seed, **self.dpo},
+                                        where="iterate dpo")
+
+    def sft_config(self) -> Any:
+        from engine.train.sft import SFTTrainConfig
+
+        return SFTTrainConfig.from_dict({"include_pending": True, "seed": self.seed, **self.sft},
+                                        where="iterate sft")
+
+    def eval_config(self) -> Any:
+        from engine.train.jobs import eval_config
+
+        return eval_config(self.eval)
+
+
+def _trees(store: Any, run_id: str, description: str) -> list[Any]:
+    from engine.datasets.samples import TreeRef
+
+    refs = []
+    for tree_id, _ in store.tree_ids(run_id):
+        tree = store.load_tree(tree_id)
+        if tree is not None:
+            refs.append(TreeRef(tree=tree, run_id=run_id, tree_id=tree_id, env_description=description))
+    return refs
+
+
+def _evaluate(store: Any, model_path: Path, config: IterateConfig, eval_tasks: list[Any], make_env: Any,
+              reporter: Reporter, job_id: str | None, load: Callable[[Path], Any]) -> dict[str, Any]:
+    from engine.evaluate import evaluate_and_store, format_metrics
+
+    generator = load(model_path)
+    result = evaluate_and_store(store, generator, config.env, config.eval_split, eval_tasks, config.eval_config(),
+                                model=str(model_path), job_id=job_id, make_env=make_env)
+    reporter.log(f"evaluation {result.eval_id} of {model_path}:\n{format_metrics(result.metrics)}")
+    return {"eval_id": result.eval_id, "success": result.metrics["success"], "progress": result.metrics["progress"],
+            "loop_rate": result.metrics["loop_rate"]}
+
+
+def run_loop(store: Any, config: IterateConfig, reporter: Reporter | None = None, job_id: str | None = None,
+             make_env: Callable[[], Any] | None = None, load: Callable[[Path], Any] | None = None) -> str:
+    """Run the loop; returns its id (its iterations are in `store.iterations(loop_id)`).
+    `make_env` / `load` (model folder -> Generator) replace the env registry and
+    `load_generator`, for envs or generators built in code (tests, notebooks)."""
+    from engine.datasets.pairs import PairsConfig, build_pairs
+    from engine.datasets.revisions import RevisionConfig, build_revisions
+    from engine.envs.registry import env_factory, select_tasks
+    from engine.llm.registry import load_generator
+    from engine.search.runner import new_run
+    from engine.store import ModelRecord
+    from engine.train.common import resolve_model_path
+    from engine.train.dpo import train_dpo
+    from engine.train.sft import mix_revisions, train_sft
+
+    reporter = reporter or MemoryReporter()
+    load = load or (lambda path: load_generator(str(path), log=reporter.log))
+    loop_id = config.name or f"{config.method}-{uuid.uuid4().hex[:8]}"
+    out_root = Path(config.output_root) if config.output_root else default_output_dir(loop_id)
+    make_env = make_env or env_factory(config.env)
+    env = make_env()
+    description = env.describe()
+    train_tasks = env.tasks(config.train_split)
+    eval_tasks = select_tasks(env, config.eval_tasks, config.eval_split) if config.eval_tasks else env.tasks(
+        config.eval_split)
+    if config.tasks_per_iteration > len(train_tasks):
+        raise ConfigError(f"tasks_per_iteration {config.tasks_per_iteration} > the {len(train_tasks)} "
+                          f"{config.train_split} tasks")
+    rng = random.Random(config.seed)
+    policy = resolve_model_path(config.model, log=reporter.log)
+    search = config.search_config()
+    total = config.iterations
+    if config.evaluate_base:
+        reporter.progress({"phase": "evaluate base", "step": 0, "total": total})
+        scores = _evaluate(store, policy, config, eval_tasks, make_env, reporter, job_id, load)
+        store.save_iteration(loop_id, 0, config.method, {"model": str(policy), "eval": scores, "config": asdict(config)})
+    for i in range(1, total + 1):
+        if reporter.should_stop():
+            reporter.log(f"stopped before iteration {i}")
+            break
+        began = time.perf_counter()
+        batch = rng.sample(train_tasks, config.tasks_per_iteration)
+        reporter.progress({"phase": f"iteration {i}: search", "step": i - 1, "total": total})
+        generator = load(policy)
+        run_id, stats = new_run(store, config.env, batch, generator, replace(search, seed=search.seed + i),
+                                f"{loop_id}-it{i}", make_env=make_env)
+        refs = _trees(store, run_id, description)
+        record: dict[str, Any] = {"run_id": run_id, "parent": str(policy), "tasks": [t.id for t in batch],
+                                  "solved_in_search": store.run(run_id).solved, "search_s": stats.wall_s}
+        reporter.progress({"phase": f"iteration {i}: data", "step": i - 1, "total": total})
+        out_dir = out_root / f"iter-{i}"
+        if config.method == "agentq":
+            built = build_pairs(refs, PairsConfig(alpha=search.alpha, theta=config.theta))
+            store.save_pairs(run_id, [*built.step, *built.trajectory])
+            store.save_samples(built.rft, prune_run=run_id, prune_kinds=("rft",))
+            train_cfg = config.dpo_config()
+            pairs = store.pairs(run_id=run_id, kind=list(train_cfg.kinds), status=list(train_cfg.selected_statuses),
+                                min_gap=train_cfg.min_gap)
+            record["pairs"] = len(pairs)
+            if not pairs:
+                record["skipped"] = "no preference pairs (no node had two explored children differing by theta)"
+            else:
+                reporter.progress({"phase": f"iteration {i}: dpo", "step": i - 1, "total": total})
+                tokens = store.node_token_counts([(p.tree_id, n) for p in pairs for n in (p.chosen_node, p.rejected_node)])
+                del generator
+                result = train_dpo(policy, pairs, train_cfg, out_dir, reporter, node_tokens=tokens, parent=str(policy))
+        else:
+            built_r = build_revisions(refs, generator, RevisionConfig(seed=config.seed + i))
+            store.save_samples(built_r.samples, prune_run=run_id, prune_kinds=("revision", "good", "recovery"))
+            train_cfg = config.sft_config()
+            share = config.revision_shares[min(i - 1, len(config.revision_shares) - 1)]
+            samples = store.samples(run_id=run_id, kind=["revision", "good"], status=list(train_cfg.selected_statuses))
+            samples = mix_revisions(samples, share, config.seed + i)
+            record.update({"revision_share": share, "samples": len(samples),
+                           "revisions": sum(s.kind == "revision" for s in samples)})
+            if not samples:
+                record["skipped"] = "no revision or good trajectories (no successful leaf in the trees)"
+            else:
+                reporter.progress({"phase": f"iteration {i}: sft", "step": i - 1, "total": total})
+                del generator
+                result = train_sft(policy, samples, train_cfg, out_dir, reporter, kind="sft", parent=str(policy))
+        if "skipped" not in record:
+            if result.stopped or result.output is None:
+                reporter.log(f"iteration {i}: training stopped")
+                break
+            store.save_model(ModelRecord(path=str(result.output), name=f"{loop_id}-it{i}", kind=config.method,
+                                         parent=str(policy), job_id=job_id, data_ids=result.data_ids,
+                                         config=asdict(train_cfg), metrics=result.metrics))
+            record["model"] = str(result.output)
+            record["train"] = dict(result.metrics)
+            policy = result.output
+            reporter.progress({"phase": f"iteration {i}: evaluate", "step": i - 1, "total": total})
+            record["eval"] = _evaluate(store, policy, config, eval_tasks, make_env, reporter, job_id, load)
+        else:
+            record["model"] = str(policy)
+            reporter.log(f"iteration {i}: {record['skipped']}; the policy is unchanged")
+        record["seconds"] = time.perf_counter() - began
+        store.save_iteration(loop_id, i, config.method, record)
+        reporter.progress({"phase": f"iteration {i} done", "step": i, "total": total})
+    return loop_id

@@ -1,0 +1,156 @@
+"""Evaluation: metrics, intervals, batching, recovery starts, MCTS at inference, storage."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from doubles import LineEnv, ScriptedGenerator, SnapshotLineEnv, action_text
+
+from engine.actions import parse
+from engine.evaluate import (
+    Episode,
+    EvalConfig,
+    Start,
+    bootstrap_ci,
+    evaluate,
+    evaluate_and_store,
+    recovery_starts,
+    repeats,
+    reroot,
+    run_episodes,
+    summarize,
+)
+from engine.llm.base import Completion
+from engine.prompts import HistoryStep
+from engine.store import Store
+
+TASKS = LineEnv(6).tasks("train")
+
+
+def test_repeats_count_immediate_repetitions_by_length() -> None:
+    assert repeats(["a", "a", "a"], 1) == 2
+    assert repeats(["a", "b", "a", "b", "a", "b"], 2) == 2
+    assert repeats(["a", "b", "a", "b"], 1) == 0
+    assert repeats(["a", "b", "c", "a", "b", "c"], 3) == 1
+    assert repeats(["a", "b", "c", "a", "b"], 3) == 0
+    assert repeats([], 2) == 0
+    eps = [Episode("t1", 0, commands=["x", "y", "x", "y"]), Episode("t2", 0, commands=["x", "y", "z"])]
+    m = summarize(eps, EvalConfig(loop_max_len=2, bootstrap=0))
+    assert m["loops_by_length"]["2"] == {"episodes": 0.5, "mean_repeats": 0.5}
+    assert m["loops_by_length"]["1"]["episodes"] == 0.0
+    assert m["loop_rate"]["mean"] == 0.5
+
+
+def test_bootstrap_intervals_resample_tasks_not_episodes() -> None:
+    ten_seeds = {"a": [1.0] * 10, "b": [0.0] * 10}
+    ci = bootstrap_ci(ten_seeds, 2000, 0.95)
+    assert ci["mean"] == 0.5 and ci["n"] == 2 and ci["low"] == 0.0 and ci["high"] == 1.0
+    many = {f"t{i}": [float(i % 2)] for i in range(200)}
+    wide, narrow = bootstrap_ci({k: many[k] for k in list(many)[:20]}, 2000, 0.95), bootstrap_ci(many, 2000, 0.95)
+    assert wide["low"] <= 0.5 <= wide["high"] and narrow["low"] <= 0.5 <= narrow["high"]
+    assert narrow["high"] - narrow["low"] < wide["high"] - wide["low"]
+    assert bootstrap_ci(many, 500, 0.9, seed=3) == bootstrap_ci(many, 500, 0.9, seed=3)
+
+
+def test_one_generator_call_per_step_for_all_episodes() -> None:
+    gen = ScriptedGenerator(p_right=1.0)
+    eps = run_episodes(gen, lambda: LineEnv(6), [Start(t) for t in TASKS], EvalConfig(mode="sampled", seeds=(0, 1),
+                                                                                        max_steps=10))
+    assert all(e.success and e.steps == int(e.task_id.split("-")[1]) for e in eps)
+    # 12 episodes; those of goal g finish after g steps: batch sizes shrink as episodes end
+    assert gen.calls == [12, 10, 8, 6, 4, 2]
+
+
+def test_episode_endings_and_progress() -> None:
+    class Fixed(ScriptedGenerator):
+        def __init__(self, texts):
+            super().__init__()
+            self.texts = texts
+
+        def sample(self, requests):
+            self.calls.append(len(requests))
+            return [[Completion(text=self.texts[min(len(self.calls) - 1, len(self.texts) - 1)])] for _ in requests]
+
+    task = [TASKS[3]]  # goal 4
+    cfg = EvalConfig(max_steps=5, bootstrap=0)
+    e = run_episodes(Fixed([action_text("right"), "garbage"]), lambda: LineEnv(6), [Start(t) for t in task], cfg)[0]
+    assert (e.terminal, e.steps, e.format_errors, e.progress) == ("format_error", 2, 1, 0.25)
+    e = run_episodes(Fixed([action_text("right", "FAILURE")]), lambda: LineEnv(6), [Start(t) for t in task], cfg)[0]
+    assert (e.terminal, e.steps, e.success) == ("stopped", 1, False)
+    e = run_episodes(Fixed([action_text("right"), action_text("left")]), lambda: LineEnv(6),
+                     [Start(t) for t in task], cfg)[0]
+    assert (e.terminal, e.steps, e.progress) == ("max_steps", 5, 0.25)  # latched: left does not lower it
+
+
+def test_recovery_starts_replay_the_prefix_and_show_it_in_the_prompt() -> None:
+    from engine.datasets.samples import Sample, Task, Turn
+
+    bad = Sample(id="rec1", kind="recovery", task=Task(id="goal-2", goal="reach position 2",
+                                                       context="commands: left, right, wait"),
+                 turns=(Turn(action_text("left"), "You are at -1.", False),
+                        Turn(action_text("left"), "You are at -2.", False)),
+                 source={"commands": ["left", "left"]})
+    (start,) = recovery_starts([bad])
+    assert start.commands == ("left", "left") and start.label == "rec1"
+    assert start.history == (HistoryStep(parse(action_text("left")), "You are at -1."),
+                             HistoryStep(parse(action_text("left")), "You are at -2."))
+    gen = ScriptedGenerator(p_right=1.0)
+    seen = []
+    original = gen.sample
+
+    def spy(requests):
+        seen.extend(r.prompt[-1]["content"] for r in requests)
+        return original(requests)
+
+    gen.sample = spy  # type: ignore[method-assign]
+    result = evaluate(gen, lambda: LineEnv(6), TASKS[:1], EvalConfig(max_steps=6), recovery=[start])
+    rec = result.recovery[0]
+    assert rec.success and rec.steps == 4 and rec.prefix_steps == 2  # from -2 to 2
+    assert "OBSERVATION: You are at -2." in seen[1] and "Step 3:" in seen[1]
+    assert result.metrics["recovery"]["mean"] == 1.0 and result.metrics["recovery_mode"] == "greedy"
+
+
+def test_reroot_keeps_the_path_and_the_subtree() -> None:
+    from engine.config import SearchConfig
+    from engine.search.mcts import MCTS, start_tree
+
+    job = start_tree(TASKS[2], lambda: SnapshotLineEnv(6), 12)
+    MCTS(ScriptedGenerator(p_right=0.5), SearchConfig(simulations=12, k=3, depth_limit=5)).run([job])
+    tree = job.tree
+    deep = max((n for n in tree.nodes if n.depth == 2 and n.children), key=lambda n: n.id, default=None)
+    assert deep is not None
+    new, nid = reroot(tree, deep.id)
+    assert new.nodes[nid].observation == deep.observation and new.nodes[nid].N == deep.N
+    assert [n.action.command for n in new.path(new.nodes[nid])] == [n.action.command for n in tree.path(deep)]
+    assert all(len(new.nodes[a].children) == 1 for a in [0, *[n.id for n in new.path(new.nodes[nid])][:-1]])
+    below = sum(1 for n in tree.nodes if deep.id in [m.id for m in tree.path(n)]) - 1
+    assert len(new.nodes) == 1 + deep.depth + below
+    assert all(c > n.id for n in new.nodes for c in n.children)
+
+
+def test_mcts_at_inference_beats_the_same_policy_acting_alone() -> None:
+    make = lambda: SnapshotLineEnv(6)
+    sampled = evaluate(ScriptedGenerator(p_right=0.4), make, TASKS, EvalConfig(mode="sampled", seeds=(0, 1),
+                                                                               max_steps=8, bootstrap=200))
+    gen = ScriptedGenerator(p_right=0.4)
+    mcts = evaluate(gen, make, TASKS, EvalConfig(mode="mcts", seeds=(0, 1), max_steps=8, mcts_simulations=6,
+                                                 mcts_k=3, bootstrap=200))
+    assert mcts.metrics["success"]["mean"] > sampled.metrics["success"]["mean"] + 0.2
+    assert mcts.metrics["mode"] == "mcts" and all(e.steps <= 8 for e in mcts.episodes)
+    assert max(gen.calls) >= len(TASKS)  # trees of one seed share each batched call
+    with pytest.raises(Exception, match="recovery"):
+        run_episodes(gen, make, [Start(TASKS[0], commands=("left",))], EvalConfig(mode="mcts"))
+
+
+def test_evaluate_and_store_records_metrics_and_episodes(tmp_path: Path) -> None:
+    with Store(tmp_path / "o.db") as store:
+        result = evaluate_and_store(store, ScriptedGenerator(p_right=0.7), "line", "train", TASKS,
+                                    EvalConfig(mode="sampled", seeds=(0, 1, 2)), model="models/x",
+                                    make_env=lambda: LineEnv(6))
+        (row,) = store.evaluations(model="models/x", with_episodes=True)
+        assert row["id"] == result.eval_id and row["mode"] == "sampled" and row["split"] == "train"
+        assert row["metrics"]["success"] == result.metrics["success"] and len(row["episodes"]) == 18
+        assert row["task_ids"] == [t.id for t in TASKS] and row["config"]["seeds"] == [0, 1, 2]
+        s = row["metrics"]["success"]
+        assert s["low"] <= s["mean"] <= s["high"] and s["n"] == 6

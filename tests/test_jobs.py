@@ -1,0 +1,174 @@
+"""The job runner: separate processes, states in the store, queueing per device, cancel, crashes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+
+from engine.config import ConfigError
+from engine.envs.base import TaskSpec
+from engine.store import Store
+from engine.train.jobs import JobRunner, process_alive
+
+
+@pytest.fixture
+def store(tmp_path: Path):
+    with Store(tmp_path / "orchard.db") as s:
+        yield s
+
+
+def _until(predicate, timeout: float = 30.0, interval: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError("condition not reached in time")
+
+
+def _intact(path: Path) -> None:
+    con = sqlite3.connect(path)
+    try:
+        assert con.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    finally:
+        con.close()
+
+
+def test_migration_3_adds_the_training_tables_to_a_version_2_database(tmp_path: Path, monkeypatch) -> None:
+    import engine.store as store_module
+
+    path = tmp_path / "v2.db"
+    monkeypatch.setattr(store_module, "MIGRATIONS", store_module.MIGRATIONS[:2])
+    monkeypatch.setattr(store_module, "SCHEMA_VERSION", 2)
+    with Store(path) as old:
+        run_id = old.create_run("r", "line", "m", {}, [TaskSpec(id="t1", goal="g")])
+        assert old.schema_version == 2
+    monkeypatch.undo()
+    with Store(path) as new:
+        assert new.schema_version == 3 and new.find_run(run_id) == run_id
+        tables = {r[0] for r in new.con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        assert {"jobs", "job_metrics", "models", "evaluations", "iterations"} <= tables
+        assert new.jobs() == [] and new.models() == [] and new.evaluations() == []
+
+
+def test_queue_progress_cancel_and_failure(store: Store) -> None:
+    runner = JobRunner(store)
+    long = runner.submit("probe", {"steps": 400, "seconds": 0.05}, device="cpu")
+    queued = runner.submit("probe", {"steps": 4, "seconds": 0.02, "fail": True}, device="cpu")
+    other = runner.submit("probe", {"steps": 2, "seconds": 0.01}, device="cuda:7")
+    assert long.state == "running" and queued.state == "queued"  # one job per device
+    assert other.state == "running"  # another device runs in parallel
+    progress = _until(lambda: store.job(long.id).progress if store.job(long.id).progress.get("step", 0) >= 3
+                      else None)
+    assert progress["total"] == 400 and progress["eta_s"] > 0 and progress["phase"] == "probe"
+    assert store.job(queued.id).state == "queued"
+    assert [m["loss"] for m in store.job_metrics(long.id)[:2]] == [1.0, 0.5]
+
+    cancelled = runner.cancel(long.id, grace_s=20)
+    assert cancelled.state == "cancelled" and cancelled.cancel_requested
+    assert not process_alive(long.pid or 0, long.id)
+    failed = runner.wait(queued.id, timeout=30)  # the queue moved on to the next job
+    assert failed.state == "failed" and "probe failure at step 2" in (failed.error or "")
+    log = Path(failed.log_path or "").read_text()
+    assert "Traceback" in log and "RuntimeError: probe failure" in log
+    assert "cancelled" in Path(long.log_path or "").read_text()
+    assert runner.wait(other.id, timeout=30).state == "succeeded"
+    _intact(store.path)
+
+
+def test_cancel_a_queued_job_never_starts_it(store: Store) -> None:
+    runner = JobRunner(store)
+    first = runner.submit("probe", {"steps": 200, "seconds": 0.05}, device="cpu")
+    second = runner.submit("probe", {"steps": 1}, device="cpu")
+    assert runner.cancel(second.id).state == "cancelled"
+    assert store.job(second.id).pid is None and store.job(second.id).started_at is None
+    runner.cancel(first.id, grace_s=20)
+    runner.poll()
+    assert store.job(second.id).state == "cancelled"
+
+
+def test_a_killed_worker_is_detected_after_a_restart_and_the_store_is_intact(store: Store, tmp_path: Path) -> None:
+    run_id = store.create_run("r", "line", "m", {}, [TaskSpec(id="t1", goal="g")])
+    job = JobRunner(store).submit("probe", {"steps": 500, "seconds": 0.02}, device="cpu")
+    _until(lambda: store.job(job.id).progress.get("step", 0) >= 2)
+    pid = store.job(job.id).pid
+    assert pid is not None and process_alive(pid, job.id)
+    os.killpg(pid, signal.SIGKILL)  # a crash: no chance to record anything
+    # "The dashboard restarts": a new connection and runner know only what the store says.
+    with Store(tmp_path / "orchard.db") as fresh:
+        runner = JobRunner(fresh)
+
+        def failed():
+            runner.poll()
+            return fresh.job(job.id) if fresh.job(job.id).final else None
+
+        job_after = _until(failed)
+        assert job_after.state == "failed" and "died" in (job_after.error or "")
+        assert fresh.run(run_id).name == "r"  # unrelated rows untouched
+        assert len(fresh.job_metrics(job.id)) >= 2  # what the worker committed is kept
+    _intact(store.path)
+
+
+def test_bad_configs_are_refused_or_fail_in_the_worker(store: Store) -> None:
+    runner = JobRunner(store)
+    with pytest.raises(ConfigError, match="unknown job kind"):
+        runner.submit("nope", {}, device="cpu")
+    with pytest.raises(ConfigError, match="learning_rat"):
+        runner.submit("dpo", {"model": "tiny", "train": {"learning_rat": 1}}, device="cpu")
+    with pytest.raises(ConfigError, match="model"):
+        runner.submit("sft", {"train": {}}, device="cpu")
+    assert store.jobs() == []  # nothing queued for refused configs
+    bad = runner.submit("dpo", {"model": "tiny", "train": {"beta": -1}}, device="cpu", validate=False)
+    done = runner.wait(bad.id, timeout=60)
+    assert done.state == "failed" and "beta" in (done.error or "")
+    assert "ConfigError" in Path(done.log_path or "").read_text()
+    _intact(store.path)
+
+
+def test_a_real_dpo_job_reports_progress_is_cancelled_and_the_next_one_trains(store: Store, tmp_path: Path) -> None:
+    from doubles import action_text
+    from tiny_model_fixture import build_tiny_model
+
+    from engine.datasets.pairs import Pair
+    from engine.llm.registry import load_generator
+    from engine.prompts import actor_prompt
+
+    model = build_tiny_model(tmp_path / "base")
+    run_id = store.create_run("r", "line", "m", {}, [TaskSpec(id=f"goal-{i}", goal="g") for i in range(4)])
+    pairs = [
+        Pair(id=f"p{i}", kind="step", run_id=run_id, tree_id=None, task_id=f"goal-{i}", node_id=0, chosen_node=1,
+             rejected_node=2, prompt=actor_prompt("Commands: left, right.", "reach 3", "", [], f"at {i}"),
+             chosen=action_text("right"), rejected=action_text("left"), q_chosen=1.0, q_rejected=0.0,
+             logprob_chosen=None, logprob_rejected=None, depth=0)
+        for i in range(4)
+    ]
+    store.save_pairs(run_id, pairs)
+    store.bulk_set_pair_status("approved", "test", run_id=run_id)
+    runner = JobRunner(store)
+    train = {"max_steps": 100000, "batch_size": 2, "learning_rate": 1e-3, "device": "cpu", "precision": "fp32",
+             "num_threads": 1}
+    long = runner.submit("dpo", {"model": str(model), "train": train}, device="cpu")
+    out = tmp_path / "trained"
+    short = runner.submit("dpo", {"model": str(model), "output": str(out), "runs": [run_id],
+                                  "train": {**train, "max_steps": 2}}, device="cpu")
+    assert store.job(short.id).state == "queued"
+    seen = _until(lambda: store.job(long.id).progress if store.job(long.id).progress.get("step", 0) >= 2 else None,
+                  timeout=90)
+    assert seen["phase"] == "dpo" and seen["total"] == 100000
+    assert any("rewards/margins" in m for m in store.job_metrics(long.id))
+    assert runner.cancel(long.id, grace_s=30).state == "cancelled"
+    done = runner.wait(short.id, timeout=120)
+    assert done.state == "succeeded", Path(done.log_path or "").read_text()[-2000:]
+    assert done.output_path == str(out.resolve())
+    record = store.model_record(str(out.resolve()))
+    assert record.kind == "dpo" and record.job_id == short.id and sorted(record.data_ids) == [p.id for p in pairs]
+    assert record.parent == str(model.resolve()) and record.metrics["steps"] == 2
+    assert load_generator(str(out)).name.endswith(str(out.resolve()))
+    assert not (tmp_path / "trained-cancelled").exists()
+    _intact(store.path)
