@@ -1,0 +1,437 @@
+"""The tiny offline policy: a ~3M-parameter Llama trained on CPU in about two minutes.
+
+WHY: `make run` must show search and training improving a real model with no network and no GPU.
+The model is behaviour-cloned from a noisy TextCraft expert (see `tiny_data`) in the exact actor,
+critic and first-error-judge prompts a real LLM receives, so every part of the pipeline runs on it
+unchanged. It is weak on purpose: search and DPO have room to improve it.
+
+The tokenizer is a byte-level BPE trained on the same rows. Its pre-tokenizer splits only at line
+breaks, punctuation and digits, so merges may cross spaces: the long constant phrases of the prompts
+become a few tokens each (sequence length is what CPU training pays for), while numbers stay single
+digits and item names keep one spelling wherever they are copied from.
+
+`ensure_tiny_model()` builds the folder once (deterministic per seed) and reuses it while the
+stored config matches.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from engine.actions import parse
+from engine.llm.base import Generator, SampleRequest, SamplingParams
+from engine.llm.tiny_data import trie_pattern
+from engine.prompts import HistoryStep, actor_prompt
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
+
+    from engine.envs.base import Env
+    from engine.llm.hf import HFGenerator
+    from engine.llm.tiny_data import Row
+
+# Bump when the data builder or training code changes what a given config produces.
+TINY_FORMAT = 1
+META_FILE = "orchard_tiny.json"
+SPECIAL_TOKENS = ("<|pad|>", "<|im_start|>", "<|im_end|>")
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' }}"
+    "{% if message['role'] == 'assistant' %}"
+    "{% generation %}{{ message['content'] + '<|im_end|>' }}{% endgeneration %}"
+    "{% else %}{{ message['content'] + '<|im_end|>' }}{% endif %}"
+    "{{ '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+@dataclass(frozen=True)
+class TinyConfig:
+    """Everything that determines the tiny model's weights (stored with it; a change rebuilds)."""
+
+    seed: int = 0
+    # data (TextCraft train split, noisy expert)
+    max_tasks: int | None = None  # None: every train task
+    episodes_per_task: int = 2
+    noise: float = 0.3  # expert mistake probability per step
+    rename_fraction: float = 0.0  # episodes shown with item names swapped (see tiny_data)
+    critic_fraction: float = 0.1  # chance of a critic row per expert step
+    judge_fraction: float = 0.15  # chance of a judge row per expert step
+    max_row_tokens: int = 512  # longer rows are dropped from training
+    # tokenizer + model
+    vocab_size: int = 4096
+    hidden_size: int = 192
+    num_layers: int = 4
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 512
+    max_positions: int = 4096
+    # optimisation
+    steps: int = 1000
+    batch_tokens: int = 2048
+    lr: float = 3e-3
+    warmup_steps: int = 15
+    weight_decay: float = 0.01
+    threads: int | None = None  # torch threads while training; None: see `training_threads`
+
+
+def training_threads() -> int:
+    """Up to 2 threads on an idle machine, 1 on a busy one: with another process on the cores,
+    2 threads spin-wait on each other and train 10-20x slower than 1 (measured on 2 cores).
+    Weights depend (in the last bits) on the thread count, which the build records."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    busy = os.getloadavg()[0] >= 0.75 if hasattr(os, "getloadavg") else False
+    return 1 if busy else max(1, min(2, cores))
+
+
+def default_tiny_dir() -> Path:
+    """`$ORCHARD_HOME/models/tiny`, else `<repo>/data/models/tiny`."""
+    home = os.environ.get("ORCHARD_HOME")
+    root = Path(home) if home else Path(__file__).resolve().parents[2] / "data"
+    return root / "models" / "tiny"
+
+
+# ------------------------------------------------------------------ tokenizer and model
+
+
+def _boundaries(names: Sequence[str]) -> str:
+    """Pre-tokenizer split pattern: line breaks, ", " and every word of `names` (with its leading
+    space), so an item is spelt the same wherever it appears and templates merge around it."""
+    if not names:
+        return r"\n|, "
+    return rf"\n|, | ?\b(?i:{trie_pattern(names)})\b"
+
+
+def train_tokenizer(
+    texts: Sequence[str], vocab_size: int, names: Sequence[str] = ()
+) -> PreTrainedTokenizerFast:
+    """Byte-level BPE over `texts` (see the module docstring), ChatML template with generation
+    markers, left padding. `names` are phrases never merged with their surroundings."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    raw = Tokenizer(models.BPE())
+    raw.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(_boundaries(names)), "isolated"),
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    raw.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    raw.train_from_iterator(texts, trainer=trainer)
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=raw,
+        eos_token="<|im_end|>",
+        pad_token="<|pad|>",
+        bos_token="<|im_start|>",
+        padding_side="left",
+    )
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+def new_model(cfg: TinyConfig, tokenizer: PreTrainedTokenizerFast) -> Any:
+    """A freshly initialised Llama (seeded by `cfg.seed`)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(cfg.seed)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=cfg.hidden_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads,
+        intermediate_size=cfg.intermediate_size,
+        max_position_embeddings=cfg.max_positions,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    model = LlamaForCausalLM(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model
+
+
+# ------------------------------------------------------------------ training
+
+
+@dataclass(frozen=True)
+class _Example:
+    ids: list[int]
+    n_prompt: int  # loss on ids[n_prompt:] (the answer and its EOS)
+
+
+def encode_rows(rows: Sequence[Row], tokenizer: PreTrainedTokenizerFast) -> list[_Example]:
+    """Prompt and answer tokenized apart, answer + EOS, exactly as `HFGenerator` scores them."""
+    prompts = [
+        tokenizer.apply_chat_template(r.prompt, add_generation_prompt=True, tokenize=False) for r in rows
+    ]
+    p_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
+    a_ids = tokenizer([r.answer for r in rows], add_special_tokens=False)["input_ids"]
+    eos = tokenizer.eos_token_id
+    return [_Example(p + a + [eos], len(p)) for p, a in zip(p_ids, a_ids, strict=True)]
+
+
+def _batches(examples: list[_Example], batch_tokens: int, rng: random.Random) -> list[list[int]]:
+    """Length-sorted batches of at most `batch_tokens` padded tokens, in shuffled order."""
+    order = sorted(range(len(examples)), key=lambda i: (len(examples[i].ids), i))
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for i in order:
+        if current and (len(current) + 1) * len(examples[i].ids) > batch_tokens:
+            batches.append(current)
+            current = []
+        current.append(i)
+    if current:
+        batches.append(current)
+    rng.shuffle(batches)
+    return batches
+
+
+def _loss(model: Any, examples: Sequence[_Example], pad_id: int) -> torch.Tensor:
+    """Mean cross-entropy over answer tokens only.
+
+    Rows are RIGHT-padded and no attention mask is passed: under causal attention no real token
+    sees the padding after it, and the maskless path is ~2.5x faster on CPU (SDPA with a padding
+    mask leaves its fused kernel). The LM head runs only where the loss needs it.
+    """
+    width = max(len(e.ids) for e in examples)
+    ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    target = torch.zeros_like(ids, dtype=torch.bool)
+    for i, e in enumerate(examples):
+        ids[i, : len(e.ids)] = torch.tensor(e.ids)
+        target[i, e.n_prompt : len(e.ids)] = True
+    hidden = model.model(input_ids=ids).last_hidden_state
+    predict = target[:, 1:]  # position t predicts token t + 1
+    logits = model.lm_head(hidden[:, :-1][predict])
+    return torch.nn.functional.cross_entropy(logits.float(), ids[:, 1:][predict])
+
+
+def train_model(
+    model: Any, examples: list[_Example], cfg: TinyConfig, pad_id: int, log: Callable[[str], None]
+) -> dict[str, float]:
+    """AdamW with warm-up and cosine decay for `cfg.steps` steps; returns loss figures."""
+    threads = cfg.threads or training_threads()
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        metrics = _train_loop(model, examples, cfg, pad_id, log)
+    finally:
+        torch.set_num_threads(before)
+    return {**metrics, "threads": threads}
+
+
+def _train_loop(
+    model: Any,
+    examples: list[_Example],
+    cfg: TinyConfig,
+    pad_id: int,
+    log: Callable[[str], None],
+) -> dict[str, float]:
+    rng = random.Random(cfg.seed)
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    rest = [p for p in model.parameters() if p.ndim < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": rest, "weight_decay": 0.0}],
+        lr=cfg.lr,
+        betas=(0.9, 0.95),
+    )
+
+    def lr_at(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return cfg.lr * (step + 1) / cfg.warmup_steps
+        t = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+        return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
+
+    model.train()
+    queue: list[list[int]] = []
+    losses: list[float] = []
+    start = time.perf_counter()
+    for step in range(cfg.steps):
+        if not queue:
+            queue = _batches(examples, cfg.batch_tokens, rng)
+        batch = [examples[i] for i in queue.pop()]
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step)
+        loss = _loss(model, batch, pad_id)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(loss.item())
+        if step % 25 == 0 or step == cfg.steps - 1:
+            log(f"tiny model: step {step + 1}/{cfg.steps} loss {loss.item():.3f}")
+    model.eval()
+    tail = losses[-max(1, len(losses) // 10) :]
+    return {
+        "first_loss": losses[0] if losses else float("nan"),
+        "final_loss": sum(tail) / len(tail) if tail else float("nan"),
+        "train_seconds": time.perf_counter() - start,
+    }
+
+
+# ------------------------------------------------------------------ build and cache
+
+
+def build_tiny_model(out_dir: Path, cfg: TinyConfig, log: Callable[[str], None] = print) -> Path:
+    """Generate the data, train tokenizer and model, write the folder (no caching logic here)."""
+    from engine.llm.tiny_data import build_rows, item_words
+
+    began = time.perf_counter()
+    rows = build_rows(cfg)
+    counts = {kind: sum(r.kind == kind for r in rows) for kind in sorted({r.kind for r in rows})}
+    log(f"tiny model: {len(rows)} training rows {counts}")
+    tokenizer = train_tokenizer([t for r in rows for t in _texts(r)], cfg.vocab_size, item_words())
+    examples = [e for e in encode_rows(rows, tokenizer) if len(e.ids) <= cfg.max_row_tokens]
+    n_tokens = sum(len(e.ids) for e in examples)
+    log(f"tiny model: {len(examples)} rows kept, {n_tokens / max(1, len(examples)):.0f} tokens per row")
+    model = new_model(cfg, tokenizer)
+    metrics = train_model(model, examples, cfg, tokenizer.pad_token_id, log)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    meta = {
+        "format": TINY_FORMAT,
+        "config": asdict(cfg),
+        "metrics": {
+            **metrics,
+            "rows": counts,
+            "rows_kept": len(examples),
+            "tokens": n_tokens,
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "vocab": len(tokenizer),
+        },
+        "build_seconds": time.perf_counter() - began,
+        "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    (out_dir / META_FILE).write_text(json.dumps(meta, indent=2))
+    return out_dir
+
+
+def _texts(row: Row) -> list[str]:
+    return [m["content"] for m in row.prompt] + [row.answer]
+
+
+def read_meta(path: Path) -> dict[str, Any] | None:
+    """The stored build record, or None when the folder holds no complete build."""
+    try:
+        meta = json.loads((path / META_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return meta if (path / "model.safetensors").exists() else None
+
+
+def ensure_tiny_model(
+    path: Path | None = None,
+    seed: int = 0,
+    log: Callable[[str], None] = print,
+    config: TinyConfig | None = None,
+) -> Path:
+    """The tiny model's folder, built first if missing or built from another config.
+
+    The build goes to a sibling temp folder and is renamed into place, so an interrupted build
+    never leaves a folder that looks complete, and concurrent builders do not mix files.
+    """
+    path = Path(path) if path is not None else default_tiny_dir()
+    cfg = replace(config or TinyConfig(), seed=seed)
+    wanted = {"format": TINY_FORMAT, "config": asdict(cfg)}
+    meta = read_meta(path)
+    if meta is not None and {k: meta.get(k) for k in wanted} == wanted:
+        return path
+    log(f"tiny model: building {path} (seed {seed}; about two minutes on 2 CPU cores)")
+    tmp = path.with_name(f".{path.name}.building-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    build_tiny_model(tmp, cfg, log)
+    if path.exists():
+        shutil.rmtree(path)
+    tmp.rename(path)
+    log(f"tiny model: built in {read_meta(path)['build_seconds']:.0f} s")  # type: ignore[index]
+    return path
+
+
+def tiny_generator(
+    path: Path | None = None, seed: int = 0, log: Callable[[str], None] = print, **kwargs: Any
+) -> HFGenerator:
+    """An `HFGenerator` named "tiny" on the cached (or freshly built) tiny model."""
+    from engine.llm.hf import HFGenerator
+
+    return HFGenerator(ensure_tiny_model(path, seed=seed, log=log), name="tiny", **kwargs)
+
+
+# ------------------------------------------------------------------ evaluation
+
+
+def rollout_outcomes(
+    generator: Generator,
+    make_env: Callable[[], Env],
+    task_ids: Sequence[str],
+    max_steps: int = 15,
+    temperature: float = 0.0,
+    seed: int = 0,
+    max_tokens: int = 256,
+) -> dict[str, bool]:
+    """Run the generator as the actor on every task (one env each), all tasks batched per step.
+
+    An episode ends on success (reward 1), a non-CONTINUE status, a format error, or `max_steps`.
+    """
+    envs = {tid: make_env() for tid in task_ids}
+    obs = {tid: env.reset(tid) for tid, env in envs.items()}
+    history: dict[str, list[HistoryStep]] = {tid: [] for tid in task_ids}
+    success = dict.fromkeys(task_ids, False)
+    active = list(task_ids)
+    params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)
+    for _ in range(max_steps):
+        if not active:
+            break
+        requests = []
+        for tid in active:
+            env, task = envs[tid], envs[tid].task(tid)
+            prompt = actor_prompt(env.describe(), task.goal, task.context, history[tid], obs[tid])
+            requests.append(SampleRequest(prompt, n=1, params=params))
+        still = []
+        for tid, (completion,) in zip(active, generator.sample(requests), strict=True):
+            action = parse(completion.text)
+            if not action:
+                continue
+            step = envs[tid].step(action.command)
+            history[tid].append(HistoryStep(action, step.observation))
+            obs[tid] = step.observation
+            if step.reward >= 1.0:
+                success[tid] = True
+            elif not step.done and action.status == "CONTINUE":
+                still.append(tid)
+        active = still
+    return success
+
+
+def rollout_success_rate(
+    generator: Generator,
+    make_env: Callable[[], Env],
+    task_ids: Sequence[str],
+    max_steps: int = 15,
+    temperature: float = 0.0,
+) -> float:
+    """Fraction of `task_ids` the generator solves acting alone (see `rollout_outcomes`)."""
+    outcomes = rollout_outcomes(generator, make_env, task_ids, max_steps, temperature)
+    return sum(outcomes.values()) / max(1, len(outcomes))

@@ -1,0 +1,222 @@
+"""Training rows for the tiny model: noisy-expert TextCraft episodes in the real prompts.
+
+Three kinds of rows, all from TRAIN-split tasks only (the test split is held out for evaluation):
+- actor: `actor_prompt(...)` at each step -> the expert's composite action. Deliberate mistakes are
+  never targets, but they stay in the history of later steps, so the model learns to recover;
+- critic: `critic_prompt(...)` with the expert's action shuffled among 1-3 mistakes -> which is best;
+- judge: `judge_prompt(...)` on a step -> `Judgement: Bad` for a deliberate mistake, else `Good`.
+
+Most episodes are shown with their item names consistently swapped for other item names (the
+same swap in the task, crafting commands, history, observations and answers). A small model would
+otherwise memorise the ~440 training recipes and fail on every held-out goal; with the names
+shuffled, the only way to predict the next command is to read it from the task's crafting commands,
+which is what transfers to new tasks.
+
+Answers keep the expert's STATUS (always CONTINUE: the env ends the episode when the goal is held).
+Labelling the final craft SUCCESS was tried: the weak model then also says SUCCESS after a craft that
+FAILS, which ends its episode where it could have read the error and retried.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from typing import TYPE_CHECKING
+
+from engine.actions import CompositeAction, render
+from engine.envs.base import TaskSpec
+from engine.envs.textcraft import TextCraftEnv
+from engine.envs.textcraft_expert import ExpertStep, TextCraftExpert
+from engine.envs.textcraft_recipes import NS, readable, recipe_book
+from engine.llm.base import Prompt
+from engine.prompts import (
+    HistoryStep,
+    actor_prompt,
+    critic_answer,
+    critic_prompt,
+    judge_answer,
+    judge_prompt,
+)
+
+if TYPE_CHECKING:
+    from engine.llm.tiny import TinyConfig
+
+MAX_EPISODE_STEPS = 30
+# Why each kind of deliberate mistake is wrong, in the words of the critic and judge answers.
+WHY_WRONG = {
+    "get_craftable": "it tries to get an item that has a recipe and must be crafted",
+    "get_distractor": "it fetches an item the goal does not need",
+    "wrong_count": "its ingredient counts do not match the recipe",
+    "wrong_ingredient": "it names an ingredient that is not in the recipe",
+    "inventory": "checking the inventory makes no progress",
+}
+
+
+@dataclass(frozen=True)
+class Row:
+    """One supervised example: the prompt a model sees and the answer it should give."""
+
+    prompt: Prompt
+    answer: str
+    kind: str  # "actor" | "critic" | "judge"
+    task_id: str
+
+
+def item_names() -> list[str]:
+    """Every readable item name of the recipe book."""
+    return sorted(recipe_book().by_name)
+
+
+def item_words() -> list[str]:
+    """The words item names are made of ("lime", "carpet", "oak" ...), without the few function
+    words some names contain ("lily of the valley"). The tokenizer keeps each one a separate piece,
+    so "lime carpet" and "lime wool" share "lime", and new goals resemble known ones."""
+    stop = {"a", "and", "o", "of", "on", "the"}
+    return sorted({w for name in item_names() for w in name.split()} - stop)
+
+
+def trie_pattern(words: Sequence[str]) -> str:
+    """One regex matching any of `words`, nested by common prefix (a plain alternation of ~700
+    names scans ~10x slower, in Python's `re` and in the tokenizer's Oniguruma alike)."""
+    trie: dict[str, dict] = {}
+    for word in words:
+        node = trie
+        for ch in word:
+            node = node.setdefault(ch, {})
+        node[""] = {}
+
+    def emit(node: dict[str, dict]) -> str:
+        alternatives = [re.escape(ch) + emit(child) for ch, child in sorted(node.items()) if ch]
+        if not alternatives:
+            return ""
+        return "(?:" + "|".join(alternatives) + ")" + ("?" if "" in node else "")
+
+    return emit(trie)
+
+
+@lru_cache(maxsize=1)
+def _name_pattern() -> re.Pattern[str]:
+    # Greedy trie: the longest name wins ("stone slab" before "stone").
+    return re.compile(rf"{re.escape(NS)}[a-z0-9_]+|\b{trie_pattern(item_names())}\b", re.IGNORECASE)
+
+
+def renamer(rng: random.Random, names: Sequence[str]) -> Callable[[str], str]:
+    """A text -> text function that swaps every item name (and `minecraft:` id) for another,
+    drawn on first sight and kept for the renamer's lifetime (one episode)."""
+    mapping: dict[str, str] = {}
+    pool = list(names)
+
+    def swap(name: str) -> str:
+        if name not in mapping:
+            mapping[name] = pool.pop(rng.randrange(len(pool)))
+        return mapping[name]
+
+    def one(match: re.Match[str]) -> str:
+        text = match.group(0)
+        if text.lower().startswith(NS):
+            return NS + swap(readable(text.lower())).replace(" ", "_")
+        new = swap(text.lower())
+        return new[:1].upper() + new[1:] if text[:1].isupper() else new
+
+    return lambda text: _name_pattern().sub(one, text)
+
+
+def build_rows(cfg: TinyConfig) -> list[Row]:
+    """All rows for `cfg`, deterministic given `cfg.seed`."""
+    env = TextCraftEnv()
+    tasks = env.tasks("train")[: cfg.max_tasks]
+    rng = random.Random(f"tiny-data/{cfg.seed}")
+    rows: list[Row] = []
+    names = item_names()
+    for episode in range(cfg.episodes_per_task):
+        for task in tasks:
+            episode_rows = _episode_rows(env, task, cfg, rng, f"{task.id}/{cfg.seed}/{episode}")
+            if rng.random() < cfg.rename_fraction:
+                rename = renamer(rng, names)
+                episode_rows = [_renamed(row, rename) for row in episode_rows]
+            rows.extend(episode_rows)
+    return rows
+
+
+def _renamed(row: Row, rename: Callable[[str], str]) -> Row:
+    """The row with item names swapped everywhere but in the (constant) system message."""
+    prompt = [m if m["role"] == "system" else {**m, "content": rename(m["content"])} for m in row.prompt]
+    return replace(row, prompt=prompt, answer=rename(row.answer))
+
+
+def _episode_rows(
+    env: TextCraftEnv, task: TaskSpec, cfg: TinyConfig, rng: random.Random, seed: str
+) -> list[Row]:
+    description = env.describe()
+    observation = env.reset(task.id)
+    noisy = TextCraftExpert(env, cfg.noise, seed)
+    clean = TextCraftExpert(env, 0.0, seed)
+    mistaker = TextCraftExpert(env, 1.0, f"{seed}/mistakes")
+    history: list[HistoryStep] = []
+    rows: list[Row] = []
+    for t in range(MAX_EPISODE_STEPS):
+        first = t == 0
+        step = noisy.act(first_step=first)
+        correct = step if not step.is_mistake else clean.act(first_step=first)
+        result = env.step(step.action.command)
+        if not step.is_mistake:
+            prompt = actor_prompt(description, task.goal, task.context, history, observation)
+            rows.append(Row(prompt, render(step.action), "actor", task.id))
+        if rng.random() < cfg.critic_fraction:
+            rows.extend(_critic_row(task, history, observation, correct, mistaker, rng, first))
+        if rng.random() < cfg.judge_fraction:
+            rows.append(_judge_row(task, history, step, result.observation))
+        history.append(HistoryStep(step.action, result.observation))
+        observation = result.observation
+        if result.done:
+            break
+    return rows
+
+
+def _critic_row(
+    task: TaskSpec,
+    history: list[HistoryStep],
+    observation: str,
+    correct: ExpertStep,
+    mistaker: TextCraftExpert,
+    rng: random.Random,
+    first: bool,
+) -> list[Row]:
+    """The correct action among 1-3 distinct mistakes (none when no mistake applies here)."""
+    wrong: dict[str, ExpertStep] = {}
+    want = rng.randint(1, 3)
+    for _ in range(4 * want):
+        candidate = mistaker.act(first_step=first)
+        command = candidate.action.command
+        if candidate.is_mistake and command != correct.action.command and command not in wrong:
+            wrong[command] = candidate
+            if len(wrong) == want:
+                break
+    if not wrong:
+        return []
+    options: list[tuple[CompositeAction, str]] = [(correct.action, "")]
+    options += [(m.action, m.mistake) for m in wrong.values()]
+    rng.shuffle(options)
+    best = next(i for i, (_, kind) in enumerate(options, 1) if not kind)
+    reasons = [
+        f"{i} is wrong: {WHY_WRONG.get(kind, 'it does not advance the plan')}"
+        for i, (_, kind) in enumerate(options, 1)
+        if kind
+    ]
+    reason = f"{best} is the next step of the recipe plan. " + "; ".join(reasons) + "."
+    prompt = critic_prompt(task.goal, task.context, history, observation, [a for a, _ in options])
+    return [Row(prompt, critic_answer(reason, best), "critic", task.id)]
+
+
+def _judge_row(task: TaskSpec, history: list[HistoryStep], step: ExpertStep, observation: str) -> Row:
+    if step.is_mistake:
+        reason = f"The step is a mistake: {WHY_WRONG.get(step.mistake, 'it does not advance the plan')}."
+        verdict = "Bad"
+    else:
+        reason = "The step follows the recipe plan and brings the goal closer."
+        verdict = "Good"
+    prompt = judge_prompt(task.goal, task.context, history, step.action, observation)
+    return Row(prompt, judge_answer(reason, verdict), "judge", task.id)
