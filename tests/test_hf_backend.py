@@ -8,6 +8,7 @@ model often samples a non-canonical split whose re-scoring legitimately differs)
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,16 @@ CHATML = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_torch_thread() -> Iterator[None]:
+    """Tests run two per machine (`pytest -n 2`): torch's default threads then fight for the two
+    cores and everything runs 10x slower. One thread each."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def _build_char_model(out: Path) -> Path:

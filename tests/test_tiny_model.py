@@ -4,6 +4,7 @@ the real build is a weak but non-trivial TextCraft policy on held-out tasks."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -41,8 +42,17 @@ SMALL = TinyConfig(
     intermediate_size=128,
     steps=400,
     batch_tokens=1024,
-    threads=1,
 )
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_torch_thread() -> Iterator[None]:
+    """Tests run two per machine (`pytest -n 2`): torch's default threads then fight for the two
+    cores and everything runs 10x slower. One thread each."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +133,9 @@ def test_round_trip_and_generated_actions_parse(small_model: Path) -> None:
     parsed = [parse(cs[0].text) for cs in out]
     assert sum(isinstance(p, CompositeAction) for p in parsed) >= len(parsed) // 2
     # What the model generated is what it scores: sampled log-probs re-score (EOS-ended answers).
-    ended = [(r.prompt, cs[0]) for r, cs in zip(trained[:8], out, strict=True) if cs[0].finish_reason == "stop"]
+    ended = [
+        (r.prompt, cs[0]) for r, cs in zip(trained[:8], out, strict=True) if cs[0].finish_reason == "stop"
+    ]
     assert ended
     rescored = gen.logprobs([p for p, _ in ended], [c.text for _, c in ended])
     assert all(abs(c.logprob - s) < 1e-3 for (_, c), s in zip(ended, rescored, strict=True))  # type: ignore[operator]

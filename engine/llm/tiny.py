@@ -64,7 +64,7 @@ class TinyConfig:
     seed: int = 0
     # data (TextCraft train split, noisy expert)
     max_tasks: int | None = None  # None: every train task
-    episodes_per_task: int = 2
+    episodes_per_task: int = 1
     noise: float = 0.3  # expert mistake probability per step
     rename_fraction: float = 0.0  # episodes shown with item names swapped (see tiny_data)
     critic_fraction: float = 0.1  # chance of a critic row per expert step
@@ -79,21 +79,15 @@ class TinyConfig:
     intermediate_size: int = 512
     max_positions: int = 4096
     # optimisation
-    steps: int = 1000
-    batch_tokens: int = 2048
+    steps: int = 700
+    batch_tokens: int = 3072
     lr: float = 3e-3
     warmup_steps: int = 15
     weight_decay: float = 0.01
-    threads: int | None = None  # torch threads while training; None: see `training_threads`
-
-
-def training_threads() -> int:
-    """Up to 2 threads on an idle machine, 1 on a busy one: with another process on the cores,
-    2 threads spin-wait on each other and train 10-20x slower than 1 (measured on 2 cores).
-    Weights depend (in the last bits) on the thread count, which the build records."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    busy = os.getloadavg()[0] >= 0.75 if hasattr(os, "getloadavg") else False
-    return 1 if busy else max(1, min(2, cores))
+    # Torch threads while training. One: with any other process on a 2-core machine, 2 threads
+    # spin-wait on each other and train 10-20x SLOWER (measured); weights also depend, in the last
+    # bits, on the thread count, so a fixed count keeps builds identical everywhere.
+    threads: int = 1
 
 
 def default_tiny_dir() -> Path:
@@ -232,14 +226,12 @@ def train_model(
     model: Any, examples: list[_Example], cfg: TinyConfig, pad_id: int, log: Callable[[str], None]
 ) -> dict[str, float]:
     """AdamW with warm-up and cosine decay for `cfg.steps` steps; returns loss figures."""
-    threads = cfg.threads or training_threads()
     before = torch.get_num_threads()
-    torch.set_num_threads(threads)
+    torch.set_num_threads(cfg.threads)
     try:
-        metrics = _train_loop(model, examples, cfg, pad_id, log)
+        return _train_loop(model, examples, cfg, pad_id, log)
     finally:
         torch.set_num_threads(before)
-    return {**metrics, "threads": threads}
 
 
 def _train_loop(
@@ -373,9 +365,11 @@ def ensure_tiny_model(
 def tiny_generator(
     path: Path | None = None, seed: int = 0, log: Callable[[str], None] = print, **kwargs: Any
 ) -> HFGenerator:
-    """An `HFGenerator` named "tiny" on the cached (or freshly built) tiny model."""
+    """An `HFGenerator` named "tiny" on the cached (or freshly built) tiny model. One CPU thread
+    unless told otherwise: the model is too small to gain from two, and loses badly to contention."""
     from engine.llm.hf import HFGenerator
 
+    kwargs.setdefault("num_threads", 1)
     return HFGenerator(ensure_tiny_model(path, seed=seed, log=log), name="tiny", **kwargs)
 
 

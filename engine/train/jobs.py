@@ -174,6 +174,8 @@ class JobRunner:
                 del self._children[job_id]
         now = time.time()
         for job in self.store.jobs(state="running"):
+            if job.id in self._children:  # our own child and not reaped above: alive, maybe still starting
+                continue
             if job.pid is None:
                 dead = job.started_at is not None and now - job.started_at > STARTUP_GRACE_S
             else:
