@@ -13,8 +13,7 @@ from dashboard import data
 
 st.set_page_config(page_title="Orchard", page_icon="🌳", layout="wide")
 
-# One section per stage of the data flow. Later stages (Training, Evaluation) add their page files here
-# when their engine parts exist.
+# One section per stage of the data flow.
 PAGES: dict[str, list[st.Page]] = {
     "Search": [
         st.Page("views/runs.py", title="Runs", icon=":material/table_rows:", default=True),
@@ -27,6 +26,10 @@ PAGES: dict[str, list[st.Page]] = {
                 url_path="pairs"),
         st.Page("views/refinement.py", title="Refinement data", icon=":material/edit_note:",
                 url_path="refinement"),
+    ],
+    "Models": [
+        st.Page("views/training.py", title="Training", icon=":material/model_training:", url_path="training"),
+        st.Page("views/evaluation.py", title="Evaluation", icon=":material/leaderboard:", url_path="evaluation"),
     ],
 }
 CURATION_PAGES = {p.url_path for p in PAGES["Data"]}

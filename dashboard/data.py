@@ -84,6 +84,14 @@ def load_tree(path: str, tree_id: int, version: tuple[int, ...]) -> SearchTree |
     return read_tree(path, tree_id)
 
 
+@st.cache_data(show_spinner=False, max_entries=32)
+def node_screenshot(path: str, tree_id: int, node_id: int, version: tuple[int, ...]) -> bytes | None:
+    """The JPEG stored with a terminal node (web env), None when there is none or it is not a JPEG."""
+    with Store(path, readonly=True) as store:
+        data = store.node_screenshot(tree_id, node_id)
+    return data if data and data.startswith(b"\xff\xd8\xff") else None
+
+
 @st.cache_data(show_spinner=False, max_entries=64)
 def resolve_run(path: str, key: str, version: tuple[int, ...]) -> str | None:
     """The run id for `key` (id, unique id prefix or name), None when unknown or ambiguous."""

@@ -225,3 +225,58 @@ def cached_tree_figure(
     lay = cached_layout(path, tree_id, version, max_depth, collapsed)
     matches = cached_matches(path, tree_id, version, query)
     return tree_figure(tree, lay, measure, alpha, tree.best_path(alpha), matches)
+
+
+# --- training and evaluation ------------------------------------------------------------------------
+
+CURVES = (("loss", "loss"), ("rewards/margins", "reward margin"), ("rewards/accuracies", "reward accuracy"),
+          ("mean_token_accuracy", "token accuracy"))
+
+
+def metric_curves(metrics: Sequence[dict]) -> go.Figure | None:
+    """A job's metric stream (trainer log records) as one line per known metric, each on its own
+    row so scales never hide each other; None when nothing plottable was logged yet."""
+    from plotly.subplots import make_subplots
+
+    series = []
+    for key, label in CURVES:
+        points = [(m["step"], m[key]) for m in metrics
+                  if m.get("step") is not None and isinstance(m.get(key), int | float) and math.isfinite(m[key])]
+        if points:
+            series.append((label, points))
+    if not series:
+        return None
+    fig = make_subplots(rows=len(series), cols=1, shared_xaxes=True, vertical_spacing=0.06,
+                        subplot_titles=[label for label, _ in series])
+    for row, (label, points) in enumerate(series, start=1):
+        xs, ys = zip(*points, strict=True)
+        fig.add_trace(go.Scatter(x=list(xs), y=list(ys), mode="lines+markers", name=label,
+                                 marker={"size": 4}), row=row, col=1)
+    fig.update_xaxes(title_text="step", row=len(series), col=1)
+    fig.update_layout(height=170 * len(series) + 60, showlegend=False, margin={"l": 40, "r": 10, "t": 30, "b": 40})
+    return fig
+
+
+EVAL_METRICS = (("success", "success rate"), ("progress", "progress rate"), ("loop_rate", "loop rate"),
+                ("recovery", "recovery score"))
+
+
+def eval_figure(rows: Sequence[dict], metric: str) -> go.Figure:
+    """One bar per evaluation (x = its label), height = the metric's mean, error bars = its
+    bootstrap interval. `rows`: {"label", "mode", metric: {"mean", "low", "high"}}."""
+    fig = go.Figure()
+    for mode in dict.fromkeys(r["mode"] for r in rows):
+        sel = [r for r in rows if r["mode"] == mode and isinstance(r.get(metric), dict)]
+        if not sel:
+            continue
+        means = [r[metric]["mean"] for r in sel]
+        fig.add_trace(go.Bar(
+            x=[r["label"] for r in sel], y=means, name=mode,
+            error_y={"type": "data", "symmetric": False,
+                     "array": [r[metric].get("high", m) - m for r, m in zip(sel, means, strict=True)],
+                     "arrayminus": [m - r[metric].get("low", m) for r, m in zip(sel, means, strict=True)]},
+        ))
+    label = dict(EVAL_METRICS).get(metric, metric)
+    fig.update_layout(barmode="group", yaxis={"title": label, "range": [0, 1.05]}, height=340,
+                      legend={"title": "mode"}, margin={"l": 50, "r": 10, "t": 20, "b": 80})
+    return fig

@@ -224,8 +224,21 @@ MIGRATIONS: list[tuple[int, str]] = [
         );
         """,
     ),
+    (
+        4,
+        """
+        CREATE TABLE node_media (
+            tree_id INTEGER NOT NULL REFERENCES trees(id),
+            node_id INTEGER NOT NULL,
+            kind TEXT NOT NULL,
+            data BLOB NOT NULL,
+            PRIMARY KEY (tree_id, node_id, kind)
+        );
+        """,
+    ),
 ]
 SCHEMA_VERSION = MIGRATIONS[-1][0]
+JPEG_MAGIC = b"\xff\xd8\xff"
 
 
 class StoreError(RuntimeError):
@@ -304,6 +317,8 @@ class Store:
         self.path = Path(path) if path is not None else default_db_path()
         version = _check_file(self.path)
         if readonly:
+            if not self.path.exists():
+                raise StoreError(f"{self.path}: no such database (a search or `orchard demo` creates it)")
             if version != SCHEMA_VERSION:
                 raise StoreError(
                     f"{self.path}: schema version {version} (this Orchard reads {SCHEMA_VERSION}); "
@@ -475,6 +490,11 @@ class Store:
                 "UPDATE trees SET simulations=?, solved=? WHERE id=?",
                 (len(tree.simulations), int(tree.solved()), tree_id),
             )
+            con.executemany(  # terminal-page screenshots (web env): JPEG bytes only, kept out of `nodes`
+                "INSERT OR REPLACE INTO node_media VALUES (?,?,'screenshot',?)",
+                [(tree_id, n.id, n.screenshot) for n in new
+                 if isinstance(n.screenshot, bytes) and n.screenshot.startswith(JPEG_MAGIC)],
+            )
 
     def load_tree(self, tree_id: int) -> SearchTree | None:
         """The committed tree, or None when its root was never written."""
@@ -515,6 +535,13 @@ class Store:
             )
         ]
         return SearchTree(task=task, nodes=nodes, simulations=sims)
+
+    def node_screenshot(self, tree_id: int, node_id: int) -> bytes | None:
+        """The JPEG stored with a terminal node (None when it has none); not loaded with the tree."""
+        row = self.con.execute(
+            "SELECT data FROM node_media WHERE tree_id=? AND node_id=? AND kind='screenshot'", (tree_id, node_id)
+        ).fetchone()
+        return bytes(row[0]) if row else None
 
     # --- datasets ----------------------------------------------------------------------------
     # Preference pairs and SFT samples with curation (status, version, history). Rebuilding

@@ -51,7 +51,7 @@ def test_migration_3_adds_the_training_tables_to_a_version_2_database(tmp_path: 
         assert old.schema_version == 2
     monkeypatch.undo()
     with Store(path) as new:
-        assert new.schema_version == 3 and new.find_run(run_id) == run_id
+        assert new.schema_version == store_module.SCHEMA_VERSION and new.find_run(run_id) == run_id
         tables = {r[0] for r in new.con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         assert {"jobs", "job_metrics", "models", "evaluations", "iterations"} <= tables
         assert new.jobs() == [] and new.models() == [] and new.evaluations() == []

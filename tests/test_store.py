@@ -185,6 +185,25 @@ def test_readonly_store_reads_without_writing(tmp_path):
         with pytest.raises(sqlite3.OperationalError, match="readonly"):
             ro.con.execute("DELETE FROM runs")
     assert path.read_bytes() == before
-    with pytest.raises(StoreError, match="schema version 0"):
+    with pytest.raises(StoreError, match="no such database"):
         Store(tmp_path / "missing.db", readonly=True)
     assert not (tmp_path / "missing.db").exists()
+
+
+def test_migrations_are_numbered_in_order_and_every_older_database_upgrades(tmp_path: Path, monkeypatch) -> None:
+    """A duplicated or out-of-order version would silently skip a migration on existing databases."""
+    import engine.store as store_module
+
+    versions = [v for v, _ in store_module.MIGRATIONS]
+    assert versions == list(range(1, len(versions) + 1))
+    with Store(tmp_path / "fresh.db") as fresh:
+        want = {r[0] for r in fresh.con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    for keep in range(1, len(versions)):
+        path = tmp_path / f"v{keep}.db"
+        monkeypatch.setattr(store_module, "MIGRATIONS", store_module.MIGRATIONS[:keep])
+        monkeypatch.setattr(store_module, "SCHEMA_VERSION", keep)
+        Store(path).close()
+        monkeypatch.undo()
+        with Store(path) as upgraded:
+            assert upgraded.schema_version == versions[-1]
+            assert {r[0] for r in upgraded.con.execute("SELECT name FROM sqlite_master WHERE type='table'")} == want

@@ -250,6 +250,10 @@ with inspect_col:
             st.code(text or "", language=None, wrap_lines=True)
     st.caption("OBSERVATION")
     st.code(node.observation, language=None, wrap_lines=True)
+    shot = data.node_screenshot(db, tree_id, node.id, version) if node.terminal else None
+    if shot is not None:
+        st.caption("SCREENSHOT of the final page")
+        st.image(shot)
     if node.raw is not None:
         with st.expander("Raw completion", expanded=action is None):
             st.code(node.raw, language=None, wrap_lines=True)

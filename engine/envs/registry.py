@@ -1,32 +1,107 @@
 """Env names -> env classes. `--env NAME` or `--env NAME:ARG` (the argument goes to the factory).
 
-Built-ins are listed here; the env adapters issue adds third-party registration via entry points.
+Built-ins are listed in BUILTIN; other packages add envs through the `orchard.envs` entry-point group
+(name -> "module:Class", the class taking the optional ARG string). Adapters for third-party
+simulators import their package only when used, so the core install never needs them.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import re
 from collections.abc import Callable
+from importlib.metadata import entry_points
+from pathlib import Path
+from urllib.parse import parse_qsl
 
 from engine.envs.base import Env, EnvError, TaskSpec
 
 _RANGE = re.compile(r"^\d+$|^\d*:\d*(:\d*)?$")
+ENTRY_POINT_GROUP = "orchard.envs"
 
 BUILTIN = {
     "textcraft": "engine.envs.textcraft:TextCraftEnv",
+    "scienceworld": "engine.envs.scienceworld:ScienceWorldEnv",
+    "babyai": "engine.envs.babyai:BabyAIEnv",
+    "textworld": "engine.envs.textworld_games:make_env",
+    "agentgym": "engine.envs.agentgym:AgentGymEnv",
+    "web": "engine.envs.web:WebEnv",
 }
+
+# Which pip extra provides each adapter's simulator (for a clear error when it is missing).
+EXTRAS = {"scienceworld": "scienceworld", "babyai": "minigrid", "textworld": "textworld"}
+
+
+def _plugins() -> dict[str, object]:
+    """Entry points of the `orchard.envs` group, by name (built-in names win)."""
+    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name not in BUILTIN}
+
+
+def known_envs() -> list[str]:
+    return sorted({*BUILTIN, *_plugins()})
+
+
+def _load(name: str) -> Callable[..., Env]:
+    target = BUILTIN.get(name)
+    if target is None:
+        ep = _plugins().get(name)
+        if ep is None:
+            raise EnvError(f"unknown env {name!r} (known: {', '.join(known_envs())})")
+        try:
+            return ep.load()  # type: ignore[attr-defined]
+        except Exception as e:  # a broken plugin must not crash the CLI with a traceback
+            raise EnvError(f"env {name!r}: could not load entry point {ep.value!r}: {e}") from e  # type: ignore
+    module, _, attr = target.partition(":")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except ModuleNotFoundError as e:
+        extra = EXTRAS.get(name)
+        if extra is None or e.name is None or not e.name.startswith(extra):
+            raise
+        raise EnvError(
+            f"env {name!r} needs the {extra!r} package: pip install -e '.[envs]' ({e})"
+        ) from e
 
 
 def env_factory(spec: str) -> Callable[[], Env]:
     """A zero-argument constructor for the env named by `spec` (EnvError if unknown)."""
     name, _, arg = spec.partition(":")
-    target = BUILTIN.get(name)
-    if target is None:
-        raise EnvError(f"unknown env {name!r} (known: {', '.join(sorted(BUILTIN))})")
-    module, _, attr = target.partition(":")
-    cls = getattr(importlib.import_module(module), attr)
+    cls = _load(name)
     return (lambda: cls(arg)) if arg else cls
+
+
+def split_options(arg: str, allowed: dict[str, type], env: str) -> tuple[str, dict[str, object]]:
+    """`MAIN?key=value&...` -> (MAIN, typed options); unknown keys or bad values raise EnvError.
+    Booleans accept 1/0/true/false/yes/no."""
+    main, _, query = arg.partition("?")
+    options: dict[str, object] = {}
+    for key, value in parse_qsl(query, keep_blank_values=True, strict_parsing=False):
+        kind = allowed.get(key)
+        if kind is None:
+            raise EnvError(f"{env}: unknown option {key!r} (known: {', '.join(sorted(allowed)) or 'none'})")
+        try:
+            if kind is bool:
+                if value.lower() not in ("1", "0", "true", "false", "yes", "no"):
+                    raise ValueError(value)
+                options[key] = value.lower() in ("1", "true", "yes")
+            else:
+                options[key] = kind(value)
+        except ValueError:
+            raise EnvError(f"{env}: option {key}={value!r} is not a valid {kind.__name__}") from None
+    return main, options
+
+
+def cache_dir(*parts: str) -> Path:
+    """Where adapters keep generated data: $ORCHARD_CACHE, else $ORCHARD_HOME/cache, else
+    ~/.cache/orchard (created on demand)."""
+    root = os.environ.get("ORCHARD_CACHE")
+    if not root:
+        home = os.environ.get("ORCHARD_HOME")
+        root = str(Path(home) / "cache") if home else str(Path.home() / ".cache" / "orchard")
+    path = Path(root).joinpath(*parts)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def select_tasks(env: Env, spec: str, split: str = "train") -> list[TaskSpec]:

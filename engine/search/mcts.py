@@ -334,6 +334,7 @@ class MCTS:
                 progress=step.progress,
                 terminal=self._terminal(step, parsed, node.depth + 1),
                 env_ms=1000.0 * (time.perf_counter() - t),
+                screenshot=step.info.get("screenshot") if step.done else None,
                 **gen,
             )
             session.arrived(child)

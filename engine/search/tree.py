@@ -40,6 +40,7 @@ class Node:
     env_ms: float = 0.0
     n_tokens: int = 0
     children: list[int] = field(default_factory=list)
+    screenshot: bytes | None = field(default=None, repr=False)  # JPEG of a terminal page (web env), stored apart
 
     @property
     def Q_mcts(self) -> float:

@@ -74,7 +74,7 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 60.0) -> Non
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory):
-    """One server for the module (starting one costs seconds); only the curation test writes."""
+    """One server for the module (starting one costs seconds); the curation and training tests write."""
     tmp_path = tmp_path_factory.mktemp("server")
     db = tmp_path / "orchard.db"
     runs = build_store(db)
@@ -206,6 +206,54 @@ def test_approve_pairs_in_the_browser_and_screenshot_the_data_pages(server, tmp_
             shots.append(tmp_path / "refinement.png")
             page.screenshot(path=shots[-1], full_page=True)
             assert not dialogs, f"page script ran: {dialogs}"
+        finally:
+            browser.close()
+    print("screenshots:", *shots, sep="\n  ")
+
+
+def test_a_running_job_updates_live_and_is_cancelled_from_the_training_page(server, tmp_path: Path) -> None:
+    """The Training page's progress redraws by itself (st.fragment run_every) while a real job
+    process advances, and its Cancel button stops the process. Then the Evaluation page."""
+    from doubles import ScriptedGenerator, SnapshotLineEnv
+    from playwright.sync_api import expect, sync_playwright
+
+    from engine.evaluate import EvalConfig, evaluate_and_store
+    from engine.train.jobs import JobRunner
+
+    url, db, _ = server
+    with Store(db) as store:
+        evaluate_and_store(store, ScriptedGenerator(p_right=0.8), "line", "train", SnapshotLineEnv().tasks()[:3],
+                           EvalConfig(mode="sampled", seeds=(0, 1), max_steps=6, bootstrap=100),
+                           model="/models/scripted", make_env=SnapshotLineEnv)
+        job = JobRunner(store).submit("probe", {"steps": 600, "seconds": 0.25}, device="cpu")
+    step_text = re.compile(r"probe (\d+)/600")
+    shots = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1500, "height": 2200})
+            page.goto(f"{url}/training?job={job.id}")
+            progress = page.get_by_text(step_text).first
+            expect(progress).to_be_visible(timeout=30_000)
+            first = int(step_text.search(progress.inner_text()).group(1))
+            # No reload and no click: only the fragment's timer can bring a later step onto the page.
+            page.wait_for_function(
+                """([first]) => { const m = document.body.innerText.match(/probe (\\d+)\\/600/);
+                                  return m && Number(m[1]) >= first + 8; }""", arg=[first], timeout=30_000)
+            settle(page)
+            shots.append(tmp_path / "training.png")
+            page.screenshot(path=shots[-1], full_page=True)
+            page.get_by_role("button", name="Cancel job").click()
+            expect(page.get_by_text(f"Job {job.id} is cancelled.")).to_be_visible(timeout=30_000)
+            with Store(db, readonly=True) as store:
+                assert store.job(job.id).state == "cancelled"
+
+            page.goto(f"{url}/evaluation")
+            expect(page.get_by_role("heading", name="Evaluation")).to_be_visible(timeout=30_000)
+            expect(page.locator(".js-plotly-plot").first).to_be_visible(timeout=30_000)
+            settle(page)
+            shots.append(tmp_path / "evaluation.png")
+            page.screenshot(path=shots[-1], full_page=True)
         finally:
             browser.close()
     print("screenshots:", *shots, sep="\n  ")

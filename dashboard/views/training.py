@@ -1,0 +1,201 @@
+"""Training: pick data and a preset, launch a job with one click, watch it live, cancel it; past jobs
+and the models they produced.
+
+Why it is safe to launch from here: a job runs in its own process (engine.train.jobs), its state
+lives in the store, and the page only reads it back. Closing or restarting the dashboard loses
+nothing; a crashed job is marked failed by the next poll (this page polls on every run). The
+presets and their settings are the engine's (engine.train.presets), so a job launched here is the
+one `orchard train ...` would run. Log lines are shown with `st.code` (text, never HTML).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections import deque
+from pathlib import Path
+
+import pandas as pd
+import streamlit as st
+
+from dashboard import data, figures
+from engine.config import ConfigError
+from engine.store import JobInfo, Store, StoreError
+from engine.train.jobs import JobRunner, job_summary
+from engine.train.presets import DATA_CHOICES, PRESETS, device_of, job_config
+
+LIVE_EVERY_S = 2.0
+LOG_TAIL_LINES = 40
+ERROR = "tr_error"
+FLASH = "tr_flash"
+JOB = "job"  # query parameter: the job on screen
+
+path = data.db_path()
+db = str(path)
+state = st.session_state
+qp = st.query_params
+
+st.title("Training")
+
+
+def _poll() -> None:
+    """Start queued jobs whose device is free and mark dead ones failed (the dashboard is one of
+    the job queue's pollers; see engine.train.jobs)."""
+    try:
+        with Store(db) as store:
+            JobRunner(store).poll()
+    except (StoreError, sqlite3.Error, OSError) as e:
+        state[ERROR] = f"Could not update the job queue: {e}"
+
+
+def _launch(data_key: str, preset: str, model: str, runs: list[str], include_pending: bool) -> None:
+    state.pop(ERROR, None)
+    try:
+        kind, config = job_config(data_key, preset, model, runs, include_pending)
+        with Store(db) as store:
+            job = JobRunner(store).submit(kind, config, device=device_of(config),
+                                          name=f"{kind}-{preset}")
+    except (ConfigError, StoreError, sqlite3.Error, OSError) as e:
+        state[ERROR] = f"The job was not launched: {e}"
+        return
+    state[FLASH] = f"Launched job {job.id} ({job.kind}, {job.state} on {job.device})."
+    qp[JOB] = job.id
+
+
+def _cancel(job_id: str) -> None:
+    state.pop(ERROR, None)
+    try:
+        with Store(db) as store:
+            job = JobRunner(store).cancel(job_id, grace_s=15.0)
+    except (StoreError, sqlite3.Error, OSError) as e:
+        state[ERROR] = f"Could not cancel job {job_id}: {e}"
+        return
+    state[FLASH] = f"Job {job_id} is {job.state}."
+
+
+def read_jobs() -> tuple[list[JobInfo], list]:
+    with Store(db, readonly=True) as store:
+        return store.jobs(), store.models()
+
+
+def log_tail(log_path: str | None, lines: int = LOG_TAIL_LINES) -> str:
+    """The last lines of a job's log ('' when it has none yet); undecodable bytes replaced."""
+    if not log_path:
+        return ""
+    try:
+        with open(log_path, encoding="utf-8", errors="replace") as f:
+            return "".join(deque(f, maxlen=lines))
+    except OSError:
+        return ""
+
+
+# --- launch ----------------------------------------------------------------------------------------------
+
+_poll()
+jobs, models = read_jobs()
+runs = list(reversed(data.list_runs(db, data.db_version(path))))
+
+with st.form("tr_launch", border=True):
+    st.subheader("Launch a training job")
+    left, right = st.columns(2)
+    data_key = left.selectbox("Data", list(DATA_CHOICES), format_func=lambda k: DATA_CHOICES[k].label,
+                              key="tr_data", help="\n\n".join(f"**{c.label}**: {c.help}" for c in DATA_CHOICES.values()))
+    preset = right.selectbox("Preset", list(PRESETS), format_func=lambda k: PRESETS[k].label, key="tr_preset",
+                             help="\n\n".join(f"**{p.label}**: {p.help}" for p in PRESETS.values()))
+    model_choices = ["tiny"] + [m.path for m in reversed(models)]
+    model = left.selectbox("Start from model", model_choices, key="tr_model",
+                           format_func=lambda p: "tiny (the embedded default)" if p == "tiny" else
+                           f"{Path(p).name} ({p})")
+    run_ids = right.multiselect("Runs (none: all runs)", [r.id for r in runs], key="tr_runs",
+                                format_func=lambda i: next(f"{r.name} · {i}" for r in runs if r.id == i))
+    include_pending = st.checkbox("Include pending (uncurated) rows", key="tr_pending",
+                                  help="By default only approved and edited rows are trained on.")
+    submitted = st.form_submit_button("Launch", type="primary")
+if submitted:
+    _launch(data_key, preset, model, run_ids, include_pending)
+    jobs, models = read_jobs()
+
+if ERROR in state:
+    st.error(state.pop(ERROR))
+if FLASH in state:
+    st.success(state.pop(FLASH))
+
+# --- jobs ------------------------------------------------------------------------------------------------
+
+st.subheader("Jobs")
+if not jobs:
+    st.info("No jobs yet: launch one above, or with `orchard train dpo|sft|rft`.")
+    st.stop()
+
+by_id = {j.id: j for j in jobs}
+ids = [j.id for j in reversed(jobs)]  # newest first
+wanted = qp.get(JOB)
+current = wanted if wanted in by_id else ids[0]
+chosen = st.selectbox("Job", ids, index=ids.index(current), key=f"tr_job_{current}",
+                      format_func=lambda i: f"{by_id[i].name} · {i} · {by_id[i].state}")
+if chosen != current:
+    qp[JOB] = chosen
+    st.rerun()
+qp[JOB] = chosen
+
+st.dataframe(pd.DataFrame([{
+    "id": j.id, "name": j.name, "kind": j.kind, "state": j.state, "device": j.device,
+    "step": j.progress.get("step"), "total": j.progress.get("total"),
+    "created": pd.Timestamp(j.created_at, unit="s").floor("s"), "output": j.output_path or "",
+    "error": j.error or "",
+} for j in reversed(jobs)]), hide_index=True, key="tr_jobs_table")
+
+
+def show_job(job_id: str) -> None:
+    """Progress, metric curves and log tail of one job; reruns itself while the job is live."""
+    with Store(db, readonly=True) as store:
+        job = store.job(job_id)
+        metrics = store.job_metrics(job_id)
+    if job.final and state.get("tr_live") == job_id:
+        del state["tr_live"]
+        st.rerun(scope="app")  # it just ended: refresh the whole page (table, models) and stop updating
+    p = job.progress
+    st.markdown(f"**{job.name}** — `{job.kind}` on `{job.device}` — state **{job.state}**")
+    step, total = p.get("step") or 0, p.get("total") or 0
+    eta = f", ETA {p['eta_s']:.0f} s" if p.get("eta_s") is not None and not job.final else ""
+    phase = p.get("phase") or ("waiting in the queue" if job.state == "queued" else "")
+    st.progress(min(1.0, step / total) if total else (1.0 if job.state == "succeeded" else 0.0),
+                text=f"{phase} {step}/{total}{eta}" if total else phase or job.state)
+    if job.error:
+        (st.warning if job.state == "cancelled" else st.error)(job.error)
+    if job.output_path:
+        st.caption("Model folder:")
+        st.code(job.output_path, language=None)
+    cols = st.columns(3)
+    last = metrics[-1] if metrics else {}
+    for col, key, label in zip(cols, ("loss", "rewards/margins", "rewards/accuracies"),
+                               ("loss", "reward margin", "reward accuracy"), strict=True):
+        col.metric(label, f"{last[key]:.4g}" if isinstance(last.get(key), int | float) else "—")
+    fig = figures.metric_curves(metrics)
+    if fig is not None:
+        st.plotly_chart(fig, key=f"tr_curves_{job_id}", config={"displayModeBar": False})
+    st.caption(f"Log (last {LOG_TAIL_LINES} lines): {job.log_path}")
+    st.code(log_tail(job.log_path) or "(empty)", language=None)
+    if not job.final:
+        st.button("Cancel job", key=f"tr_cancel_{job_id}", on_click=_cancel, args=(job_id,))
+
+
+live = not by_id[chosen].final
+if live:
+    state["tr_live"] = chosen
+else:  # this full run already shows the final state: the fragment need not ask for another
+    state.pop("tr_live", None)
+st.fragment(run_every=LIVE_EVERY_S if live else None)(show_job)(chosen)
+
+# --- models ----------------------------------------------------------------------------------------------
+
+st.subheader("Models")
+if models:
+    st.dataframe(pd.DataFrame([{
+        "name": m.name, "kind": m.kind, "path": m.path, "parent": m.parent or "", "job": m.job_id or "",
+        "rows": len(m.data_ids), "train loss": m.metrics.get("train_loss"), "steps": m.metrics.get("steps"),
+        "created": pd.Timestamp(m.created_at, unit="s").floor("s") if m.created_at else None,
+    } for m in reversed(models)]), hide_index=True, key="tr_models_table")
+else:
+    st.caption("No trained models yet.")
+with st.expander("All jobs as `orchard jobs` prints them"):
+    st.code("\n".join(job_summary(j) for j in jobs), language=None)

@@ -1,0 +1,254 @@
+"""`orchard serve-env ENV`: any Orchard env over AgentGym's HTTP env-server protocol (stdlib only).
+
+AgentGym env servers keep numbered env instances: POST /create, POST /step {id, action},
+POST /reset {id, data_idx}, GET /observation?id=N (and POST /close). Two request styles exist in the
+wild: `id` (TextCraft, BabyAI, SciWorld servers; /create answers {"id": N}) and `env_idx` (WebShop;
+/create answers a bare N, /step answers {"state", ...}, /reset answers [observation, null]). This
+server reads either key in every request; `style` only picks the shape of /create and /reset
+answers. Step answers carry both "observation" and "state". Orchard extensions: GET /tasks?split=,
+GET /describe, GET /valid_commands?id=N, and "task_id" in /reset. Endpoints are also served under
+/<env name>/ so `agentgym:http://HOST:PORT/textcraft` works.
+
+Errors are JSON {"error": message}: 400 bad request or env error, 404 unknown path or instance,
+503 too many instances, 500 an unexpected env failure (message only, never a traceback). Bodies are
+JSON only (nothing is unpickled or executed), capped at MAX_BODY bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from engine.envs.base import Env, EnvError, SupportsValidCommands
+
+MAX_BODY = 1 << 20
+STYLES = ("id", "env_idx")
+
+
+class HttpError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class _Instance:
+    env: Env
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    observation: str = ""
+    reward: float = 0.0
+    done: bool = False
+    last_used: float = field(default_factory=time.monotonic)
+
+
+class EnvService:
+    """The protocol's state and logic, independent of HTTP (so it is testable without sockets)."""
+
+    def __init__(self, make_env: Callable[[], Env], name: str, split: str = "train", style: str = "id",
+                 max_envs: int = 64, idle_s: float = 600.0, extensions: bool = True) -> None:
+        if style not in STYLES:
+            raise EnvError(f"unknown protocol style {style!r} (known: {', '.join(STYLES)})")
+        self.make_env, self.name, self.split, self.style = make_env, name, split, style
+        self.max_envs, self.idle_s = max_envs, idle_s
+        self.extensions = extensions  # False: answer exactly like a plain AgentGym server (tests)
+        self._probe = make_env()
+        self._tasks = self._probe.tasks(split)
+        self._instances: dict[int, _Instance] = {}
+        self._next = 0
+        self._lock = threading.Lock()
+
+    # -- endpoints ------------------------------------------------------------------------------------
+
+    def handle(self, method: str, path: str, query: dict[str, str], body: Any) -> Any:
+        route = {("GET", "/"): self.hello, ("GET", "/describe"): self.describe, ("GET", "/tasks"): self.tasks,
+                 ("POST", "/create"): self.create, ("POST", "/reset"): self.reset, ("POST", "/step"): self.step,
+                 ("GET", "/observation"): self.observation, ("GET", "/valid_commands"): self.valid_commands,
+                 ("POST", "/close"): self.close}.get((method, path))
+        if route is None or (not self.extensions and path in ("/tasks", "/describe", "/valid_commands")):
+            raise HttpError(404, f"no endpoint {method} {path}")
+        return route(query if method == "GET" else (body or {}))
+
+    def hello(self, _: Any) -> str:
+        return f"This is environment {self.name} (Orchard, AgentGym protocol)."
+
+    def describe(self, _: Any) -> dict[str, Any]:
+        return {"name": self.name, "description": self._probe.describe(), "split": self.split,
+                "tasks": len(self._tasks), "style": self.style}
+
+    def tasks(self, query: dict[str, str]) -> list[dict[str, Any]]:
+        split = query.get("split", self.split)
+        tasks = self._tasks if split == self.split else self._probe.tasks(split)
+        return [{"id": t.id, "goal": t.goal, "context": t.context, "split": t.split} for t in tasks]
+
+    def create(self, _: Any) -> Any:
+        with self._lock:
+            if len(self._instances) >= self.max_envs:
+                self._evict_idle()
+            if len(self._instances) >= self.max_envs:
+                raise HttpError(503, f"too many environments ({self.max_envs}); close some with POST /close")
+            idx, self._next = self._next, self._next + 1
+            self._instances[idx] = _Instance(self.make_env())
+        return idx if self.style == "env_idx" else {"id": idx, "observation": "", "reward": 0, "done": False}
+
+    def reset(self, body: dict[str, Any]) -> Any:
+        idx, inst = self._instance(body)
+        task_id = body.get("task_id") if self.extensions else None
+        if task_id is None:
+            data_idx = body.get("data_idx", body.get("session_id", 0))
+            if not isinstance(data_idx, int) or isinstance(data_idx, bool) or not 0 <= data_idx < len(self._tasks):
+                raise HttpError(400, f"data_idx must be a whole number in 0..{len(self._tasks) - 1}, not {data_idx!r}")
+            task = self._tasks[data_idx]
+        else:
+            task = self._probe.task(str(task_id))
+        with inst.lock:
+            inst.observation = inst.env.reset(task.id)
+            inst.reward, inst.done = 0.0, False
+        if self.style == "env_idx":
+            return [inst.observation, None]
+        return {"id": idx, "task_id": task.id, "goal": task.goal, "observation": inst.observation,
+                "reward": 0.0, "score": 0.0, "done": False}
+
+    def step(self, body: dict[str, Any]) -> dict[str, Any]:
+        _, inst = self._instance(body)
+        action = body.get("action")
+        if not isinstance(action, str):
+            raise HttpError(400, "step needs an 'action' string")
+        with inst.lock:
+            out = inst.env.step(action)
+            inst.observation, inst.reward, inst.done = out.observation, out.reward, out.done
+        info = {k: v for k, v in out.info.items() if isinstance(v, str | int | float | bool | None)}
+        return {"observation": out.observation, "state": out.observation, "reward": out.reward,
+                "score": out.reward, "done": out.done, "progress": out.progress, "info": info}
+
+    def observation(self, query: dict[str, str]) -> str:
+        return self._instance(query)[1].observation
+
+    def valid_commands(self, query: dict[str, str]) -> list[str]:
+        inst = self._instance(query)[1]
+        if not isinstance(inst.env, SupportsValidCommands):
+            raise HttpError(404, f"env {self.name} does not list valid commands")
+        with inst.lock:
+            return inst.env.valid_commands()
+
+    def close(self, body: dict[str, Any]) -> dict[str, bool]:
+        idx, inst = self._instance(body)
+        with self._lock:
+            self._instances.pop(idx, None)
+        _close_env(inst.env)
+        return {"closed": True}
+
+    # -- helpers --------------------------------------------------------------------------------------
+
+    def _instance(self, args: dict[str, Any]) -> tuple[int, _Instance]:
+        raw = args.get("id", args.get("env_idx"))
+        if raw is None:
+            raise HttpError(400, "missing environment 'id' (or 'env_idx')")
+        try:
+            idx = int(raw)
+        except (TypeError, ValueError):
+            raise HttpError(400, f"environment id must be a whole number, not {raw!r}") from None
+        with self._lock:
+            inst = self._instances.get(idx)
+        if inst is None:
+            raise HttpError(404, f"no environment with id {idx} (create one with POST /create)")
+        inst.last_used = time.monotonic()
+        return idx, inst
+
+    def _evict_idle(self) -> None:
+        now = time.monotonic()
+        idle = [(i.last_used, k) for k, i in self._instances.items() if now - i.last_used > self.idle_s]
+        if idle:
+            _, key = min(idle)
+            _close_env(self._instances.pop(key).env)
+
+
+def _close_env(env: Env) -> None:
+    close = getattr(env, "close", None)
+    if callable(close):
+        close()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    service: EnvService
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # headers and body go out in two writes: no 40 ms delayed-ACK stall
+
+    def log_message(self, format: str, *args: Any) -> None:  # quiet; errors are answered as JSON
+        return
+
+    def do_GET(self) -> None:
+        self._serve("GET")
+
+    def do_POST(self) -> None:
+        self._serve("POST")
+
+    def _serve(self, method: str) -> None:
+        url = urlsplit(self.path)
+        path = url.path.rstrip("/") or "/"
+        prefix = f"/{self.service.name}"
+        if path == prefix or path.startswith(prefix + "/"):
+            path = path[len(prefix):] or "/"
+        try:
+            body = self._body() if method == "POST" else None
+            query = {k: v[0] for k, v in parse_qs(url.query).items()}
+            status, payload = 200, self.service.handle(method, path, query, body)
+        except HttpError as e:
+            status, payload = e.status, {"error": str(e)}
+        except EnvError as e:
+            status, payload = 400, {"error": str(e)}
+        except Exception as e:  # noqa: BLE001 - an env bug must answer, not kill the connection
+            status, payload = 500, {"error": f"{type(e).__name__}: {e}"}
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _body(self) -> Any:
+        length = int(self.headers.get("Content-Length") or 0)
+        if length > MAX_BODY:
+            raise HttpError(413, f"request body over {MAX_BODY} bytes")
+        raw = self.rfile.read(length) if length else b""
+        if not raw.strip():
+            return {}
+        try:
+            body = json.loads(raw)
+        except ValueError as e:
+            raise HttpError(400, f"request body is not JSON: {e}") from None
+        if not isinstance(body, dict):
+            raise HttpError(400, "request body must be a JSON object")
+        return body
+
+
+def make_server(service: EnvService, host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
+    handler = type("Handler", (_Handler,), {"service": service})
+    server = ThreadingHTTPServer((host, port), handler)
+    server.daemon_threads = True
+    return server
+
+
+def serve(spec: str, host: str, port: int, split: str, style: str, max_envs: int,
+          log: Callable[[str], None] = lambda m: print(m, file=sys.stderr, flush=True)) -> None:
+    """Serve env `spec` until interrupted; logs one line with the URL (port 0 picks a free port)."""
+    from engine.envs.registry import env_factory
+
+    name = spec.partition(":")[0]
+    service = EnvService(env_factory(spec), name, split, style, max_envs)
+    try:
+        server = make_server(service, host, port)
+    except OSError as e:
+        raise EnvError(f"cannot listen on {host}:{port}: {e}") from e
+    log(f"serving {spec} ({len(service._tasks)} {split} tasks, {style} style) on "
+        f"http://{host}:{server.server_address[1]}/{name}")
+    try:
+        server.serve_forever()
+    finally:
+        server.server_close()

@@ -1,0 +1,111 @@
+"""Named training recipes: which data a job trains on, and which settings it trains with.
+
+WHY here and not in the dashboard: the Training page and scripts launch the same jobs, and the
+dashboard holds no algorithm or config knowledge of its own. A recipe is plain data (a job kind and
+train-config overrides); `job_config` turns a choice of data + preset into the JSON a `JobRunner`
+validates and queues, exactly as `orchard train ...` would.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.config import ConfigError
+
+
+@dataclass(frozen=True)
+class DataChoice:
+    """A training set: the job kind and the train-config fields that select its rows."""
+
+    label: str
+    kind: str  # dpo | sft | rft
+    select: dict[str, Any]
+    help: str
+
+
+@dataclass(frozen=True)
+class Preset:
+    """Settings for a device and budget; `by_kind` adds per-kind fields (e.g. learning rates)."""
+
+    label: str
+    train: dict[str, Any]
+    by_kind: dict[str, dict[str, Any]] = field(default_factory=dict)
+    help: str = ""
+
+
+DATA_CHOICES: dict[str, DataChoice] = {
+    "pairs": DataChoice("Preference pairs → step DPO", "dpo", {"kinds": ["step"]},
+                        "Agent Q: step-level pairs from the trees (approved and edited ones by default)."),
+    "trajectory_pairs": DataChoice("Trajectory pairs → DPO (baseline)", "dpo", {"kinds": ["trajectory"]},
+                                   "Whole-trajectory pairs: the baseline step DPO is compared against."),
+    "revisions": DataChoice("Revision set → masked SFT", "sft", {"kinds": ["revision", "good"]},
+                            "Agent-R: spliced revision trajectories and good trajectories, per-turn loss masks."),
+    "refinement": DataChoice("Refinement set → masked SFT", "sft", {"kinds": ["refine"]},
+                             "AgentRefine: verified refinement trajectories, per-turn loss masks."),
+    "rft": DataChoice("Successful trajectories → RFT", "rft", {},
+                      "Rejection-sampling fine-tuning on the searches' successful paths."),
+}
+
+PRESETS: dict[str, Preset] = {
+    "cpu-quick": Preset(
+        "CPU, quick (tiny model, ~1 min)",
+        {"device": "cpu", "precision": "fp32", "max_steps": 20, "batch_size": 4, "num_threads": 2},
+        {"dpo": {"learning_rate": 1e-5}, "sft": {"learning_rate": 1e-4}, "rft": {"learning_rate": 1e-4}},
+        "A smoke-sized run on the tiny model: a few steps, to see the loop work end to end.",
+    ),
+    "cpu-epoch": Preset(
+        "CPU, one epoch",
+        {"device": "cpu", "precision": "fp32", "epochs": 1.0, "batch_size": 8, "num_threads": 2},
+        {"dpo": {"learning_rate": 5e-6}, "sft": {"learning_rate": 5e-5}, "rft": {"learning_rate": 5e-5}},
+        "One pass over the selected data on the CPU (fp32).",
+    ),
+    "gpu-bf16": Preset(
+        "GPU, bf16",
+        {"device": "cuda", "precision": "bf16", "gradient_checkpointing": True, "epochs": 1.0, "batch_size": 16},
+        {"dpo": {"learning_rate": 1e-6}, "sft": {"learning_rate": 2e-5}, "rft": {"learning_rate": 2e-5}},
+        "bf16 with gradient checkpointing on a CUDA device.",
+    ),
+    "gpu-lora": Preset(
+        "GPU, bf16 + LoRA",
+        {"device": "cuda", "precision": "bf16", "gradient_checkpointing": True, "epochs": 1.0, "batch_size": 16,
+         "lora": True},
+        {"dpo": {"learning_rate": 5e-6}, "sft": {"learning_rate": 1e-4}, "rft": {"learning_rate": 1e-4}},
+        "A LoRA adapter (merged into the saved model) for larger models.",
+    ),
+}
+
+
+def job_config(data: str, preset: str, model: str, runs: list[str] | None = None,
+               include_pending: bool = False, output: str | None = None) -> tuple[str, dict[str, Any]]:
+    """(job kind, job config) for training `model` on the `data` choice with `preset`'s settings.
+    Raises ConfigError naming the unknown choice or the invalid field."""
+    from engine.train.jobs import validate_job
+
+    if data not in DATA_CHOICES:
+        raise ConfigError(f"unknown training data {data!r} (expected one of {', '.join(DATA_CHOICES)})")
+    if preset not in PRESETS:
+        raise ConfigError(f"unknown preset {preset!r} (expected one of {', '.join(PRESETS)})")
+    choice, p = DATA_CHOICES[data], PRESETS[preset]
+    train = {**p.train, **p.by_kind.get(choice.kind, {}), **choice.select}
+    if include_pending:
+        train["include_pending"] = True
+    config = {"model": model, "output": output, "runs": list(runs or []), "train": train}
+    validate_job(choice.kind, config)
+    if str(train.get("device", "")).startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError(f"preset {preset!r} trains on a CUDA GPU, and none is visible on this machine "
+                              f"(choose a CPU preset)")
+    return choice.kind, config
+
+
+def device_of(config: dict[str, Any]) -> str:
+    """The job queue's device for a train config: cpu, or the CUDA device it names."""
+    device = str((config.get("train") or {}).get("device", "auto"))
+    if device == "auto":
+        from engine.train.jobs import default_device
+
+        return default_device()
+    return "cuda:0" if device == "cuda" else device

@@ -1,0 +1,149 @@
+"""The Training and Evaluation pages through AppTest, with real job processes and real evaluations."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from dash_fixtures import APP, copy_store
+from doubles import ScriptedGenerator, SnapshotLineEnv
+from streamlit.testing.v1 import AppTest
+
+from engine.evaluate import EvalConfig, evaluate_and_store
+from engine.store import ModelRecord, Store
+from engine.train.jobs import JobRunner
+
+TRAINING = "views/training.py"
+EVALUATION = "views/evaluation.py"
+
+
+@pytest.fixture()
+def db(store_db, tmp_path: Path, monkeypatch) -> tuple[Path, dict[str, str]]:
+    """A private copy of the fixture store (these tests launch jobs that write to it)."""
+    source, runs = store_db
+    path = copy_store(source, tmp_path / "orchard.db")
+    monkeypatch.setenv("ORCHARD_DB", str(path))
+    monkeypatch.setenv("ORCHARD_HOME", str(tmp_path / "home"))  # trained models land here, not in data/
+    return path, runs
+
+
+def open_page(page: str, **params: str) -> AppTest:
+    at = AppTest.from_file(str(APP), default_timeout=60).run()
+    at.switch_page(page)
+    for key, value in params.items():
+        at.query_params[key] = value
+    return at.run()
+
+
+def frame(at: AppTest, column: str):
+    """The data frame on the page that has `column` (AppTest does not look data frames up by key)."""
+    return next(d.value for d in at.dataframe if column in d.value)
+
+
+def texts(at: AppTest) -> str:
+    parts = [e.value for kind in ("markdown", "caption", "info", "error", "success", "warning", "code")
+             for e in getattr(at, kind)]
+    return "\n".join(str(p) for p in parts)
+
+
+def test_launch_a_dpo_job_with_one_click_and_follow_it_to_its_model(db, tmp_path: Path) -> None:
+    from tiny_model_fixture import build_tiny_model
+
+    path, runs = db
+    base = build_tiny_model(tmp_path / "base")
+    with Store(path) as store:  # a model from an earlier job: offered as a starting point
+        store.save_model(ModelRecord(path=str(base.resolve()), name="base", kind="fixture"))
+    at = open_page(TRAINING)
+    assert not at.exception
+    assert "No jobs yet" in texts(at)
+    at.selectbox(key="tr_data").set_value("pairs")
+    at.selectbox(key="tr_preset").set_value("cpu-quick")
+    at.selectbox(key="tr_model").set_value(str(base.resolve()))
+    at.multiselect(key="tr_runs").set_value([runs["main"]])
+    at.checkbox(key="tr_pending").check()
+    at.button[0].click()  # the form's Launch button
+    at.run()
+    assert not at.exception and not at.error, texts(at)
+    with Store(path) as store:
+        (job,) = store.jobs()
+        assert job.kind == "dpo" and job.device == "cpu" and job.config["runs"] == [runs["main"]]
+        assert job.config["train"]["kinds"] == ["step"] and job.config["train"]["include_pending"] is True
+        assert job.config["train"]["max_steps"] == 20
+        done = JobRunner(store).wait(job.id, timeout=240)
+        assert done.state == "succeeded", Path(done.log_path or "").read_text()[-2000:]
+    assert at.query_params["job"] in (job.id, [job.id])
+    at.run()  # the page now shows the finished job, its curves, its log and its model
+    page = texts(at)
+    assert "succeeded" in page and done.output_path in page
+    assert Path(done.output_path).is_relative_to(tmp_path / "home")
+    (curves,) = at.get("plotly_chart")
+    assert '"loss"' in curves.proto.spec and "reward margin" in curves.proto.spec
+    assert any("dpo" in c.value for c in at.code)  # log tail shown as text
+    models = frame(at, "train loss")
+    assert done.output_path in set(models["path"])
+    assert all(b.key != f"tr_cancel_{job.id}" for b in at.button)  # no cancel for a final job
+
+
+def test_cancel_a_running_job_from_the_page(db) -> None:
+    path, _ = db
+    with Store(path) as store:
+        job = JobRunner(store).submit("probe", {"steps": 500, "seconds": 0.2}, device="cpu")
+        deadline = time.monotonic() + 60
+        while store.job(job.id).progress.get("step", 0) < 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+    at = open_page(TRAINING, job=job.id)
+    assert not at.exception
+    assert "running" in texts(at)
+    at.button(key=f"tr_cancel_{job.id}").click()
+    at.run()
+    with Store(path, readonly=True) as store:
+        assert store.job(job.id).state == "cancelled"
+    assert f"Job {job.id} is cancelled." in texts(at)
+
+
+def test_a_gpu_preset_on_a_machine_without_one_is_refused_with_a_reason(db) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    path, _ = db
+    at = open_page(TRAINING)
+    at.selectbox(key="tr_preset").set_value("gpu-bf16")
+    at.button[0].click()
+    at.run()
+    assert not at.exception
+    assert any("none is visible on this machine" in e.value for e in at.error)
+    with Store(path, readonly=True) as store:
+        assert store.jobs() == []
+
+
+def test_evaluation_page_shows_every_metric_with_its_interval(db) -> None:
+    path, _ = db
+    env = SnapshotLineEnv()
+    tasks = env.tasks()[:4]
+    with Store(path) as store:
+        for p_right in (0.9, 0.2):
+            evaluate_and_store(store, ScriptedGenerator(p_right=p_right), "line", "train", tasks,
+                               EvalConfig(mode="sampled", seeds=(0, 1), max_steps=6, bootstrap=200),
+                               model=f"/models/p{p_right}", make_env=SnapshotLineEnv)
+        evals = store.evaluations()
+    at = open_page(EVALUATION)
+    assert not at.exception, at.exception
+    table = frame(at, "success rate")
+    assert sorted(table["model"]) == ["p0.2", "p0.9"]
+    for e in evals:
+        m = e["metrics"]["success"]
+        row = table[table["id"] == e["id"]].iloc[0]
+        assert row["success rate"] == f"{m['mean']:.3f} [{m['low']:.3f}, {m['high']:.3f}]"
+    (chart,) = at.get("plotly_chart")
+    assert "error_y" in chart.proto.spec and "p0.9" in chart.proto.spec
+    at.selectbox(key="ev_metric").set_value("recovery")
+    at.run()
+    assert not at.get("plotly_chart") and any("recovery score" in c.value for c in at.caption)
+
+
+def test_evaluation_page_without_evaluations_says_how_to_make_one(db) -> None:
+    at = open_page(EVALUATION)
+    assert not at.exception
+    assert any("orchard eval" in i.value for i in at.info)

@@ -1,0 +1,165 @@
+"""AgentGym protocol: `orchard serve-env` in a subprocess over real HTTP on 127.0.0.1, driven by the
+AgentGym client env (id and env_idx styles), server errors, timeouts, and a stored MCTS run."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from doubles import LineEnv
+from envtools import check_search, stored_search
+
+from engine.envs.agentgym import AgentGymEnv
+from engine.envs.base import EnvError, Step
+from engine.envs.serve import EnvService, make_server
+from engine.envs.textcraft_expert import solve
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _start(*args: str) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "serve-env", *args, "--port", "0"], cwd=ROOT,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    line = proc.stderr.readline()  # "serving ... on http://127.0.0.1:PORT/NAME"
+    match = re.search(r"(http://127\.0\.0\.1:\d+/\S+)", line)
+    if not match:
+        proc.kill()
+        raise AssertionError(f"serve-env did not start: {line}{proc.stderr.read()}")
+    return proc, match[1]
+
+
+@pytest.fixture(scope="module")
+def server():
+    proc, url = _start("textcraft")
+    yield url
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def _expert_commands(task_id: str) -> list[str]:
+    from engine.envs.textcraft import TextCraftEnv
+
+    return [s.action.command for s, _ in solve(TextCraftEnv(), task_id)]
+
+
+def test_client_solves_tasks_over_http(server: str) -> None:
+    env = AgentGymEnv(server + "?timeout=10")
+    tasks = env.tasks("train")
+    assert tasks[0].id == "train-0" and tasks[0].goal.startswith("craft")  # from the /tasks extension
+    assert "TextCraft" in env.describe()
+    for task in tasks[:3]:
+        assert env.reset(task.id).startswith("You are carrying nothing")
+        steps = [env.step(c) for c in _expert_commands(task.id)]
+        assert steps[-1].done and steps[-1].reward == 1.0 and steps[-1].progress == 1.0
+    env.close()
+
+
+def test_raw_protocol_both_request_styles(server: str) -> None:
+    base = server.rsplit("/", 1)[0]  # endpoints also answer without the /textcraft prefix
+    created = httpx.post(f"{base}/create", timeout=5).json()
+    idx = created["id"]
+    first = httpx.post(f"{base}/reset", json={"id": idx, "data_idx": 2}, timeout=5).json()
+    assert first["task_id"] == "train-2" and first["done"] is False
+    step = httpx.post(f"{base}/step", json={"env_idx": idx, "action": "inventory"}, timeout=5).json()
+    assert step["observation"] == step["state"] and step["reward"] == 0.0 and step["done"] is False
+    assert httpx.get(f"{base}/observation", params={"env_idx": idx}, timeout=5).json() == step["observation"]
+    assert httpx.post(f"{base}/close", json={"id": idx}, timeout=5).json() == {"closed": True}
+    gone = httpx.post(f"{base}/step", json={"id": idx, "action": "inventory"}, timeout=5)
+    assert gone.status_code == 404 and "no environment with id" in gone.json()["error"]
+
+
+def test_server_errors_are_clear(server: str) -> None:
+    env = AgentGymEnv(server + "?timeout=10")
+    with pytest.raises(EnvError, match="before reset"):
+        env.step("inventory")
+    with pytest.raises(EnvError, match="unknown task id 'nope'"):
+        env.reset("nope")
+    base = server
+    bad = httpx.post(f"{base}/reset", content=b"{not json", timeout=5)
+    assert bad.status_code == 400 and "not JSON" in bad.json()["error"]
+    idx = httpx.post(f"{base}/create", timeout=5).json()["id"]
+    out = httpx.post(f"{base}/reset", json={"id": idx, "data_idx": 10**6}, timeout=5)
+    assert out.status_code == 400 and "data_idx must be" in out.json()["error"]
+    missing = AgentGymEnv(base + "/nothing/here?timeout=5")
+    with pytest.raises(EnvError, match=r"HTTP 404: no endpoint POST /nothing/here/create"):
+        missing._request("POST", "create", {})
+
+
+class _Faulty(LineEnv):
+    def step(self, command: str) -> Step:
+        if command == "boom":
+            raise RuntimeError("the simulator crashed")
+        return super().step(command)
+
+
+def _thread_server(service: EnvService) -> tuple[str, object]:
+    srv = make_server(service)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{srv.server_address[1]}/line", srv
+
+
+def test_env_idx_style_and_env_failures_in_process() -> None:
+    url, srv = _thread_server(EnvService(_Faulty, "line", style="env_idx", max_envs=1, idle_s=3600,
+                                                 extensions=False))
+    try:
+        assert httpx.post(url.rsplit("/", 1)[0] + "/create", timeout=5).json() == 0  # a bare N
+        env = AgentGymEnv(url + "?timeout=5&n=3")
+        assert [t.id for t in env.tasks()] == ["0", "1", "2"]  # no /tasks: data indices
+        assert env.describe().startswith("An environment served over HTTP")
+        with pytest.raises(EnvError, match="HTTP 503: too many environments"):
+            env.reset("0")  # max_envs=1 and that one is in use
+        httpx.post(url + "/close", json={"env_idx": 0}, timeout=5)
+        assert env.reset("1").startswith("You are at 0. The goal is 2")  # [observation, null] answer
+        assert env.style == "env_idx"
+        assert env.step("right").observation == "You are at 1."
+        assert env.step("right").reward == 1.0
+        with pytest.raises(EnvError, match="HTTP 500: RuntimeError: the simulator crashed"):
+            env.step("boom")
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_timeouts_and_unreachable_servers_fail_fast() -> None:
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)  # accepts connections, never answers
+    port = silent.getsockname()[1]
+    try:
+        env = AgentGymEnv(f"http://127.0.0.1:{port}/textcraft?timeout=0.5&n=2")
+        start = time.monotonic()
+        with pytest.raises(EnvError, match=r"GET /tasks timed out after 0.5s"):
+            env.reset("0")
+        assert time.monotonic() - start < 5
+    finally:
+        silent.close()
+    with pytest.raises(EnvError, match="failed"):
+        AgentGymEnv(f"http://127.0.0.1:{port}/textcraft?timeout=2&n=2").reset("0")  # nothing listens now
+    with pytest.raises(EnvError, match="not an http"):
+        AgentGymEnv("ftp://example/x")
+
+
+def test_cli_errors_are_one_line() -> None:
+    out = subprocess.run([sys.executable, "-m", "engine.cli", "serve-env", "nosuchenv", "--port", "0"],
+                         check=False, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert out.stderr.strip().startswith("orchard: error: unknown env 'nosuchenv'")
+    assert "Traceback" not in out.stderr
+
+
+def test_mcts_run_through_the_client_stores_trees(tmp_path, server: str) -> None:
+    spec = f"agentgym:{server}?timeout=10"
+    env = AgentGymEnv(server + "?timeout=10")
+    tasks = env.tasks("train")[:2]
+    commands = sorted({c for t in tasks for c in _expert_commands(t.id)} | {"inventory"})
+    stats, trees = stored_search(tmp_path, spec, lambda: AgentGymEnv(server + "?timeout=10"), tasks, commands)
+    check_search(stats, trees, 2)
+    assert stats.replays > 0  # restore by replay over HTTP

@@ -1,0 +1,307 @@
+"""The web env in a real headless Chromium: an expert books through the Env API, wrong bookings are
+graded wrong, bad commands are observations, snapshots equal replays, hostile pages stay bounded text,
+only loopback is reachable, and a small MCTS run stores DOM observations and the final screenshot.
+
+One browser for the module (starting Chromium costs about a second).
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+import re
+import threading
+from collections.abc import Sequence
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from engine.actions import CompositeAction
+from engine.config import SearchConfig
+from engine.envs import web
+from engine.envs.base import EnvError
+from engine.envs.registry import env_factory
+from engine.envs.web import ReplayWebEnv, WebEnv
+from engine.envs.web_site import booking
+from engine.envs.web_site.expert import elements, expert_command
+from engine.llm.base import Completion, SampleRequest
+from engine.search.runner import new_run
+from engine.search.tree import SearchTree, Simulation
+from engine.store import Store
+
+pytestmark = pytest.mark.skipif(not Path(web.CHROMIUM).exists(),
+                                reason=f"needs Chromium at {web.CHROMIUM} (apt-get install chromium)")
+JPEG = b"\xff\xd8\xff"
+
+
+@pytest.fixture(scope="module")
+def env():
+    e = WebEnv()
+    yield e
+    web.shutdown()
+
+
+def run_expert(env, meta: dict, task_id: str, limit: int = 30):
+    """Drive `env` with the expert for `meta` (which may differ from the task's); the last Step."""
+    obs, step = env.reset(task_id), None
+    for _ in range(limit):
+        command = expert_command(meta, obs)
+        if command is None:
+            break
+        step = env.step(command)
+        assert step.info["ok"], (command, step.observation)
+        obs = step.observation
+        if step.done:
+            return step
+    raise AssertionError(f"the expert did not finish: {obs}")
+
+
+def test_expert_books_sample_tasks_in_the_real_browser(env):
+    for task in (booking.tasks("train")[7], booking.tasks("test")[3]):
+        step = run_expert(env, task.meta, task.id)
+        assert (step.reward, step.done, step.progress) == (1.0, True, 1.0)
+        assert step.info["criteria"] == dict.fromkeys(booking.CRITERIA, True)
+        assert "Reservation confirmed" in step.observation
+        (made,) = env.reservations()
+        assert (made["restaurant"], made["date"], made["time"]) == (task.meta["restaurant"], task.meta["date"],
+                                                                   task.meta["time"])
+        shot = step.info["screenshot"]
+        assert shot.startswith(JPEG) and 5_000 < len(shot) < 100_000
+        over = env.step("CLICK [1]")
+        assert over.done and over.reward == 0.0 and "already" in over.observation
+
+
+@pytest.mark.parametrize("wrong", ["party", "time", "user"])
+def test_wrong_bookings_are_graded_wrong(env, wrong):
+    task = booking.tasks("train")[2]
+    meta = dict(task.meta)
+    if wrong == "party":
+        meta["party"] = task.meta["party"] % 8 + 1
+    elif wrong == "time":
+        slots = booking.restaurants()[meta["restaurant"]].slots()
+        meta["time"] = slots[(slots.index(meta["time"]) + 1) % len(slots)]
+    else:
+        meta["user"] = {**meta["user"], "email": "someone.else@example.com"}
+    step = run_expert(env, meta, task.id)
+    assert step.done and step.reward == 0.0
+    expected = {"party": "party_size", "time": "date_time", "user": "user_info"}[wrong]
+    assert [c for c, ok in step.info["criteria"].items() if not ok] == [expected]
+    assert step.progress == 0.75
+    assert step.info["screenshot"].startswith(JPEG)
+
+
+def test_progress_is_latched_and_bad_commands_are_clear_observations(env):
+    with pytest.raises(EnvError, match="before reset"):
+        WebEnv().step("CLICK [1]")
+    with pytest.raises(EnvError, match="unknown web task id"):
+        env.reset("train-12345")
+    task = booking.tasks("train")[4]
+    obs = env.reset(task.id)
+    assert obs.startswith("Page: Home · Tablefinder\nURL: http://127.0.0.1:")
+    ids = {label: i for i, _, label, _ in elements(obs)}
+    for command, says in [
+        ("CLICK [999]", "no element [999]"),
+        ("TYPE [x] [hi]", "give an element id"),
+        ("FLY [3]", "unknown command"),
+        ("SCROLL [SIDEWAYS]", "SCROLL [UP]"),
+        (f"CLICK [{ids['Date']}]", "is a select"),
+        (f"TYPE [{ids['Date']}] [July 4]", "No single option"),
+        (f"TYPE [{ids['Tablefinder']}] [x]", "not a text field"),
+        ("GOTO [https://example.com/]", "GOTO refused: host 'example.com' is not loopback"),
+        ("GOTO [file:///etc/passwd]", "GOTO refused: the file scheme"),
+    ]:
+        step = env.step(command)
+        assert not step.info["ok"] and says in step.observation, (command, step.observation[:200])
+        assert "Page: Home" in step.observation  # the page is still shown after the message
+    step = env.step("ASK_USER_HELP")
+    assert step.info["ok"] and task.meta["user"]["email"] in step.observation
+    # walk to the restaurant page with the right date/time/party: progress 0.5, latched after leaving
+    step = env.step(f"GOTO [/r/{task.meta['restaurant']}?date={task.meta['date']}&time={task.meta['time']}"
+                    f"&party={task.meta['party']}]")
+    assert step.info["ok"] and step.progress == 0.5
+    step = env.step("GOTO [/]")
+    assert step.progress == 0.5 and step.info["criteria"]["date_time"] is False
+
+
+def test_snapshot_restore_reproduces_replay(env):
+    task = booking.tasks("train")[5]
+    obs = env.reset(task.id)
+    commands, snaps, seen = [], [], []
+    while (command := expert_command(task.meta, obs)) is not None:
+        step = env.step(command)
+        commands.append(command)
+        snaps.append(env.snapshot())
+        seen.append(step.observation.split("\n\n", 1)[-1])
+        obs = step.observation
+    replay = ReplayWebEnv()
+    assert not hasattr(replay, "snapshot")
+    try:
+        for depth in (len(commands) // 2, len(commands) - 2):
+            env.restore(snaps[depth])
+            assert env._observe() == seen[depth]
+            replay.reset(task.id)
+            for command in commands[: depth + 1]:
+                replay.step(command)
+            assert replay._observe() == seen[depth]
+            nxt = commands[depth + 1]
+            a, b = env.step(nxt), replay.step(nxt)
+            assert (a.observation, a.progress, a.done) == (b.observation, b.progress, b.done)
+    finally:
+        replay.close()
+
+
+class _QuietFiles(SimpleHTTPRequestHandler):
+    def log_message(self, *args) -> None:
+        return
+
+
+@pytest.fixture(scope="module")
+def hostile_site(tmp_path_factory):
+    """A loopback server with a hostile page: scripts, huge attributes, external requests, ~5 MB."""
+    root = tmp_path_factory.mktemp("hostile")
+    big_attr = "B" * 300_000
+    rows = "".join(f"<p>row {i} " + "w" * 80 + "</p>" for i in range(50_000))
+    (root / "hostile.html").write_text(
+        "<html><head><title>Hostile <script>alert(1)</script></title>"
+        "<script>document.title = 'PWNED'; document.body.innerHTML = 'PWNED';</script></head><body>"
+        '<p>Literal: &lt;script&gt;alert("xss")&lt;/script&gt; **bold** [link](http://example.com)</p>'
+        f'<div data-x="{big_attr}"><button aria-label="{big_attr}">ok</button>'
+        f'<input type="text" value="{big_attr}" aria-label="field"></div>'
+        '<img src="http://example.com/tracker.png"><script>while (true) {}</script>'
+        f"<p>{'X' * 1_000_000}</p>{rows}</body></html>", encoding="utf-8")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_QuietFiles, directory=str(root)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", (root / "hostile.html").stat().st_size
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture(scope="module")
+def hostile_step(env, hostile_site):
+    """The step that opened the hostile page, and a screenshot of it (loading 5 MB once)."""
+    env.reset(booking.tasks()[0].id)
+    step = env.step(f"GOTO [{hostile_site[0]}/hostile.html]")
+    return step, env.screenshot()
+
+
+def test_hostile_page_is_bounded_text(hostile_site, hostile_step):
+    assert hostile_site[1] > 5_000_000
+    step = hostile_step[0]
+    obs = step.observation
+    assert step.info["ok"], obs[:300]
+    assert len(obs) <= web.MAX_OBS_CHARS
+    assert max(len(line) for line in obs.splitlines()) < 500
+    assert "PWNED" not in obs and "while (true)" not in obs  # scripts never ran and are never read
+    assert "Page: Hostile <script>alert(1)</script>" in obs  # the title's markup is text, kept as text
+    assert 'Literal: <script>alert("xss")</script> **bold** [link](http://example.com)' in obs
+    assert "(page truncated" in obs
+    assert "example.com" in step.info["blocked"]  # the tracker image was never fetched
+
+
+def test_hostile_observation_and_screenshot_are_shown_as_text_and_image(env, hostile_step, tmp_path, monkeypatch):
+    """The tree inspector shows a stored hostile observation only as code text, and a terminal node's
+    screenshot as an image."""
+    from streamlit.testing.v1 import AppTest
+
+    task = booking.tasks()[0]
+    step, shot = hostile_step
+    tree = SearchTree.new(task, env.reset(task.id))
+    leaf = tree.add_child(tree.root, observation=step.observation, action=CompositeAction("t", "GOTO [x]"),
+                          reward=0.0, progress=0.0, terminal="failure", screenshot=shot)
+    tree.backpropagate([leaf.id], 0.0)
+    tree.simulations.append(Simulation((leaf.id,), 0.0))
+    db = tmp_path / "ui.db"
+    with Store(db) as store:
+        run_id = store.create_run("hostile", "web", "none", {}, [task])
+        (tree_id, _), = store.tree_ids(run_id)
+        store.save_simulation(tree_id, tree, tree.simulations[0], 0)
+    monkeypatch.setenv("ORCHARD_DB", str(db))
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "dashboard" / "app.py"), default_timeout=60)
+    at.run()
+    at.switch_page("views/tree_explorer.py")
+    at.query_params.update(run=run_id, task=task.id, node=str(leaf.id))
+    at.run()
+    assert not at.exception
+    assert step.observation in [c.value for c in at.code]
+    shown = [e.value for kind in ("markdown", "caption", "title", "subheader", "info", "warning") for e in getattr(at, kind)]
+    assert not any("alert(" in text for text in shown)
+    assert shot.startswith(JPEG) and len(at.get("image")) == 1
+
+
+def test_mcts_run_stores_dom_observations_and_the_final_screenshot(tmp_path):
+    """A sure policy (its K samples agree, so the tree is a chain) searched deep enough to reach the
+    confirmation page; then a noisy policy with a small budget (the tree branches)."""
+    sure, noisy = booking.tasks("train")[1], booking.tasks("train")[3]
+    policy = WebPolicy({sure.goal: (sure.meta, 1.0), noisy.goal: (noisy.meta, 0.5)})
+    with Store(tmp_path / "web.db") as store:
+        deep, stats = new_run(store, "web", [sure], policy, SearchConfig(simulations=13, k=2, depth_limit=13),
+                              "web-deep")
+        assert stats.simulations == 13 and stats.restores > 0
+        small, _ = new_run(store, "web", [noisy], policy, SearchConfig(simulations=4, k=3, depth_limit=5, seed=1),
+                           "web-small")
+        trees = [(tid, store.load_tree(tid)) for run in (deep, small) for tid, _ in store.tree_ids(run)]
+        for tree_id, tree in trees:
+            assert tree is not None and not tree.check_invariants()
+            assert tree.root.observation.startswith("Page: Home · Tablefinder")
+            stepped = [n for n in tree.nodes[1:] if n.action is not None]
+            assert len(stepped) >= 4
+            assert all(re.search(r"^URL: http://127\.0\.0\.1:\d+/", n.observation, re.MULTILINE) for n in stepped)
+            assert store.node_screenshot(tree_id, 0) is None
+        tree_id, tree = trees[0]
+        (done,) = [n for n in tree.nodes if n.terminal is not None]
+        assert done.terminal == "success" and done.reward == 1.0 and "Reservation confirmed" in done.observation
+        assert store.node_screenshot(tree_id, done.id).startswith(JPEG)
+        assert len(trees[1][1].root.children) > 1
+
+
+def test_registry_builds_the_web_env_without_starting_a_browser():
+    made = env_factory("web:example.org")()
+    assert isinstance(made, WebEnv) and made.allow == ("example.org",) and made._page is None
+    assert "CLICK [id]" in made.describe() and made.tasks("test")
+
+
+class WebPolicy:
+    """A Generator double: the expert's command with probability p (per request seed), else a random
+    element command from the observation; the critic prefers the expert's command."""
+
+    name = "web-policy"
+
+    def __init__(self, by_goal: dict[str, tuple[dict, float]]) -> None:
+        self.by_goal = by_goal  # goal -> (task meta, probability of the expert's command)
+
+    def _meta_and_obs(self, content: str) -> tuple[dict, float, str]:
+        meta, p = next(v for g, v in self.by_goal.items() if g in content)
+        match = re.search(r"OBSERVATION: (.*)\n\n(?:CANDIDATES:|Step \d+:)", content, re.DOTALL)
+        return meta, p, match[1] if match else ""
+
+    def _act(self, content: str, rng: random.Random) -> Completion:
+        meta, p, obs = self._meta_and_obs(content)
+        command = expert_command(meta, obs) or "SCROLL [DOWN]"
+        if rng.random() > p:
+            els = elements(obs) or [(1, "link", "", None)]
+            i, kind, _, _ = rng.choice(els)
+            command = f"TYPE [{i}] [hello]" if kind == "textbox" else f"CLICK [{i}]"
+        text = f"THOUGHT: next step.\nACTION: {command}\nEXPLANATION: books the table.\nSTATUS: CONTINUE"
+        return Completion(text=text, logprob=-1.0, n_tokens=10)
+
+    def _critic(self, content: str) -> Completion:
+        meta, _, obs = self._meta_and_obs(content)
+        want = expert_command(meta, obs)
+        listed = re.findall(r"^\[(\d+)\] ACTION: (.*?) \| EXPLANATION", content, re.MULTILINE)
+        best = next((i for i, c in listed if c == want), "1")
+        return Completion(text=f"REASON: closest to the booking.\nBEST: {best}", n_tokens=5)
+
+    def sample(self, requests: Sequence[SampleRequest]) -> list[list[Completion]]:
+        out = []
+        for req in requests:
+            content = req.prompt[-1]["content"]
+            rng = random.Random(req.params.seed)
+            if "CANDIDATES:" in content:
+                out.append([self._critic(content) for _ in range(req.n)])
+            else:
+                out.append([self._act(content, rng) for _ in range(req.n)])
+        return out
+
+    def logprobs(self, prompts, completions):
+        return [None for _ in completions]
