@@ -28,7 +28,7 @@ def _search_config(args: argparse.Namespace):
     overrides = {
         key: getattr(args, key)
         for key in ("simulations", "k", "depth_limit", "c_exp", "alpha", "seed", "trees_in_flight",
-                    "temperature", "rollout_temperature", "max_tokens")
+                    "temperature", "rollout_temperature", "max_tokens", "backup")
         if getattr(args, key) is not None
     }
     if args.no_critic:
@@ -184,6 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="rollout temperature, 0 = greedy (default 1.0)")
     s.add_argument("--max-tokens", dest="max_tokens", type=int, help="tokens per composite action")
     s.add_argument("--trees-in-flight", dest="trees_in_flight", type=int, help="trees batched together")
+    s.add_argument("--backup", choices=("reward", "progress"),
+                   help="value backed up (eq. 8): the terminal reward (default) or max(reward, latched progress)")
     s.add_argument("--seed", type=int)
     s.add_argument("--no-critic", action="store_true", help="skip AI process supervision")
     s.set_defaults(func=cmd_search)

@@ -35,6 +35,9 @@ class SearchConfig:
     alpha: float = 0.5  # eq. 10 weight of Q~ against Q^
     selection_value: str = "mcts"  # value in UCB1: "mcts" (Q~) or "combined" (eq. 10 Q)
     success_threshold: float = 1.0  # a terminal reward at least this is a "success" leaf
+    # What eq. 8 backs up: "reward" (the terminal R, the SPEC's default) or "progress" (the larger of R
+    # and the latched progress the episode reached: a score in [0, 1] for envs whose success is rare).
+    backup: str = "reward"
     trees_in_flight: int = 64  # trees advanced together; their LLM requests share one batch
     seed: int = 0
 
@@ -51,6 +54,7 @@ class SearchConfig:
             "critic_max_tokens": self.critic_max_tokens >= 1,
             "alpha": 0.0 <= self.alpha <= 1.0,
             "selection_value": self.selection_value in ("mcts", "combined"),
+            "backup": self.backup in ("reward", "progress"),
             "trees_in_flight": self.trees_in_flight >= 1,
         }
         for name, ok in checks.items():

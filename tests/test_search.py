@@ -1,6 +1,7 @@
 """MCTS per SPEC §2: UCB1, backprop, eq. 10, critic mapping, batching, replay == snapshot."""
 
 import math
+from dataclasses import replace
 
 import pytest
 from doubles import LineEnv, ScriptedGenerator, SnapshotLineEnv
@@ -159,3 +160,33 @@ def test_tree_json_roundtrip_and_networkx():
     assert again.check_invariants() == []
     g = job.tree.to_networkx()
     assert g.number_of_nodes() == len(job.tree.nodes) and g.number_of_edges() == len(job.tree.nodes) - 1
+
+
+def test_progress_backup_backs_up_the_latched_progress_of_each_episode():
+    """backup="progress": a failed episode backs up how far it got (LineEnv: furthest position / goal);
+    "reward" (the default) backs up 0 for it. Successes back up 1 either way."""
+    cfg = SearchConfig(simulations=10, k=3, depth_limit=3, seed=4)
+    shaped_jobs, _ = _search(SnapshotLineEnv, ScriptedGenerator(p_right=0.5), replace(cfg, backup="progress"), 3)
+    plain_jobs, _ = _search(SnapshotLineEnv, ScriptedGenerator(p_right=0.5), cfg, 3)
+    partial = 0
+    for shaped, plain in zip(shaped_jobs, plain_jobs, strict=True):
+        assert shaped.tree.check_invariants() == [] and plain.tree.check_invariants() == []
+        for sim in plain.tree.simulations:
+            assert sim.reward in (0.0, 1.0)
+        for sim in shaped.tree.simulations:
+            assert 0.0 <= sim.reward <= 1.0
+            env = SnapshotLineEnv()  # replay the episode: its latched progress is the value backed up
+            env.reset(shaped.tree.task.id)
+            nodes = [shaped.tree.nodes[i] for i in sim.path]
+            commands = [n.action.command for n in nodes if n.action is not None] + [
+                c for c in sim.rollout if not c.startswith("<format error")]
+            steps = [env.step(c) for c in commands]
+            expected = max([s.reward for s in steps[-1:]] + [s.progress or 0.0 for s in steps] + [0.0])
+            assert sim.reward == pytest.approx(expected)
+            partial += 0.0 < sim.reward < 1.0
+    assert partial > 0  # some episodes failed part-way and now carry their progress
+
+
+def test_backup_must_be_known():
+    with pytest.raises(ConfigError, match="backup"):
+        SearchConfig(backup="vibes")

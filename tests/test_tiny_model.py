@@ -149,6 +149,7 @@ def test_default_dir_respects_orchard_home(monkeypatch: pytest.MonkeyPatch, tmp_
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # builds the real model when not cached: ~4 min idle, far longer beside other tests
 def test_real_tiny_model_is_weak_but_not_trivial() -> None:
     """The shipped config: solves some held-out (test split) tasks greedily, fails others."""
     gen = tiny_generator(device="cpu")

@@ -270,7 +270,7 @@ class MCTS:
             path.append(node.id)
         rollout: tuple[str, ...] = ()
         if node.terminal is not None:
-            reward = node.reward or 0.0
+            reward = self._value(node.reward, node.progress)
         else:
             reward, rollout = yield from self._rollout(job, node)
         tree.backpropagate(path, reward)
@@ -281,6 +281,12 @@ class MCTS:
     def _params(self, job: TreeJob, temperature: float, max_tokens: int, *key: Any) -> SamplingParams:
         seed = request_seed(self.config.seed, job.tree.task.id, len(job.tree.simulations), *key)
         return SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)
+
+    def _value(self, reward: float | None, progress: float | None) -> float:
+        """The value an episode that ended here backs up (config `backup`)."""
+        if self.config.backup == "progress":
+            return max(reward or 0.0, progress or 0.0)
+        return reward or 0.0
 
     def _terminal(self, step: Step, action: CompositeAction, depth: int) -> str | None:
         if step.done:
@@ -367,6 +373,7 @@ class MCTS:
         session.goto(tree, node)
         history: list[HistoryStep] = tree.history(node)
         observation, depth, commands = node.observation, node.depth, []
+        progress = node.progress  # latched: the last step's progress is the episode's
         while depth < cfg.depth_limit:
             prompt = actor_prompt(job.env_description, task.goal, task.context, history, observation)
             params = self._params(job, cfg.rollout_temperature, cfg.max_tokens, "rollout", node.id, depth)
@@ -374,12 +381,14 @@ class MCTS:
             parsed = parse(completions[0].text) if completions else FormatError("no completion returned")
             if isinstance(parsed, FormatError):
                 commands.append(f"<format error: {parsed.reason}>")
-                return 0.0, tuple(commands)
+                return self._value(0.0, progress), tuple(commands)
             step = session.step(parsed.command)
             depth += 1
             commands.append(parsed.command)
+            if step.progress is not None:
+                progress = step.progress
             if step.done or parsed.status != "CONTINUE":
-                return step.reward, tuple(commands)
+                return self._value(step.reward, progress), tuple(commands)
             history.append(HistoryStep(parsed, step.observation))
             observation = step.observation
-        return 0.0, tuple(commands)
+        return self._value(0.0, progress), tuple(commands)
