@@ -119,10 +119,12 @@ def main() -> int:
           f"tokens, completion {statistics.mean(completion):.0f} tokens (mean); batch {args.batch}, "
           f"{args.steps} steps, {args.threads} thread(s), best of {args.repeats}")
 
-    results = {}
-    for mode in ("stored", "live", "precompute"):
-        best = None
-        for _ in range(args.repeats):
+    # Rounds interleave the modes (stored, live, precompute, stored, ...): on a shared machine whose
+    # speed drifts over minutes, each mode then sees the same conditions; best of the rounds per mode.
+    results: dict[str, dict] = {}
+    for _ in range(args.repeats):
+        for mode in ("stored", "live", "precompute"):
+            best = results.get(mode)
             cfg = DPOTrainConfig.for_cpu(ref_source=mode, max_steps=args.steps, batch_size=args.batch,
                                          learning_rate=1e-4, num_threads=args.threads, logging_steps=1)
             began = time.perf_counter()
@@ -132,8 +134,7 @@ def main() -> int:
                    "setup_s": result.metrics.get("ref_setup_s", 0.0), "total_s": total,
                    "losses": [h["loss"] for h in result.history if "loss" in h]}
             if best is None or run["train_s"] < best["train_s"]:
-                best = run
-        results[mode] = best
+                results[mode] = run
 
     live = results["live"]
     print(f"{'reference':<12} {'steps/s':>8} {'train s':>8} {'setup s':>8} {'total s':>8} {'speed-up':>9}")

@@ -15,7 +15,8 @@ from engine.config import SearchConfig
 # 12 tasks x 8 simulations: ~65 s of search on 2 idle cores, so that a cold start (tiny-model build
 # ~210 s) stays under 5 minutes (measured: 16 tasks took 84 s, 294 s in all).
 DEMO_TASKS = "0:12"
-DEMO_CONFIG = SearchConfig(simulations=8, k=4, depth_limit=10, rollout_temperature=1.0, max_tokens=160)
+DEMO_CONFIG = SearchConfig(simulations=8, k=4, depth_limit=10, rollout_temperature=1.0, max_tokens=160,
+                           backup="progress")
 
 
 def run_demo(db: str | Path | None = None, log: Callable[[str], None] = print) -> int:

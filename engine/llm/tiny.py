@@ -1,4 +1,4 @@
-"""The tiny offline policy: a ~3M-parameter Llama trained on CPU in about two minutes.
+"""The tiny offline policy: a ~2M-parameter Llama trained on CPU in about three minutes.
 
 WHY: `make run` must show search and training improving a real model with no network and no GPU.
 The model is behaviour-cloned from a noisy TextCraft expert (see `tiny_data`) in the exact actor,
@@ -79,7 +79,7 @@ class TinyConfig:
     intermediate_size: int = 512
     max_positions: int = 4096
     # optimisation
-    steps: int = 700
+    steps: int = 560
     batch_tokens: int = 3072
     lr: float = 3e-3
     warmup_steps: int = 15
@@ -352,7 +352,7 @@ def ensure_tiny_model(
     meta = read_meta(path)
     if meta is not None and {k: meta.get(k) for k in wanted} == wanted:
         return path
-    log(f"tiny model: building {path} (seed {seed}; about two minutes on 2 CPU cores)")
+    log(f"tiny model: building {path} (seed {seed}; about three minutes on 2 CPU cores)")
     tmp = path.with_name(f".{path.name}.building-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     build_tiny_model(tmp, cfg, log)
