@@ -21,7 +21,7 @@ from dashboard import data, figures
 from engine.config import ConfigError
 from engine.store import JobInfo, Store, StoreError
 from engine.train.jobs import JobRunner, job_summary
-from engine.train.presets import DATA_CHOICES, PRESETS, device_of, job_config
+from engine.train.presets import DATA_CHOICES, PRESETS, device_of, job_config, rows_to_train
 
 LIVE_EVERY_S = 2.0
 LOG_TAIL_LINES = 40
@@ -52,6 +52,12 @@ def _launch(data_key: str, preset: str, model: str, runs: list[str], include_pen
     try:
         kind, config = job_config(data_key, preset, model, runs, include_pending)
         with Store(db) as store:
+            if rows_to_train(store, kind, config) == 0:
+                statuses = "approved, edited" + (" or pending" if include_pending else "")
+                state[ERROR] = (f"Nothing to train on: no {statuses} rows for "
+                                f"“{DATA_CHOICES[data_key].label}” in {'the chosen runs' if runs else 'any run'}. "
+                                "Curate some on the Data pages, or include pending rows.")
+                return
             job = JobRunner(store).submit(kind, config, device=device_of(config),
                                           name=f"{kind}-{preset}")
     except (ConfigError, StoreError, sqlite3.Error, OSError) as e:

@@ -109,3 +109,19 @@ def device_of(config: dict[str, Any]) -> str:
 
         return default_device()
     return "cuda:0" if device == "cuda" else device
+
+
+def rows_to_train(store: Any, kind: str, config: dict[str, Any]) -> int:
+    """How many rows (pairs or samples) the job `config` of `kind` would train on now: a launch
+    with none is refused up front instead of becoming a failed job."""
+    from engine.train.jobs import train_config
+
+    train = train_config(kind, config.get("train") or {})
+    runs = config.get("runs") or None
+    if kind == "dpo":
+        from engine.train.dpo import select_pairs
+
+        return len(select_pairs(store, train, runs))
+    from engine.train.sft import select_samples
+
+    return len(select_samples(store, train, runs))

@@ -147,3 +147,17 @@ def test_evaluation_page_without_evaluations_says_how_to_make_one(db) -> None:
     at = open_page(EVALUATION)
     assert not at.exception
     assert any("orchard eval" in i.value for i in at.info)
+
+
+def test_a_launch_with_nothing_to_train_on_is_refused_with_a_reason(db) -> None:
+    path, _ = db
+    with Store(path, readonly=True) as store:  # the fixture's refinement samples are all uncurated
+        assert store.samples(kind="refine") and not store.samples(kind="refine", status=["approved", "edited"])
+    at = open_page(TRAINING)
+    at.selectbox(key="tr_data").set_value("refinement")
+    at.button[0].click()
+    at.run()
+    assert not at.exception
+    assert any("Nothing to train on" in e.value and "include pending" in e.value for e in at.error)
+    with Store(path, readonly=True) as store:
+        assert store.jobs() == []
