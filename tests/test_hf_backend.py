@@ -8,38 +8,18 @@ model often samples a non-canonical split whose re-scoring legitimately differs)
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
+from tiny_model_fixture import CHATML_TEMPLATE as CHATML
 
 from engine.actions import CompositeAction
 from engine.llm.base import Completion, Generator, GeneratorError, Prompt, SampleRequest, SamplingParams
 from engine.llm.hf import HFGenerator
 from engine.prompts import HistoryStep, actor_prompt
 
-CHATML = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' }}"
-    "{% if message['role'] == 'assistant' %}"
-    "{% generation %}{{ message['content'] + '<|im_end|>' }}{% endgeneration %}"
-    "{% else %}{{ message['content'] + '<|im_end|>' }}{% endif %}"
-    "{{ '\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_torch_thread() -> Iterator[None]:
-    """Tests run two per machine (`pytest -n 2`): torch's default threads then fight for the two
-    cores and everything runs 10x slower. One thread each."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 def _build_char_model(out: Path) -> Path:
     from tokenizers import Tokenizer, decoders, models

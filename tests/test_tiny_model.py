@@ -4,7 +4,6 @@ the real build is a weak but non-trivial TextCraft policy on held-out tasks."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -29,6 +28,8 @@ from engine.llm.tiny import (
 from engine.llm.tiny_data import build_rows
 from engine.prompts import parse_critic_choice, parse_judgement
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 # Builds in a few seconds: it learns the answer format on its few short training rows (no more).
 SMALL = TinyConfig(
     max_tasks=40,
@@ -43,16 +44,6 @@ SMALL = TinyConfig(
     steps=400,
     batch_tokens=1024,
 )
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_torch_thread() -> Iterator[None]:
-    """Tests run two per machine (`pytest -n 2`): torch's default threads then fight for the two
-    cores and everything runs 10x slower. One thread each."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

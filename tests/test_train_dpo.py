@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_model_fixture import CHATML_TEMPLATE as CHATML
 
 from engine.datasets.pairs import Pair
 from engine.llm.base import SampleRequest, SamplingParams
@@ -20,17 +21,6 @@ from engine.llm.hf import HFGenerator
 from engine.prompts import actor_prompt
 from engine.train.common import TRAIN_META, TrainError
 from engine.train.dpo import DPOTrainConfig, build_trainer, pair_rows, stored_reference, train_dpo
-
-CHATML = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' }}"
-    "{% if message['role'] == 'assistant' %}"
-    "{% generation %}{{ message['content'] + '<|im_end|>' }}{% endgeneration %}"
-    "{% else %}{{ message['content'] + '<|im_end|>' }}{% endif %}"
-    "{{ '\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
 
 
 def build_char_model(out: Path) -> Path:

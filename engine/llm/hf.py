@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from engine.llm.base import Completion, GeneratorError, Prompt, SampleRequest, SamplingParams
+from engine.torch_threads import torch_threads
 
 _SEED_MOD = 2**63 - 1
 # Upper bound on the float32 elements of one logits tensor in `logprobs()` (~1 GiB): long
@@ -179,17 +180,8 @@ class HFGenerator:
                 f"{self.max_positions} positions"
             )
 
-    @contextlib.contextmanager
-    def _threads(self) -> Iterator[None]:
-        if self.num_threads is None:
-            yield
-            return
-        before = torch.get_num_threads()
-        torch.set_num_threads(self.num_threads)
-        try:
-            yield
-        finally:
-            torch.set_num_threads(before)
+    def _threads(self) -> contextlib.AbstractContextManager[None]:
+        return torch_threads(self.num_threads)
 
     # ---------------------------------------------------------------- sampling
 

@@ -33,6 +33,7 @@ from engine.actions import parse
 from engine.llm.base import Generator, SampleRequest, SamplingParams
 from engine.llm.tiny_data import trie_pattern
 from engine.prompts import HistoryStep, actor_prompt
+from engine.torch_threads import torch_threads
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
@@ -227,12 +228,8 @@ def train_model(
     model: Any, examples: list[_Example], cfg: TinyConfig, pad_id: int, log: Callable[[str], None]
 ) -> dict[str, float]:
     """AdamW with warm-up and cosine decay for `cfg.steps` steps; returns loss figures."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(cfg.threads)
-    try:
+    with torch_threads(cfg.threads):
         return _train_loop(model, examples, cfg, pad_id, log)
-    finally:
-        torch.set_num_threads(before)
 
 
 def _train_loop(

@@ -359,23 +359,9 @@ def summarize_history(history: list[dict[str, Any]]) -> dict[str, Any]:
 
 def with_threads(config: TrainConfig) -> Any:
     """A context manager setting torch's CPU threads for the duration of training."""
-    import contextlib
+    from engine.torch_threads import torch_threads
 
-    import torch
-
-    @contextlib.contextmanager
-    def cm():
-        if config.num_threads is None:
-            yield
-            return
-        before = torch.get_num_threads()
-        torch.set_num_threads(config.num_threads)
-        try:
-            yield
-        finally:
-            torch.set_num_threads(before)
-
-    return cm()
+    return torch_threads(config.num_threads)
 
 
 def merged_config(cls: type[TrainConfig], base: TrainConfig | None, **overrides: Any) -> TrainConfig:
