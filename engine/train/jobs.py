@@ -234,19 +234,27 @@ class JobRunner:
             return job
         if job.pid is not None and process_alive(job.pid, job.id):
             _signal_group(job.pid, signal.SIGTERM)
-            deadline = time.monotonic() + grace_s
-            while time.monotonic() < deadline:
-                proc = self._children.get(job_id)
-                if proc is not None:
-                    proc.poll()
-                if self.store.job(job_id).final or not process_alive(job.pid, job.id):
-                    break
-                time.sleep(0.1)
-            if process_alive(job.pid, job.id):
+            # Wait for the process itself to end, not just for its recorded outcome: a worker that
+            # has written "cancelled" may still be shutting down, and callers rely on it being gone.
+            if not self._wait_exit(job_id, job.pid, grace_s):
                 _signal_group(job.pid, signal.SIGKILL)
+                self._wait_exit(job_id, job.pid, 10.0)
         self.store.finish_job(job_id, "cancelled", error="cancelled by request")
         self.poll()
         return self.store.job(job_id)
+
+    def _wait_exit(self, job_id: str, pid: int, timeout: float) -> bool:
+        """Wait up to `timeout` s for the worker to exit (reaping it if it is our child)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            proc = self._children.get(job_id)
+            if proc is not None:
+                proc.poll()
+            if not process_alive(pid, job_id):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:
