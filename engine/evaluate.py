@@ -62,6 +62,7 @@ class EvalConfig:
     mcts_critic: bool = True
     mcts_alpha: float = 0.5
     mcts_rollout_temperature: float = 1.0
+    mcts_backup: str = "reward"  # SearchConfig.backup: "reward" or "progress" (max(reward, latched progress))
 
     def __post_init__(self) -> None:
         checks = {
@@ -76,6 +77,7 @@ class EvalConfig:
             "mcts_simulations": self.mcts_simulations >= 1,
             "mcts_k": self.mcts_k >= 1,
             "mcts_alpha": 0 <= self.mcts_alpha <= 1,
+            "mcts_backup": self.mcts_backup in ("reward", "progress"),
         }
         for name, ok in checks.items():
             if not ok:
@@ -333,7 +335,7 @@ def _mcts_episodes(generator: Generator, make_env: Callable[[], Env], starts: Se
                                   depth_limit=config.max_steps, max_tokens=config.max_tokens,
                                   critic=config.mcts_critic, alpha=config.mcts_alpha,
                                   rollout_temperature=config.mcts_rollout_temperature,
-                                  success_threshold=config.success_threshold, seed=_seed(seed, step))
+                                  backup=config.mcts_backup, success_threshold=config.success_threshold, seed=_seed(seed, step))
             MCTS(generator, search).run([batch[k] for k in ks])
         still = []
         for i in active:

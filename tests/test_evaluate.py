@@ -143,6 +143,25 @@ def test_mcts_at_inference_beats_the_same_policy_acting_alone() -> None:
         run_episodes(gen, make, [Start(TASKS[0], commands=("left",))], EvalConfig(mode="mcts"))
 
 
+def test_mcts_at_inference_searches_with_the_chosen_backup(monkeypatch) -> None:
+    import engine.search.mcts as mcts_module
+
+    seen: list[str] = []
+    real = mcts_module.MCTS
+
+    class Recording(real):  # type: ignore[misc, valid-type]
+        def __init__(self, generator, config):
+            seen.append(config.backup)
+            super().__init__(generator, config)
+
+    monkeypatch.setattr(mcts_module, "MCTS", Recording)
+    config = EvalConfig(mode="mcts", max_steps=3, mcts_simulations=2, mcts_k=2, bootstrap=0, mcts_backup="progress")
+    evaluate(ScriptedGenerator(p_right=0.5), lambda: SnapshotLineEnv(6), TASKS[:2], config)
+    assert seen and set(seen) == {"progress"}
+    with pytest.raises(Exception, match="mcts_backup"):
+        EvalConfig(mode="mcts", mcts_backup="value")
+
+
 def test_evaluate_and_store_records_metrics_and_episodes(tmp_path: Path) -> None:
     with Store(tmp_path / "o.db") as store:
         result = evaluate_and_store(store, ScriptedGenerator(p_right=0.7), "line", "train", TASKS,

@@ -98,6 +98,16 @@ class EnvSession:
         self.env_s += time.perf_counter() - t
         return out
 
+    def screenshot(self) -> bytes | None:
+        """An image of the env's current state, where the env can take one (the web env: a JPEG)."""
+        take = getattr(self.env, "screenshot", None)
+        if not callable(take):
+            return None
+        t = time.perf_counter()
+        image = take()
+        self.env_s += time.perf_counter() - t
+        return image if isinstance(image, bytes) else None
+
     def arrived(self, node: Node) -> None:
         """The env now holds `node`'s state (just stepped into it): remember it."""
         self.current = node.id
@@ -332,15 +342,22 @@ class MCTS:
             session.goto(tree, node)
             t = time.perf_counter()
             step = session.step(parsed.command)
+            env_ms = 1000.0 * (time.perf_counter() - t)
+            terminal = self._terminal(step, parsed, node.depth + 1)
+            # Every terminal node keeps a picture of its final state where the env takes one: the
+            # env's own at episode end, else one taken now (a STOP or depth-limit leaf's page).
+            screenshot = step.info.get("screenshot") if step.done else None
+            if terminal is not None and screenshot is None:
+                screenshot = session.screenshot()
             child = tree.add_child(
                 node,
                 observation=step.observation,
                 action=parsed,
                 reward=step.reward,
                 progress=step.progress,
-                terminal=self._terminal(step, parsed, node.depth + 1),
-                env_ms=1000.0 * (time.perf_counter() - t),
-                screenshot=step.info.get("screenshot") if step.done else None,
+                terminal=terminal,
+                env_ms=env_ms,
+                screenshot=screenshot,
                 **gen,
             )
             session.arrived(child)

@@ -245,6 +245,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         ev["temperature"] = args.temperature
     if args.simulations is not None:
         ev["mcts_simulations"] = args.simulations
+    if args.backup is not None:
+        ev["mcts_backup"] = args.backup
     cfg = {"model": args.model, "env": args.env, "split": args.split, "tasks": args.tasks, "eval": ev,
            "recovery_runs": args.recovery_run or []}
     validate_job("eval", cfg)
@@ -371,6 +373,8 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     e.add_argument("--seeds", help="episodes per task for sampled/mcts, e.g. 0,1,2 (default 0)")
     e.add_argument("--temperature", type=float, help="sampled mode temperature (default 1.0)")
     e.add_argument("--simulations", type=int, help="mcts mode: simulations per real step (default 8)")
+    e.add_argument("--backup", choices=("reward", "progress"),
+                   help="mcts mode: value backed up, the terminal reward (default) or max(reward, latched progress)")
     e.add_argument("--max-steps", dest="max_steps", type=int, default=15)
     e.add_argument("--max-tokens", dest="max_tokens", type=int, default=256, help="tokens per action (default 256)")
     e.add_argument("--recovery-run", dest="recovery_run", action="append",

@@ -238,7 +238,7 @@ def test_mcts_run_stores_dom_observations_and_the_final_screenshot(tmp_path):
         deep, stats = new_run(store, "web", [sure], policy, SearchConfig(simulations=13, k=2, depth_limit=13),
                               "web-deep")
         assert stats.simulations == 13 and stats.restores > 0
-        small, _ = new_run(store, "web", [noisy], policy, SearchConfig(simulations=4, k=3, depth_limit=5, seed=1),
+        small, _ = new_run(store, "web", [noisy], policy, SearchConfig(simulations=4, k=3, depth_limit=3, seed=1),
                            "web-small")
         trees = [(tid, store.load_tree(tid)) for run in (deep, small) for tid, _ in store.tree_ids(run)]
         for tree_id, tree in trees:
@@ -253,6 +253,12 @@ def test_mcts_run_stores_dom_observations_and_the_final_screenshot(tmp_path):
         assert done.terminal == "success" and done.reward == 1.0 and "Reservation confirmed" in done.observation
         assert store.node_screenshot(tree_id, done.id).startswith(JPEG)
         assert len(trees[1][1].root.children) > 1
+        # Every stepped terminal leaf keeps its final page (depth-limit and STOP leaves too), no other node.
+        small_id, small_tree = trees[1]
+        leaves = [n for n in small_tree.nodes if n.terminal not in (None, "format_error")]
+        assert {n.terminal for n in leaves} - {"success", "failure"}, "the small search should hit its depth limit"
+        assert all(store.node_screenshot(small_id, n.id).startswith(JPEG) for n in leaves)
+        assert all(store.node_screenshot(small_id, n.id) is None for n in small_tree.nodes if n.terminal is None)
 
 
 def test_registry_builds_the_web_env_without_starting_a_browser():
