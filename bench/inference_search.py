@@ -9,7 +9,8 @@ with 95% bootstrap intervals over tasks, and the wall time of each, measured in 
     .venv/bin/python bench/inference_search.py [--tasks 32] [--simulations 4] [--k 4] [--max-steps 12]
         [--backup progress|reward|both] [--seed 0]
 
-A few minutes on 2 CPU cores with the defaults (the tiny model must be built, or is built first).
+Greedy takes seconds; each MCTS mode about 10-12 minutes on 2 CPU cores with the defaults (the tiny
+model must be built, or is built first).
 """
 
 from __future__ import annotations
