@@ -33,6 +33,7 @@ PAGES: dict[str, list[st.Page]] = {
     ],
 }
 CURATION_PAGES = {p.url_path for p in PAGES["Data"]}
+RUNLESS_PAGES = {"refinement", "training", "evaluation"}  # their data can exist before any search run
 
 page = st.navigation(PAGES)
 if page.url_path in CURATION_PAGES:
@@ -41,7 +42,7 @@ if page.url_path in CURATION_PAGES:
                           help="Recorded with every decision you make on these pages (empty: anonymous).")
 
 path = data.db_path()
-problem = data.db_problem(path)
+problem = data.db_problem(path, need_runs=page.url_path not in RUNLESS_PAGES)
 if problem is not None:
     kind, message = problem
     if kind == "empty":

@@ -42,16 +42,17 @@ def db_version(path: Path) -> tuple[int, ...]:
     return tuple(out)
 
 
-def db_problem(path: Path) -> tuple[str, str] | None:
+def db_problem(path: Path, need_runs: bool = True) -> tuple[str, str] | None:
     """("empty", message) when there is nothing to show, ("error", one line) when the file is
-    unusable, None when there are runs to show."""
+    unusable, None when the page can show it. Pages of data that need no search run (imported
+    refinement data, jobs, evaluations) pass `need_runs=False`."""
     if not path.exists() or path.stat().st_size == 0:
         return "empty", NO_RUNS
     try:
         runs = list_runs(str(path), db_version(path))
     except StoreError as e:
         return "error", str(e).splitlines()[0]
-    if not runs:
+    if not runs and need_runs:
         return "empty", NO_RUNS
     return None
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -55,7 +56,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     from engine.store import Store
 
     if args.resume:
-        with Store(args.db) as store:
+        with Store(args.db, must_exist=True) as store:
             run_id = store.find_run(args.resume)
             info = store.run(run_id)
             generator = load_generator(args.model or info.model, log=_log)
@@ -109,7 +110,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
 def cmd_export_tree(args: argparse.Namespace) -> int:
     from engine.store import Store
 
-    with Store(args.db) as store:
+    with Store(args.db, must_exist=True) as store:
         run_id = store.find_run(args.run)
         info = store.run(run_id)
         tree = store.load_tree(store.tree_id(run_id, args.task))
@@ -244,8 +245,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except (UsageError, ConfigError, DatasetError, EnvError, GeneratorError, StoreError) as e:
-        print(f"orchard: error: {e}", file=sys.stderr)
+        print(f"orchard: error: {' '.join(str(e).split())}", file=sys.stderr)  # one line, whatever e quotes
         return EXIT_USAGE
+    except BrokenPipeError:  # `orchard jobs | head`: the reader left; say nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except KeyboardInterrupt:
         print("orchard: interrupted (resume with `orchard search --resume RUN`)", file=sys.stderr)
         return 130

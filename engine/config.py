@@ -90,19 +90,28 @@ def from_dict(cls: type[T], data: dict[str, Any], where: str = "config") -> T:
         raise ConfigError(f"{where}: {e}") from None
 
 
-def load_file(cls: type[T], path: str | Path) -> T:
-    """Load a config from a .toml or .json file (a `[search]` table or the top level)."""
+def read_table(path: str | Path, section: str | None = None) -> dict[str, Any]:
+    """The settings in a .toml or .json file: its `[section]` table where it has one, else the top
+    level. Unreadable files, bad syntax and anything but a table are ConfigErrors naming the file."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
     except OSError as e:
         raise ConfigError(f"{p}: cannot read ({e.strerror})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{p}: not UTF-8 text") from None
     try:
         data = tomllib.loads(text) if p.suffix == ".toml" else json.loads(text)
-    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
-        raise ConfigError(f"{p}: not valid {p.suffix.lstrip('.') or 'JSON'}: {e}") from None
-    if isinstance(data, dict) and "search" in data and cls is SearchConfig:
-        data = data["search"]
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise ConfigError(f"{p}: not valid {'TOML' if p.suffix == '.toml' else 'JSON'}: {e}") from None
+    if isinstance(data, dict) and section is not None and isinstance(data.get(section), dict):
+        data = data[section]
     if not isinstance(data, dict):
-        raise ConfigError(f"{p}: expected a table of settings")
-    return from_dict(cls, data, where=str(p))
+        raise ConfigError(f"{p}: expected a table of settings, got {type(data).__name__}")
+    return data
+
+
+def load_file(cls: type[T], path: str | Path) -> T:
+    """Load a config from a .toml or .json file (a `[search]` table or the top level)."""
+    data = read_table(path, "search" if cls is SearchConfig else None)
+    return from_dict(cls, data, where=str(path))

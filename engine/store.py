@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import sqlite3
 import time
 import uuid
@@ -276,6 +277,8 @@ def default_db_path() -> Path:
 def _check_file(path: Path) -> int:
     """Refuse a file that is not SQLite, or SQLite that is not ours, without writing to it.
     Returns the file's schema version (0 for a new or empty file)."""
+    if path.is_dir():
+        raise StoreError(f"{path}: a folder, not a database file")
     if not path.exists() or path.stat().st_size == 0:
         return 0
     with open(path, "rb") as f:
@@ -303,6 +306,11 @@ def _check_file(path: Path) -> int:
     return version
 
 
+def _schema_tables() -> set[str]:
+    """The tables the migrations create (read from MIGRATIONS when called, as tests shorten it)."""
+    return set(re.findall(r"CREATE TABLE (?:IF NOT EXISTS )?(\w+)", "".join(sql for _, sql in MIGRATIONS)))
+
+
 def _obs_hash(text: str) -> str:
     return hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()
 
@@ -313,12 +321,14 @@ class Store:
     `readonly=True` (the dashboard's reads) never writes, locks or migrates: it needs an existing
     database at the current schema version and reads beside a running search (WAL)."""
 
-    def __init__(self, path: str | Path | None = None, readonly: bool = False) -> None:
-        self.path = Path(path) if path is not None else default_db_path()
+    def __init__(self, path: str | Path | None = None, readonly: bool = False, must_exist: bool = False) -> None:
+        # Absolute, so job workers (started in the repository root) and stored log paths find it.
+        self.path = Path(os.path.abspath(path if path is not None else default_db_path()))
         version = _check_file(self.path)
+        # must_exist: a command about rows that must be there already creates no file.
+        if (readonly or must_exist) and not self.path.exists():
+            raise StoreError(f"{self.path}: no such database (a search or `orchard demo` creates it)")
         if readonly:
-            if not self.path.exists():
-                raise StoreError(f"{self.path}: no such database (a search or `orchard demo` creates it)")
             if version != SCHEMA_VERSION:
                 raise StoreError(
                     f"{self.path}: schema version {version} (this Orchard reads {SCHEMA_VERSION}); "
@@ -326,6 +336,7 @@ class Store:
                 )
             try:
                 self.con = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=30.0, isolation_level=None)
+                self._check_tables()
             except sqlite3.DatabaseError as e:
                 raise StoreError(f"{self.path}: corrupt or unreadable database ({e})") from None
             return
@@ -336,8 +347,18 @@ class Store:
             self.con.execute("PRAGMA synchronous=NORMAL")
             self.con.execute("PRAGMA foreign_keys=ON")
             self._migrate()
+            self._check_tables()
         except sqlite3.DatabaseError as e:
             raise StoreError(f"{self.path}: corrupt or unreadable database ({e})") from None
+
+    def _check_tables(self) -> None:
+        """A database at the current version that lacks one of its tables was damaged by hand:
+        say so once, here, instead of failing in whichever query meets the gap first."""
+        have = {r[0] for r in self.con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        missing = sorted(_schema_tables() - have)
+        if missing:
+            self.con.close()
+            raise StoreError(f"{self.path}: damaged database: table(s) {', '.join(missing)} missing")
 
     def close(self) -> None:
         self.con.close()

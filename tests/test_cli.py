@@ -67,6 +67,55 @@ def _line_run(db):
     return run_id
 
 
+def test_more_bad_inputs_from_a_review_are_one_line_errors_and_write_nothing(tmp_path):
+    db = tmp_path / "o.db"
+    _one_line_error(_orchard("search", "--tasks", "0:1", "--model", "openai:http://127.0.0.1:9/v1", "--db", str(db)),
+                    "openai:BASE_URL#MODEL")
+    _one_line_error(_orchard("search", "--tasks", "0:1", "--model", "openai:notaurl#m", "--db", str(db)), "http://")
+    _one_line_error(_orchard("search", "--env", "textcraft:foo", "--tasks", "0:1", "--db", str(db)),
+                    "takes no argument")
+    _one_line_error(_orchard("eval", "--model", "tiny", "--seeds", "a,b", "--db", str(db)), "--seeds", "'a'")
+    _one_line_error(_orchard("eval", "--model", "tiny", "--split", "bogus", "--db", str(db)), "bogus")
+    _one_line_error(_orchard("iterate", "--config", str(tmp_path / "nosuch.json"), "--db", str(db)), "cannot read")
+    (tmp_path / "bad.json").write_text("{oops")
+    _one_line_error(_orchard("iterate", "--config", str(tmp_path / "bad.json"), "--db", str(db)), "not valid JSON")
+    (tmp_path / "list.json").write_text("[1]")
+    _one_line_error(_orchard("iterate", "--config", str(tmp_path / "list.json"), "--db", str(db)), "table")
+    _one_line_error(_orchard("train", "dpo", "--model", "tiny", "--config", str(tmp_path / "list.json"),
+                             "--db", str(db)), "table")
+    _one_line_error(_orchard("iterate", "--eval-tasks", "9:1", "--db", str(db)), "bad task range")
+    # Commands about rows that must already exist create no database when there is none.
+    _one_line_error(_orchard("search", "--resume", "nosuch", "--db", str(db)), "no such database")
+    _one_line_error(_orchard("pairs", "build", "first", "--db", str(db)), "no such database")
+    _one_line_error(_orchard("jobs", "cancel", "nosuch", "--db", str(db)), "no such database")
+    assert not db.exists()
+    with Store(db):
+        pass
+    _one_line_error(_orchard("export", "pairs", "--status", "bogus", "--out", str(tmp_path / "x.jsonl"), "--db",
+                             str(db)), "--status", "'bogus'")
+    _one_line_error(_orchard("export", "sft", "--kind", "nope", "--out", str(tmp_path / "x.jsonl"), "--db",
+                             str(db)), "--kind", "'nope'")
+    (tmp_path / "empty-model").mkdir()
+    (tmp_path / "empty-model" / "config.json").write_text("{}")
+    _one_line_error(_orchard("search", "--tasks", "0:1", "--model", str(tmp_path / "empty-model"), "--db", str(db)))
+    folder = tmp_path / "a-folder.db"
+    folder.mkdir()
+    _one_line_error(_orchard("runs", "--db", str(folder)), "a folder")
+
+
+def test_a_damaged_database_is_named_as_such(tmp_path):
+    db = tmp_path / "o.db"
+    with Store(db):
+        pass
+    import sqlite3
+
+    con = sqlite3.connect(db)
+    con.execute("DROP TABLE runs")
+    con.commit()
+    con.close()
+    _one_line_error(_orchard("runs", "--db", str(db)), "damaged database", "runs")
+
+
 def test_runs_and_export(tmp_path, capsys):
     db = tmp_path / "o.db"
     assert main(["runs", "--db", str(db)]) == 0

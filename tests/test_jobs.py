@@ -13,7 +13,7 @@ import pytest
 from engine.config import ConfigError
 from engine.envs.base import TaskSpec
 from engine.store import Store
-from engine.train.jobs import JobRunner, process_alive
+from engine.train.jobs import REPO_ROOT, JobRunner, process_alive
 
 
 @pytest.fixture
@@ -172,3 +172,17 @@ def test_a_real_dpo_job_reports_progress_is_cancelled_and_the_next_one_trains(st
     assert load_generator(str(out)).name.endswith(str(out.resolve()))
     assert not (tmp_path / "trained-cancelled").exists()
     _intact(store.path)
+
+
+def test_a_store_opened_by_a_relative_path_runs_its_jobs(tmp_path: Path, monkeypatch) -> None:
+    """Workers start in the repository root: the store hands them an absolute path (a relative
+    one made the worker open, and create, a different database there)."""
+    monkeypatch.chdir(tmp_path)
+    with Store("relative.db") as store:
+        assert store.path == tmp_path / "relative.db"
+        runner = JobRunner(store)
+        job = runner.submit("probe", {"steps": 2, "seconds": 0.01}, device="cpu")
+        done = runner.wait(job.id, timeout=60)
+        assert done.state == "succeeded", Path(done.log_path or "").read_text()
+        assert Path(done.log_path or "").is_absolute() and Path(done.log_path or "").parent.parent == tmp_path
+    assert not (REPO_ROOT / "relative.db").exists()

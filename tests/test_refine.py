@@ -37,7 +37,7 @@ from engine.datasets.refine import (
     verify_trajectory,
 )
 from engine.datasets.samples import to_conversations
-from engine.llm.base import Completion, Prompt, SampleRequest
+from engine.llm.base import Completion, GeneratorError, Prompt, SampleRequest
 
 SCRIPT = check_script(EXAMPLE_SCRIPT)
 assert isinstance(SCRIPT, Script)
@@ -509,9 +509,28 @@ def test_cli_user_errors_write_nothing(tmp_path: Path, monkeypatch) -> None:
         args.func(args)
     args = _parse(["refine", "generate", "--model", "openai:http://127.0.0.1:1/v1", "--out", str(out)])
     monkeypatch.undo()  # the real registry: a spec without #MODEL is a one-line user error
-    with pytest.raises(ConfigError, match="--model 'openai:http://127.0.0.1:1/v1': expected"):
+    with pytest.raises(GeneratorError, match="model 'openai:http://127.0.0.1:1/v1': expected"):
         args.func(args)
     assert not out.exists()
+
+
+def test_cli_a_failed_run_leaves_an_existing_output_file_alone(tmp_path: Path, monkeypatch) -> None:
+    import engine.llm.registry
+
+    class Unreachable:
+        name = "unreachable"
+
+        def sample(self, requests):
+            raise GeneratorError("http://127.0.0.1:9/v1: cannot reach the server")
+
+    monkeypatch.setattr(engine.llm.registry, "load_generator", lambda spec, log=print: Unreachable())
+    out = tmp_path / "precious.jsonl"
+    out.write_text('{"kept": 1}\n{"kept": 2}\n')
+    args = _parse(["refine", "generate", "--model", "fake", "--n", "2", "--out", str(out)])
+    with pytest.raises(GeneratorError, match="cannot reach"):
+        args.func(args)
+    assert out.read_text() == '{"kept": 1}\n{"kept": 2}\n'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["precious.jsonl"]  # no partial file: nothing verified
 
 
 # ---------------------------------------------------------------- a real server (slow)

@@ -49,7 +49,7 @@ def cmd_pairs_build(args: argparse.Namespace) -> int:
     from engine.datasets.pairs import PairsConfig, build_pairs
     from engine.store import Store
 
-    with Store(args.db) as store:
+    with Store(args.db, must_exist=True) as store:
         run_id = store.find_run(args.run)
         info = store.run(run_id)
         alpha = args.alpha if args.alpha is not None else info.config.get("alpha", 0.5)
@@ -72,7 +72,7 @@ def cmd_revisions_build(args: argparse.Namespace) -> int:
 
     config = RevisionConfig(alpha_good=args.alpha_good, beta_gap=args.beta_gap, max_per_task=args.max_per_task,
                             noop_command=args.noop_command, judge_max_tokens=args.judge_max_tokens)
-    with Store(args.db) as store:
+    with Store(args.db, must_exist=True) as store:
         run_id = store.find_run(args.run)
         refs = _trees(store, run_id)
         judge = load_generator(args.model, log=lambda m: print(m, file=sys.stderr, flush=True))
@@ -88,12 +88,25 @@ def cmd_revisions_build(args: argparse.Namespace) -> int:
     return 0
 
 
+def _known(flag: str, values: list[str], known: tuple[str, ...]) -> None:
+    from engine.config import ConfigError
+
+    unknown = [v for v in values if v not in known]
+    if unknown:
+        raise ConfigError(f"{flag}: unknown value(s) {', '.join(map(repr, unknown))} (known: {', '.join(known)})")
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     from engine.datasets import formats
-    from engine.store import Store
+    from engine.datasets.pairs import PAIR_KINDS
+    from engine.datasets.samples import KINDS as SAMPLE_KINDS
+    from engine.store import CURATION_STATUSES, Store
 
     statuses = _list(args.status)
-    with Store(args.db) as store:
+    _known("--status", statuses, CURATION_STATUSES)
+    if args.kind:
+        _known("--kind", _list(args.kind), PAIR_KINDS if args.what == "pairs" else SAMPLE_KINDS)
+    with Store(args.db, must_exist=True) as store:
         run_id = store.find_run(args.run) if args.run else None
         if args.what == "pairs":
             kinds = _list(args.kind) if args.kind else ["step"]

@@ -103,6 +103,12 @@ def step_rows(samples: Iterable[Sample]) -> list[dict[str, Any]]:
     return [row for s in samples for row in to_step_rows(s)]
 
 
+def _default_file_mode() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 def write_rows(rows: list[dict[str, Any]], path: str | Path) -> Path:
     """Write rows as JSONL or Parquet (by suffix), atomically: a reader never sees half a file."""
     out = Path(path)
@@ -124,6 +130,7 @@ def write_rows(rows: list[dict[str, Any]], path: str | Path) -> Path:
             import pyarrow.parquet as pq
 
             pq.write_table(pa.Table.from_pylist(rows), tmp)
+        os.chmod(tmp, _default_file_mode())  # mkstemp's 0600 -> what open() would have made
         os.replace(tmp, out)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -220,6 +227,15 @@ def _records(path: Path, max_line_bytes: int) -> Iterator[tuple[int, Any]]:
                 raise ImportFormatError(path, line_no, "", f"not UTF-8 text ({e.reason} at byte {e.start})") from None
             except json.JSONDecodeError as e:
                 raise ImportFormatError(path, line_no, "", f"not valid JSON ({e.msg} at column {e.colno})") from None
+            except (RecursionError, ValueError) as e:  # nested too deep; an integer of > 4300 digits
+                raise ImportFormatError(path, line_no, "", f"not valid JSON ({_json_limit(e)})") from None
+
+
+def _json_limit(e: BaseException) -> str:
+    """Why the JSON parser gave up on well-formed but hostile input, in a few words."""
+    if isinstance(e, RecursionError):
+        return "nested too deeply"
+    return str(e).split(";")[0]
 
 
 def _json_array(path: Path, data: bytes, max_record_bytes: int) -> Iterator[tuple[int, Any]]:
@@ -243,6 +259,8 @@ def _json_array(path: Path, data: bytes, max_record_bytes: int) -> Iterator[tupl
             value, end = decoder.raw_decode(text, pos)
         except json.JSONDecodeError as e:
             raise ImportFormatError(path, e.lineno, "", f"not valid JSON ({e.msg} at column {e.colno})") from None
+        except (RecursionError, ValueError) as e:
+            raise ImportFormatError(path, line, "", f"not valid JSON ({_json_limit(e)})") from None
         if end - pos > max_record_bytes:
             raise ImportFormatError(path, line, "", f"record is {end - pos:,} characters, over the "
                                     f"{max_record_bytes:,} limit")

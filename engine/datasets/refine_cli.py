@@ -55,19 +55,30 @@ def cmd_generate(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else _runs_dir() / f"refine-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
     if out.is_dir():
         raise ConfigError(f"--out {out} is a folder; give a file name")
-    try:
-        generator = load_generator(args.model, log=_log)
-    except ValueError as e:  # a malformed spec (e.g. openai: without #MODEL): a user error
-        raise ConfigError(f"--model {args.model!r}: {e}") from None
+    generator = load_generator(args.model, log=_log)
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("w", encoding="utf-8") as f:
+    # Streamed to a side file, so an interrupted run keeps what it verified there and never
+    # touches an existing `out`; renamed into place once the run is complete.
+    partial = out.with_name(f"{out.name}.partial")
+    written = 0
+    try:
+        with partial.open("w", encoding="utf-8") as f:
 
-        def write(sample: Any) -> None:  # streamed, so an interrupted run keeps what it verified
-            f.write(json.dumps(to_row(sample), ensure_ascii=False) + "\n")
-            f.flush()
+            def write(sample: Any) -> None:
+                nonlocal written
+                f.write(json.dumps(to_row(sample), ensure_ascii=False) + "\n")
+                f.flush()
+                written += 1
 
-        result = generate(generator, personas, config, on_sample=write)
+            result = generate(generator, personas, config, on_sample=write)
+    except BaseException:
+        if written:
+            _log(f"refine: stopped; the {written} verified rows so far are in {partial}")
+        else:
+            partial.unlink(missing_ok=True)
+        raise
+    os.replace(partial, out)
     stats = result.stats.to_dict()
     stats_path = out.with_name(out.name.removesuffix(".jsonl") + ".stats.json")
     stats_path.write_text(

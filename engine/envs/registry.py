@@ -8,6 +8,7 @@ simulators import their package only when used, so the core install never needs 
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import re
 from collections.abc import Callable
@@ -68,7 +69,15 @@ def env_factory(spec: str) -> Callable[[], Env]:
     """A zero-argument constructor for the env named by `spec` (EnvError if unknown)."""
     name, _, arg = spec.partition(":")
     cls = _load(name)
-    return (lambda: cls(arg)) if arg else cls
+    if not arg:
+        return cls
+    try:
+        inspect.signature(cls).bind(arg)
+    except TypeError:
+        raise EnvError(f"env {name!r} takes no argument (got {spec!r}; use --env {name})") from None
+    except ValueError:  # no signature to inspect (a C type): let the call tell
+        pass
+    return lambda: cls(arg)
 
 
 def split_options(arg: str, allowed: dict[str, type], env: str) -> tuple[str, dict[str, object]]:

@@ -22,7 +22,10 @@ def load_generator(spec: str, log=print) -> Generator:
     if spec.startswith("openai:"):
         from engine.llm.openai_http import OpenAIGenerator
 
-        return OpenAIGenerator.from_spec(spec)
+        try:
+            return OpenAIGenerator.from_spec(spec)
+        except ValueError as e:  # a malformed spec or URL: the user's to fix, said in one line
+            raise GeneratorError(f"model {spec!r}: {e}") from None
     if spec.startswith("vllm:"):
         from engine.llm.vllm_backend import VLLMGenerator
 

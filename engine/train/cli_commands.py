@@ -15,6 +15,8 @@ import sys
 import time
 from typing import Any
 
+from engine.config import read_table
+
 
 def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
@@ -22,6 +24,15 @@ def _log(message: str) -> None:
 
 def _list(text: str | None) -> list[str]:
     return [p.strip() for p in (text or "").split(",") if p.strip()]
+
+
+def _int(text: str, flag: str) -> int:
+    from engine.config import ConfigError
+
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"{flag}: {text!r} is not an integer") from None
 
 
 class _PrintReporter:
@@ -53,20 +64,8 @@ class _PrintReporter:
 
 
 def _train_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    from engine.config import ConfigError
 
-    data: dict[str, Any] = {}
-    if args.config:
-        import tomllib
-        from pathlib import Path
-
-        p = Path(args.config)
-        try:
-            text = p.read_text(encoding="utf-8")
-            loaded = tomllib.loads(text) if p.suffix == ".toml" else json.loads(text)
-        except (OSError, ValueError) as e:
-            raise ConfigError(f"{p}: cannot read a train config ({e})") from None
-        data.update(loaded.get("train", loaded) if isinstance(loaded, dict) else {})
+    data: dict[str, Any] = dict(read_table(args.config, "train")) if args.config else {}
     flags = {
         "learning_rate": args.lr, "epochs": args.epochs, "max_steps": args.max_steps, "batch_size": args.batch_size,
         "grad_accum": args.grad_accum, "seed": args.seed, "max_length": args.max_length,
@@ -103,7 +102,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     config = {"model": args.model, "output": args.out, "runs": args.run or [], "train": _train_overrides(args)}
     validate_job(args.what, config)
-    with Store(args.db) as store:
+    with Store(args.db, must_exist=True) as store:
         for run in config["runs"]:
             store.find_run(run)
         if args.foreground:
@@ -168,7 +167,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     if action is None and not Path(args.db or default_db_path()).exists():
         print("[]" if args.json else "no jobs yet")
         return 0
-    with Store(args.db) as store:
+    with Store(args.db, must_exist=action is not None) as store:
         runner = JobRunner(store)
         runner.poll()
         if action == "cancel":
@@ -210,19 +209,12 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
 def run_eval(store: Any, cfg: dict[str, Any], log: Any = _log, job_id: str | None = None) -> str:
     """Evaluate per an eval job config; returns the evaluation id."""
-    from engine.envs.registry import env_factory, select_tasks
     from engine.evaluate import evaluate_and_store, format_metrics, recovery_starts
     from engine.llm.registry import load_generator
     from engine.train.jobs import eval_config
 
     config = eval_config(cfg.get("eval") or {})
-    env_spec = cfg.get("env") or "textcraft"
-    make_env = env_factory(env_spec)
-    env = make_env()
-    split, tasks_spec = cfg.get("split") or "test", cfg.get("tasks") or ""
-    if tasks_spec in ("train", "test"):
-        split, tasks_spec = tasks_spec, ""
-    tasks = select_tasks(env, tasks_spec, split) if tasks_spec else env.tasks(split)
+    env_spec, make_env, split, tasks = eval_tasks(cfg)
     recovery = []
     for run in cfg.get("recovery_runs") or []:
         recovery.extend(recovery_starts(store.samples(run_id=store.find_run(run), kind="recovery")))
@@ -234,13 +226,27 @@ def run_eval(store: Any, cfg: dict[str, Any], log: Any = _log, job_id: str | Non
     return str(result.eval_id)
 
 
+def eval_tasks(cfg: dict[str, Any]) -> tuple[str, Any, str, list[Any]]:
+    """(env spec, env factory, split, tasks) of an eval job config; EnvError for a bad selection."""
+    from engine.envs.registry import env_factory, select_tasks
+
+    env_spec = cfg.get("env") or "textcraft"
+    make_env = env_factory(env_spec)
+    env = make_env()
+    split, tasks_spec = cfg.get("split") or "test", cfg.get("tasks") or ""
+    if tasks_spec in ("train", "test"):
+        split, tasks_spec = tasks_spec, ""
+    tasks = select_tasks(env, tasks_spec, split) if tasks_spec else env.tasks(split)
+    return env_spec, make_env, split, tasks
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     from engine.store import Store
     from engine.train.jobs import JobRunner, validate_job
 
     ev: dict[str, Any] = {"mode": args.mode, "max_steps": args.max_steps, "max_tokens": args.max_tokens}
     if args.seeds:
-        ev["seeds"] = [int(s) for s in _list(args.seeds)]
+        ev["seeds"] = [_int(s, "--seeds") for s in _list(args.seeds)]
     if args.temperature is not None:
         ev["temperature"] = args.temperature
     if args.simulations is not None:
@@ -250,7 +256,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     cfg = {"model": args.model, "env": args.env, "split": args.split, "tasks": args.tasks, "eval": ev,
            "recovery_runs": args.recovery_run or []}
     validate_job("eval", cfg)
-    with Store(args.db) as store:
+    eval_tasks(cfg)  # a bad env or task selection is refused before the store opens
+    with Store(args.db, must_exist=bool(cfg["recovery_runs"])) as store:
         if args.job:
             job = JobRunner(store).submit("eval", cfg, device=args.device)
             print(f"job {job.id} (eval) {job.state}; log {job.log_path}")
@@ -270,20 +277,18 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_iterate(args: argparse.Namespace) -> int:
+    from engine.envs.registry import env_factory
     from engine.store import Store
-    from engine.train.iterate import IterateConfig, run_loop
+    from engine.train.iterate import IterateConfig, loop_tasks, run_loop
     from engine.train.jobs import JobRunner
 
-    data: dict[str, Any] = {}
-    if args.config:
-        from pathlib import Path
-
-        data.update(json.loads(Path(args.config).read_text(encoding="utf-8")))
+    data: dict[str, Any] = dict(read_table(args.config, "iterate")) if args.config else {}
     flags = {"method": args.method, "model": args.model, "env": args.env, "iterations": args.iterations,
              "tasks_per_iteration": args.tasks_per_iteration, "eval_tasks": args.eval_tasks, "seed": args.seed,
              "name": args.name}
     data.update({k: v for k, v in flags.items() if v is not None})
     config = IterateConfig.from_dict(data)
+    loop_tasks(config, env_factory(config.env)())  # a bad task selection is refused before the store opens
     with Store(args.db) as store:
         if args.job:
             from dataclasses import asdict
@@ -367,7 +372,8 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     e = sub.add_parser("eval", parents=[common], help="evaluate a model on held-out tasks")
     e.add_argument("--model", required=True, help="tiny | PATH | hf:PATH | openai:URL#MODEL | vllm:PATH")
     e.add_argument("--env", default="textcraft")
-    e.add_argument("--tasks", default="test", help="test | train | a range/ids within --split (default test)")
+    e.add_argument("--tasks", default="", help="a range/ids within --split, or test | train for the whole split "
+                                               "(default: every task of --split)")
     e.add_argument("--split", default="test")
     e.add_argument("--mode", choices=("greedy", "sampled", "mcts"), default="greedy")
     e.add_argument("--seeds", help="episodes per task for sampled/mcts, e.g. 0,1,2 (default 0)")

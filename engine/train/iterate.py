@@ -124,6 +124,20 @@ def _evaluate(store: Any, model_path: Path, config: IterateConfig, eval_tasks: l
             "loop_rate": result.metrics["loop_rate"]}
 
 
+def loop_tasks(config: IterateConfig, env: Any) -> tuple[list[Any], list[Any]]:
+    """The loop's train tasks and held-out tasks; a selection the env cannot serve is an error
+    before anything runs (the CLI checks it before it opens the database)."""
+    from engine.envs.registry import select_tasks
+
+    train_tasks = env.tasks(config.train_split)
+    eval_tasks = select_tasks(env, config.eval_tasks, config.eval_split) if config.eval_tasks else env.tasks(
+        config.eval_split)
+    if config.tasks_per_iteration > len(train_tasks):
+        raise ConfigError(f"tasks_per_iteration {config.tasks_per_iteration} > the {len(train_tasks)} "
+                          f"{config.train_split} tasks")
+    return train_tasks, eval_tasks
+
+
 def run_loop(store: Any, config: IterateConfig, reporter: Reporter | None = None, job_id: str | None = None,
              make_env: Callable[[], Any] | None = None, load: Callable[[Path], Any] | None = None) -> str:
     """Run the loop; returns its id (its iterations are in `store.iterations(loop_id)`).
@@ -131,7 +145,7 @@ def run_loop(store: Any, config: IterateConfig, reporter: Reporter | None = None
     `load_generator`, for envs or generators built in code (tests, notebooks)."""
     from engine.datasets.pairs import PairsConfig, build_pairs
     from engine.datasets.revisions import RevisionConfig, build_revisions
-    from engine.envs.registry import env_factory, select_tasks
+    from engine.envs.registry import env_factory
     from engine.llm.registry import load_generator
     from engine.search.runner import new_run
     from engine.store import ModelRecord
@@ -146,12 +160,7 @@ def run_loop(store: Any, config: IterateConfig, reporter: Reporter | None = None
     make_env = make_env or env_factory(config.env)
     env = make_env()
     description = env.describe()
-    train_tasks = env.tasks(config.train_split)
-    eval_tasks = select_tasks(env, config.eval_tasks, config.eval_split) if config.eval_tasks else env.tasks(
-        config.eval_split)
-    if config.tasks_per_iteration > len(train_tasks):
-        raise ConfigError(f"tasks_per_iteration {config.tasks_per_iteration} > the {len(train_tasks)} "
-                          f"{config.train_split} tasks")
+    train_tasks, eval_tasks = loop_tasks(config, env)
     rng = random.Random(config.seed)
     policy = resolve_model_path(config.model, log=reporter.log)
     search = config.search_config()

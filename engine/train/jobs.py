@@ -64,6 +64,7 @@ def validate_job(kind: str, config: dict[str, Any]) -> None:
             raise ConfigError(f"{kind} job: unknown field(s) {', '.join(sorted(unknown))}")
         if not isinstance(config.get("model"), str) or not config["model"]:
             raise ConfigError(f"{kind} job: 'model' (tiny | PATH) is required")
+        _check_trainable(kind, config["model"])
         train_config(kind, config.get("train") or {})
     elif kind == "eval":
         from engine.evaluate import EvalConfig
@@ -80,6 +81,23 @@ def validate_job(kind: str, config: dict[str, Any]) -> None:
         unknown = set(config) - {"steps", "seconds", "fail"}
         if unknown:
             raise ConfigError(f"probe job: unknown field(s) {', '.join(sorted(unknown))}")
+
+
+def _check_trainable(kind: str, spec: str) -> None:
+    """Refuse, before queueing, a model a training job could not load: servers, missing folders."""
+    text = spec.strip()
+    if text == "tiny":
+        return
+    if text.startswith(("openai:", "vllm:")):
+        raise ConfigError(f"{kind} job: model {text!r}: training needs a local model folder (tiny | PATH | hf:PATH)")
+    if not (Path(text.removeprefix("hf:")).expanduser() / "config.json").is_file():
+        raise ConfigError(f"{kind} job: model {text!r}: not a transformers model folder (no config.json)")
+
+
+def check_device(device: str) -> None:
+    """A job's device: cpu, cuda or cuda:N."""
+    if device not in ("cpu", "cuda") and not (device.startswith("cuda:") and device[5:].isdigit()):
+        raise ConfigError(f"job device {device!r}: expected cpu, cuda or cuda:N")
 
 
 def train_config(kind: str, data: dict[str, Any]) -> Any:
@@ -162,7 +180,9 @@ class JobRunner:
         """Queue a job (validated first) and start it if its device is idle."""
         if validate:
             validate_job(kind, config)
-        job = self.store.create_job(kind, config, device or default_device(), name=name)
+        device = device or default_device()
+        check_device(device)
+        job = self.store.create_job(kind, config, device, name=name)
         if start:
             self.poll()
         return self.store.job(job.id)

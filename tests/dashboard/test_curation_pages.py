@@ -481,3 +481,22 @@ def test_imported_refinement_rows_without_a_script_still_show(db) -> None:
     assert at.query_params["sample"] == "imported-1"
     assert any("No script was stored" in c.value for c in at.caption)
     assert "A door." in code_texts(at) and not at.error
+
+
+def test_imported_rows_show_before_any_search_run(tmp_path: Path, monkeypatch) -> None:
+    """`orchard import` into a new database, no run yet: the Refinement page curates the rows, the
+    Training and Evaluation pages open; the search pages still say there are no runs."""
+    imported = Sample(id="imported-2", kind="refine", task=Task(first_observation="A cellar."),
+                      turns=(Turn("Thought: go.\nAction: go up", "A hall.", True),),
+                      source={"file": "x.jsonl", "line": 1, "format": "agentgym", "original_id": None})
+    path = tmp_path / "imported-only.db"
+    with Store(path) as store:
+        store.save_samples([imported])
+    monkeypatch.setenv("ORCHARD_DB", str(path))
+    at = open_page(REFINEMENT, sample="imported-2")
+    assert "A hall." in code_texts(at) and not at.error and not at.info
+    for page in ("views/training.py", "views/evaluation.py"):
+        at = open_page(page)
+        assert not at.error and not any("No runs yet" in i.value for i in at.info), page
+    for page in (PAIRS, TRAJECTORIES):
+        assert any("No runs yet" in i.value for i in open_page(page).info), page
