@@ -176,6 +176,10 @@ GOOD = {"conversations": [{"from": "human", "value": "task"}, {"from": "gpt", "v
      "messages[1].role", "unknown role 'tool'"),
     ('{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b", "train": 1}]}', 3,
      "messages[1].train", "true, false or null"),
+    ('{"item_id": {"a": 1}, "conversations": [{"from": "human", "value": "a"}, {"from": "gpt", "value": "b"}]}',
+     3, "item_id", "expected text or an integer"),
+    ("[" * 100_000 + "]" * 100_000, 3, None, "nested too deeply"),
+    ('{"id": ' + "9" * 5000 + "}", 3, None, "4300 digits"),
 ])
 def test_malformed_records_name_file_line_and_field(tmp_path, bad_line, line, field, problem):
     path = tmp_path / "in.jsonl"

@@ -340,8 +340,11 @@ def _parse_record(record: Any, path: Path, line: int, kind: str) -> tuple[Sample
             expect = "user"
     if not turns:
         fail(key, "has no assistant (gpt) turn: nothing to train on")
-    task = Task(id=str(record.get("item_id") or record.get("id") or ""), first_observation=first or "",
-                system=system)
+    id_key = "item_id" if record.get("item_id") is not None else "id"
+    task_id = record.get(id_key)
+    if task_id is not None and (isinstance(task_id, bool) or not isinstance(task_id, (str, int))):
+        fail(id_key, f"expected text or an integer, got {type(task_id).__name__}")
+    task = Task(id=str(task_id if task_id is not None else ""), first_observation=first or "", system=system)
     probe = Sample(id="", kind=kind, task=task, turns=tuple(turns))
     sample = Sample(
         id=stable_id("imported", kind, json.dumps(probe.data(), sort_keys=True)), kind=kind, task=task,
