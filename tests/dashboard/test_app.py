@@ -217,3 +217,28 @@ def test_foreign_database_shows_one_line_error(monkeypatch, foreign_db: Path) ->
         assert at.error and "cannot be opened" in at.error[0].value
         (message,) = [c.value for c in at.code if "not Orchard's" in c.value]
         assert "\n" not in message and "Traceback" not in message
+
+
+def test_a_folder_or_a_damaged_database_is_explained_on_every_page(monkeypatch, tmp_path: Path) -> None:
+    import sqlite3
+
+    from engine.store import Store
+
+    folder = tmp_path / "folder.db"
+    folder.mkdir()
+    damaged = tmp_path / "damaged.db"
+    with Store(damaged):
+        pass
+    con = sqlite3.connect(damaged)
+    con.execute("DROP TABLE pairs")
+    con.commit()
+    con.close()
+    for path, says in ((folder, "a folder"), (damaged, "table(s) pairs missing")):
+        monkeypatch.setenv("ORCHARD_DB", str(path))
+        for page in (None, TREE_PAGE, "views/pairs.py", "views/refinement.py", "views/training.py"):
+            at = app().run()
+            if page:
+                at.switch_page(page).run()
+            assert not at.exception, (path, page)
+            assert at.error and "cannot be opened" in at.error[0].value, (path, page)
+            assert any(says in c.value for c in at.code), (path, page)
