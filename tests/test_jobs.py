@@ -123,6 +123,12 @@ def test_bad_configs_are_refused_or_fail_in_the_worker(store: Store) -> None:
         runner.submit("dpo", {"model": "tiny", "train": {"learning_rat": 1}}, device="cpu")
     with pytest.raises(ConfigError, match="model"):
         runner.submit("sft", {"train": {}}, device="cpu")
+    with pytest.raises(ConfigError, match="needs a local model folder"):
+        runner.submit("dpo", {"model": "openai:http://127.0.0.1:9/v1#m"}, device="cpu")
+    with pytest.raises(ConfigError, match="no config.json"):
+        runner.submit("sft", {"model": str(Path(store.path).parent)}, device="cpu")
+    with pytest.raises(ConfigError, match="expected cpu, cuda or cuda:N"):
+        runner.submit("probe", {"steps": 1}, device="banana")
     assert store.jobs() == []  # nothing queued for refused configs
     bad = runner.submit("dpo", {"model": "tiny", "train": {"beta": -1}}, device="cpu", validate=False)
     done = runner.wait(bad.id, timeout=60)

@@ -139,19 +139,29 @@ def resolve_precision(config: TrainConfig, device: str) -> str:
 # ------------------------------------------------------------------ models
 
 
-def resolve_model_path(spec: str | Path, log: Callable[[str], None] = print) -> Path:
-    """A local model folder from `tiny`, `hf:PATH` or `PATH` (training needs the weights at hand)."""
+def local_model_folder(spec: str | Path) -> Path | None:
+    """The folder of a `hf:PATH` / `PATH` model spec (None for `tiny`, built on demand); TrainError
+    for what training cannot load (a server spec, a folder without config.json). Cheap: the job
+    runner checks every training job with it before queueing."""
     text = str(spec).strip()
     if text == "tiny":
-        from engine.llm.tiny import ensure_tiny_model
-
-        return ensure_tiny_model(log=log)
+        return None
     if text.startswith(("openai:", "vllm:")):
         raise TrainError(f"model {text!r}: training needs a local model folder (tiny | PATH | hf:PATH)")
     path = Path(text.removeprefix("hf:")).expanduser()
     if not (path / "config.json").is_file():
         raise TrainError(f"model {text!r}: not a transformers model folder (no config.json)")
     return path.resolve()
+
+
+def resolve_model_path(spec: str | Path, log: Callable[[str], None] = print) -> Path:
+    """A local model folder from `tiny`, `hf:PATH` or `PATH` (training needs the weights at hand)."""
+    path = local_model_folder(spec)
+    if path is None:
+        from engine.llm.tiny import ensure_tiny_model
+
+        return ensure_tiny_model(log=log)
+    return path
 
 
 def load_model(path: str | Path, config: TrainConfig) -> tuple[Any, Any, str, str]:

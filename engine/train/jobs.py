@@ -64,7 +64,12 @@ def validate_job(kind: str, config: dict[str, Any]) -> None:
             raise ConfigError(f"{kind} job: unknown field(s) {', '.join(sorted(unknown))}")
         if not isinstance(config.get("model"), str) or not config["model"]:
             raise ConfigError(f"{kind} job: 'model' (tiny | PATH) is required")
-        _check_trainable(kind, config["model"])
+        from engine.train.common import local_model_folder
+
+        try:
+            local_model_folder(config["model"])
+        except ConfigError as e:
+            raise ConfigError(f"{kind} job: {e}") from None
         train_config(kind, config.get("train") or {})
     elif kind == "eval":
         from engine.evaluate import EvalConfig
@@ -81,17 +86,6 @@ def validate_job(kind: str, config: dict[str, Any]) -> None:
         unknown = set(config) - {"steps", "seconds", "fail"}
         if unknown:
             raise ConfigError(f"probe job: unknown field(s) {', '.join(sorted(unknown))}")
-
-
-def _check_trainable(kind: str, spec: str) -> None:
-    """Refuse, before queueing, a model a training job could not load: servers, missing folders."""
-    text = spec.strip()
-    if text == "tiny":
-        return
-    if text.startswith(("openai:", "vllm:")):
-        raise ConfigError(f"{kind} job: model {text!r}: training needs a local model folder (tiny | PATH | hf:PATH)")
-    if not (Path(text.removeprefix("hf:")).expanduser() / "config.json").is_file():
-        raise ConfigError(f"{kind} job: model {text!r}: not a transformers model folder (no config.json)")
 
 
 def check_device(device: str) -> None:
