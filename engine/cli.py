@@ -70,7 +70,9 @@ def cmd_search(args: argparse.Namespace) -> int:
     config = _search_config(args)
     make_env = env_factory(args.env)
     env = make_env()
-    tasks = select_tasks(env, args.tasks, args.split)
+    tasks = select_tasks(env, args.tasks, args.split) if args.tasks else env.tasks(args.split)[:8]
+    if tasks:  # an env that cannot start (no browser, no Java) is refused before anything is loaded or written
+        env.reset(tasks[0].id)
     generator = load_generator(args.model or "tiny", log=_log)
     name = args.name or f"{args.env}-{time.strftime('%Y%m%d-%H%M%S')}"
     with Store(args.db) as store:
@@ -169,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("search", parents=[common], help="grow search trees for a set of tasks")
     s.add_argument("--env", default="textcraft", help="environment (default textcraft)")
-    s.add_argument("--tasks", default="0:8", help="task indices START:STOP[:STEP] or ids a,b,c (default 0:8)")
+    s.add_argument("--tasks", help="task indices START:STOP[:STEP] or ids a,b,c (default: the first 8, or all if fewer)")
     s.add_argument("--split", default="train", help="task split (default train)")
     s.add_argument("--model", help="tiny | PATH | hf:PATH | openai:URL#MODEL | vllm:PATH (default tiny)")
     s.add_argument("--name", help="run name")

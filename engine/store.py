@@ -285,6 +285,10 @@ def _check_file(path: Path) -> int:
         head = f.read(len(SQLITE_MAGIC))
     if head != SQLITE_MAGIC:
         raise StoreError(f"{path}: not an Orchard database (not a SQLite file)")
+    # Even a read-only look at a WAL-mode file creates its -wal / -shm companions: a file that is
+    # refused gets them removed again, so a refusal leaves the folder as it was.
+    companions = [path.with_name(path.name + suffix) for suffix in ("-wal", "-shm")]
+    existed = [c.exists() for c in companions]
     try:
         con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
         try:
@@ -296,13 +300,19 @@ def _check_file(path: Path) -> int:
             meta = dict(con.execute("SELECT key, value FROM meta").fetchall())
         finally:
             con.close()
-    except sqlite3.DatabaseError as e:
+        if meta.get("app") != APP_ID:
+            raise StoreError(f"{path}: a SQLite database, but not Orchard's (app={meta.get('app')!r})")
+        version = int(meta.get("schema_version", "0"))
+        if version > SCHEMA_VERSION:
+            raise StoreError(f"{path}: schema version {version} is newer than this Orchard ({SCHEMA_VERSION}); "
+                             "upgrade")
+    except (sqlite3.DatabaseError, StoreError, ValueError) as e:
+        for companion, was_there in zip(companions, existed, strict=True):
+            if not was_there:
+                companion.unlink(missing_ok=True)
+        if isinstance(e, StoreError):
+            raise
         raise StoreError(f"{path}: corrupt or unreadable database ({e})") from None
-    if meta.get("app") != APP_ID:
-        raise StoreError(f"{path}: a SQLite database, but not Orchard's (app={meta.get('app')!r})")
-    version = int(meta.get("schema_version", "0"))
-    if version > SCHEMA_VERSION:
-        raise StoreError(f"{path}: schema version {version} is newer than this Orchard ({SCHEMA_VERSION}); upgrade")
     return version
 
 

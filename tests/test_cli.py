@@ -103,6 +103,25 @@ def test_more_bad_inputs_from_a_review_are_one_line_errors_and_write_nothing(tmp
     _one_line_error(_orchard("runs", "--db", str(folder)), "a folder")
 
 
+def test_refusals_leave_the_folder_as_it_was(tmp_path):
+    """A corrupt WAL-mode file gets no -wal/-shm companions; an env that cannot start (no browser)
+    leaves no half-made run (its database is not even created)."""
+    db = tmp_path / "c.db"
+    with Store(db):
+        pass
+    data = bytearray(db.read_bytes())
+    for i in range(100, len(data), 7):
+        data[i] = 0xAB
+    db.write_bytes(bytes(data))
+    _one_line_error(_orchard("runs", "--db", str(db)), "corrupt")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.db"]
+    web_db = tmp_path / "web.db"
+    out = _orchard("search", "--env", "web", "--tasks", "0:1", "--model", "tiny", "--db", str(web_db),
+                   env={"ORCHARD_CHROMIUM": str(tmp_path / "no-chromium")})
+    _one_line_error(out)
+    assert not web_db.exists()
+
+
 def test_a_damaged_database_is_named_as_such(tmp_path):
     db = tmp_path / "o.db"
     with Store(db):

@@ -52,13 +52,13 @@ def new_run(
 ) -> tuple[str, SearchStats]:
     """Create a run for `tasks` and search them; returns (run id, stats)."""
     make_env = make_env or env_factory(env_spec)
+    # Every tree's env is reset before the run is recorded: an env that cannot start (no browser,
+    # no Java) is an error that leaves no half-made run behind.
+    jobs = [start_tree(task, make_env, config.simulations) for task in tasks]
     run_id = store.create_run(name, env_spec, generator.name, asdict(config), tasks)
     ids = {task_id: tree_id for tree_id, task_id in store.tree_ids(run_id)}
-    jobs = []
-    for task in tasks:
-        job = start_tree(task, make_env, config.simulations)
-        job.tree_id = ids[task.id]
-        jobs.append(job)
+    for job in jobs:
+        job.tree_id = ids[job.tree.task.id]
     return run_id, _run(store, run_id, jobs, generator, config, progress)
 
 
