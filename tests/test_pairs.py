@@ -249,3 +249,22 @@ def test_pairs_from_a_real_search_are_what_the_model_saw_and_said(tmp_path):
     assert all(p.q_chosen - p.q_rejected > 0.1 for p in built.step)
     assert {p.task_id for p in built.step} <= {t.id for t in env.tasks()[:3]}
     assert all(isinstance(parse(t.text), CompositeAction) for s in built.rft for t in s.turns)
+
+
+def test_the_cli_explains_empty_trajectory_data_when_successes_were_rollout_only() -> None:
+    from engine.datasets.cli_commands import _rollout_only_hint
+    from engine.datasets.samples import TreeRef
+    from engine.envs.base import TaskSpec
+    from engine.search.tree import SearchTree, Simulation
+
+    tree = SearchTree.new(TaskSpec(id="t", goal="g"), "start")
+    child = tree.add_child(tree.root, observation="o")
+    tree.simulations.append(Simulation((child.id,), 1.0, ("a", "b")))
+    ref = TreeRef(tree=tree, run_id="r")
+    hint = _rollout_only_hint([ref], 1.0)
+    assert hint is not None and "1 simulations succeeded, all in rollouts" in hint
+    child.terminal, child.reward = "success", 1.0  # a success leaf in the tree: nothing to explain
+    assert _rollout_only_hint([ref], 1.0) is None
+    tree.simulations[0] = Simulation((child.id,), 0.0, ("a",))
+    child.terminal, child.reward = None, None
+    assert _rollout_only_hint([ref], 1.0) is None  # no success anywhere: nothing to explain either

@@ -45,6 +45,18 @@ def _list(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
+def _rollout_only_hint(refs: list[Any], threshold: float) -> str | None:
+    """Why whole-trajectory data came out empty when the search did succeed: its successes all
+    ended in rollouts, whose steps are not tree nodes (docs/decisions.md), so no leaf is a success."""
+    wins = sum(1 for ref in refs for sim in ref.tree.simulations if sim.reward >= threshold and sim.rollout)
+    leaves = sum(1 for ref in refs for n in ref.tree.nodes if n.terminal is not None and (n.reward or 0) >= threshold)
+    if wins and not leaves:
+        return (f"note: {wins} simulations succeeded, all in rollouts (not tree nodes), and no tree leaf is a "
+                "success, so no whole successful trajectory exists here; search with more simulations (or "
+                "a larger --depth) to grow successes into the trees")
+    return None
+
+
 def cmd_pairs_build(args: argparse.Namespace) -> int:
     from engine.datasets.pairs import PairsConfig, build_pairs
     from engine.store import Store
@@ -62,6 +74,9 @@ def cmd_pairs_build(args: argparse.Namespace) -> int:
         print(f"run {run_id}: {len(refs)} trees -> {len(built.step)} step pairs, {len(built.trajectory)} trajectory "
               f"pairs (alpha={config.alpha}, theta={config.theta}), {len(built.rft)} RFT rows")
         print(f"pairs: {pairs}; RFT rows: {rft}; db {store.path}")
+        hint = None if built.rft else _rollout_only_hint(refs, 1.0)
+        if hint:
+            print(hint)
     return 0
 
 
@@ -85,6 +100,9 @@ def cmd_revisions_build(args: argparse.Namespace) -> int:
               f"judge {judge.name}: {built.judge_calls} batched calls, {built.judge_requests} judgements, "
               f"{built.garbled} garbled")
         print(f"samples: {report}; db {store.path}")
+        hint = None if built.good else _rollout_only_hint(refs, 1.0)
+        if hint:
+            print(hint)
     return 0
 
 
