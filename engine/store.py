@@ -316,6 +316,15 @@ def _check_file(path: Path) -> int:
     return version
 
 
+def _simulation(path: list[int], reward: float, rollout: Any) -> Simulation:
+    """A stored simulation: `rollout` is its commands (a list), or, for a rollout that succeeded,
+    {"commands": [...], "turns": [[model text, observation], ...]} (same column, no migration)."""
+    if isinstance(rollout, dict):
+        turns = tuple((str(t[0]), str(t[1])) for t in rollout.get("turns", ()))
+        return Simulation(tuple(path), reward, tuple(rollout.get("commands", ())), turns)
+    return Simulation(tuple(path), reward, tuple(rollout))
+
+
 def _schema_tables() -> set[str]:
     """The tables the migrations create (read from MIGRATIONS when called, as tests shorten it)."""
     return set(re.findall(r"CREATE TABLE (?:IF NOT EXISTS )?(\w+)", "".join(sql for _, sql in MIGRATIONS)))
@@ -515,7 +524,8 @@ class Store:
             con.execute(
                 "INSERT INTO simulations VALUES (?,?,?,?,?,?)",
                 (tree_id, len(tree.simulations) - 1, json.dumps(list(sim.path)), sim.reward,
-                 json.dumps(list(sim.rollout)), time.time()),
+                 json.dumps({"commands": list(sim.rollout), "turns": [list(t) for t in sim.turns]}
+                            if sim.turns else list(sim.rollout)), time.time()),
             )
             con.execute(
                 "UPDATE trees SET simulations=?, solved=? WHERE id=?",
@@ -560,7 +570,7 @@ class Store:
             if n.parent is not None:
                 nodes[n.parent].children.append(n.id)
         sims = [
-            Simulation(tuple(json.loads(r[0])), r[1], tuple(json.loads(r[2])))
+            _simulation(json.loads(r[0]), r[1], json.loads(r[2]))
             for r in self.con.execute(
                 "SELECT path, reward, rollout FROM simulations WHERE tree_id=? ORDER BY idx", (tree_id,)
             )

@@ -251,7 +251,7 @@ def test_pairs_from_a_real_search_are_what_the_model_saw_and_said(tmp_path):
     assert all(isinstance(parse(t.text), CompositeAction) for s in built.rft for t in s.turns)
 
 
-def test_the_cli_explains_empty_trajectory_data_when_successes_were_rollout_only() -> None:
+def test_the_cli_explains_empty_trajectory_data_for_rollout_successes_stored_without_steps() -> None:
     from engine.datasets.cli_commands import _rollout_only_hint
     from engine.datasets.samples import TreeRef
     from engine.envs.base import TaskSpec
@@ -262,9 +262,39 @@ def test_the_cli_explains_empty_trajectory_data_when_successes_were_rollout_only
     tree.simulations.append(Simulation((child.id,), 1.0, ("a", "b")))
     ref = TreeRef(tree=tree, run_id="r")
     hint = _rollout_only_hint([ref], 1.0)
-    assert hint is not None and "1 simulations succeeded, all in rollouts" in hint
+    assert hint is not None and "1 simulations succeeded in rollouts stored without their steps" in hint
+    tree.simulations[0] = Simulation((child.id,), 1.0, ("a", "b"), (("Action: a", "o1"), ("Action: b", "won")))
+    assert _rollout_only_hint([ref], 1.0) is None  # the steps were kept: RFT rows exist
     child.terminal, child.reward = "success", 1.0  # a success leaf in the tree: nothing to explain
     assert _rollout_only_hint([ref], 1.0) is None
     tree.simulations[0] = Simulation((child.id,), 0.0, ("a",))
     child.terminal, child.reward = None, None
     assert _rollout_only_hint([ref], 1.0) is None  # no success anywhere: nothing to explain either
+
+
+def test_successful_rollouts_become_rft_rows_and_survive_the_store(tmp_path) -> None:
+    """A success found in a ROLLOUT (whose steps are not tree nodes) is a whole trajectory: tree
+    path + the rollout's own texts and observations, stored with the simulation; replaying its
+    commands in the env gives exactly the recorded observations."""
+    with Store(tmp_path / "o.db") as store:
+        run_id, _ = new_run(store, "line", [SnapshotLineEnv(8).task("goal-5")], ScriptedGenerator(p_right=0.8),
+                            SearchConfig(simulations=4, k=2, depth_limit=12), "r", make_env=SnapshotLineEnv)
+        ((tree_id, _),) = store.tree_ids(run_id)
+        tree = store.load_tree(tree_id)
+    wins = [s for s in tree.simulations if s.turns]
+    assert wins and all(s.reward == 1.0 and len(s.turns) == len(s.rollout) for s in wins)
+    assert not any(n.terminal == "success" for n in tree.nodes)  # the successes are in rollouts only
+    assert all(not s.turns for s in tree.simulations if s.reward < 1.0)
+    ref = TreeRef(tree=tree, run_id=run_id, tree_id=tree_id)
+    rows = rft_samples(ref)
+    assert rows and len({r.id for r in rows}) == len(rows)
+    for row in rows:
+        sim = tree.simulations[row.source["simulation"]]
+        env = SnapshotLineEnv(8)
+        env.reset("goal-5")
+        commands = [tree.nodes[n].action.command for n in sim.path] + list(sim.rollout)
+        observations = [env.step(c).observation for c in commands]
+        assert [parse(t.text).command for t in row.turns] == commands
+        assert [t.observation for t in row.turns] == [*observations[:-1], None]
+        assert all(t.trains for t in row.turns) and observations[-1] == sim.turns[-1][1]
+    assert SearchTree.from_json(json.loads(json.dumps(tree.to_json(0.5)))).simulations == tree.simulations

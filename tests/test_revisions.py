@@ -286,3 +286,15 @@ def test_a_judge_returning_the_wrong_number_of_answers_is_an_error():
     with pytest.raises(GeneratorError, match="results for"):
         build_revisions([TreeRef(tree, "r")], Short(), RevisionConfig())
     assert detect_first_errors([], [], Judge(), RevisionConfig()) == []
+
+
+def test_successes_found_in_rollouts_join_the_good_set() -> None:
+    from engine.search.tree import Simulation
+
+    tree = new_tree()
+    a = add(tree, 0, "right")
+    tree.simulations.append(Simulation((a,), 1.0, ("right",), (("ACTION: right", "You reached the goal."),)))
+    build = build_revisions([TreeRef(tree=tree, run_id="r", tree_id=1)], None, RevisionConfig())  # type: ignore[arg-type]
+    (good,) = build.good
+    assert good.kind == "good" and good.source["simulation"] == 0 and build.revision == []
+    assert [t.text for t in good.turns][-1] == "ACTION: right" and good.turns[-1].observation is None

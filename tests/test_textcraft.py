@@ -234,8 +234,9 @@ def test_stone_pickaxe_by_hand_with_tags_batches_and_progress(env: TextCraftEnv)
     assert step.observation == "Crafted 4 minecraft:oak_planks" and step.info["ok"]
     # the planks tag is resolved to the held oak planks
     step = env.step("craft 4 stick using 2 planks")
-    assert step.observation == "Crafted 4 minecraft:stick" and step.progress == pytest.approx(1 / 3)
-    assert env.step("get 3 cobblestone").progress == pytest.approx(2 / 3)  # member of stone tool materials
+    # progress counts the goal itself as the last of 4 items: 1.0 only once the pickaxe is held
+    assert step.observation == "Crafted 4 minecraft:stick" and step.progress == pytest.approx(1 / 4)
+    assert env.step("get 3 cobblestone").progress == pytest.approx(2 / 4)  # member of stone tool materials
     step = env.step("craft 1 stone pickaxe using 2 stick, 3 cobblestone")
     assert (step.observation, step.reward, step.done, step.progress) == (
         "Crafted 1 minecraft:stone_pickaxe",
@@ -378,7 +379,7 @@ def test_progress_is_latched(env: TextCraftEnv) -> None:
     env.step("get 1 oak logs")
     env.step("craft 4 oak planks using 1 oak logs")
     gained = env.step("craft 4 stick using 2 planks").progress
-    assert gained == pytest.approx(1 / 3)
+    assert gained == pytest.approx(1 / 4)
     # use the sticks up on something else: they are gone, the progress stays
     env.step("get 4 coal")
     assert env.step("craft 16 torch using 4 stick, 4 coal").info["ok"]
@@ -398,6 +399,7 @@ def test_noiseless_expert_solves_every_task(env: TextCraftEnv) -> None:
         assert all(s.info["ok"] for s in steps) and all(s.reward == 0.0 for s in steps[:-1]), task.id
         progress = [s.progress for s in steps]
         assert progress == sorted(progress) and progress[-1] == 1.0, task.id
+        assert all(p < 1.0 for p in progress[:-1]), task.id  # every ingredient held is not yet success
         assert len(steps) == len(plan(task.meta["goal_item"], {})) <= 10, task.id
         assert not any(e.is_mistake for e, _ in trajectory)
         lengths[len(steps)] += 1

@@ -46,14 +46,15 @@ def _list(text: str) -> list[str]:
 
 
 def _rollout_only_hint(refs: list[Any], threshold: float) -> str | None:
-    """Why whole-trajectory data came out empty when the search did succeed: its successes all
-    ended in rollouts, whose steps are not tree nodes (docs/decisions.md), so no leaf is a success."""
-    wins = sum(1 for ref in refs for sim in ref.tree.simulations if sim.reward >= threshold and sim.rollout)
+    """Why whole-trajectory data came out empty when the search did succeed: runs stored before
+    rollout steps were kept have, for a success that happened in a rollout, only its commands."""
+    wins = sum(1 for ref in refs for sim in ref.tree.simulations
+               if sim.reward >= threshold and sim.rollout and not sim.turns)
     leaves = sum(1 for ref in refs for n in ref.tree.nodes if n.terminal is not None and (n.reward or 0) >= threshold)
     if wins and not leaves:
-        return (f"note: {wins} simulations succeeded, all in rollouts (not tree nodes), and no tree leaf is a "
-                "success, so no whole successful trajectory exists here; search with more simulations (or "
-                "a larger --depth) to grow successes into the trees")
+        return (f"note: {wins} simulations succeeded in rollouts stored without their steps (a run from an "
+                "older Orchard), and no tree leaf is a success, so no whole successful trajectory exists "
+                "here; search again to keep the rollouts' steps")
     return None
 
 

@@ -20,7 +20,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.config import ConfigError
-from engine.datasets.samples import Sample, TreeRef, action_text, stable_id, to_messages, trajectory_sample
+from engine.datasets.samples import (
+    Sample,
+    TreeRef,
+    action_text,
+    rollout_samples,
+    stable_id,
+    to_messages,
+    trajectory_sample,
+)
 from engine.prompts import actor_prompt
 
 # Q values are means of rewards mixed with rank scores: 0.4 - 0.3 must not pass theta = 0.1 when
@@ -179,7 +187,7 @@ def trajectory_pairs(ref: TreeRef, config: PairsConfig) -> list[Pair]:
 def rft_samples(ref: TreeRef) -> list[Sample]:
     """Every successful trajectory, all turns trained (the RFT baseline)."""
     wins, _ = _leaves(ref)
-    return [trajectory_sample(ref, leaf, "rft") for leaf in wins]
+    return [trajectory_sample(ref, leaf, "rft") for leaf in wins] + rollout_samples(ref, "rft")
 
 
 def build_pairs(refs: Sequence[TreeRef], config: PairsConfig) -> PairsBuild:

@@ -28,7 +28,16 @@ from typing import Any
 
 from engine.actions import CompositeAction, render
 from engine.config import ConfigError
-from engine.datasets.samples import Sample, TreeRef, Turn, path_turns, stable_id, trajectory_sample, tree_task
+from engine.datasets.samples import (
+    Sample,
+    TreeRef,
+    Turn,
+    path_turns,
+    rollout_samples,
+    stable_id,
+    trajectory_sample,
+    tree_task,
+)
 from engine.llm.base import Generator, GeneratorError, SampleRequest, SamplingParams
 from engine.prompts import judge_prompt, parse_judgement
 
@@ -279,4 +288,5 @@ def build_revisions(refs: Sequence[TreeRef], judge: Generator, config: RevisionC
     out.recovery = list(recovery.values())
     for ref in refs:
         out.good.extend(trajectory_sample(ref, leaf, "good") for leaf in good_leaves(ref, config))
+        out.good.extend(rollout_samples(ref, "good"))  # successes that happened in rollouts
     return out

@@ -219,6 +219,34 @@ def path_turns(tree: SearchTree, path: Sequence[int], loss: bool | None, segment
     ]
 
 
+def rollout_samples(ref: TreeRef, kind: str) -> list[Sample]:
+    """Whole trajectories of the simulations whose ROLLOUT succeeded: the tree path, then the
+    rollout's own steps (kept with the simulation, as they are not tree nodes), loss on every
+    turn. One per distinct trajectory (a repeated rollout is one row)."""
+    tree, out, seen = ref.tree, [], set()
+    for index, sim in enumerate(ref.tree.simulations):
+        if not sim.turns:
+            continue
+        path = list(sim.path)
+        turns = path_turns(tree, path, True, "good")
+        turns += [Turn(text=text, observation=obs, loss=True, segment="good") for text, obs in sim.turns]
+        turns[-1] = replace(turns[-1], observation=None)
+        key = (tuple(path), tuple(t.text for t in turns))
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(Sample(
+            id=stable_id(kind, ref.run_id, tree.task.id, "rollout", *path, *(t.text for t in turns[len(path):])),
+            kind=kind,
+            task=tree_task(ref),
+            turns=tuple(turns),
+            run_id=ref.run_id,
+            source={"tree_id": ref.tree_id, "task_id": tree.task.id, "path": path, "simulation": index,
+                    "rollout": list(sim.rollout), "reward": sim.reward, "terminal": "success"},
+        ))
+    return out
+
+
 def trajectory_sample(ref: TreeRef, leaf: int, kind: str) -> Sample:
     """A whole root-to-`leaf` trajectory with loss on every turn (RFT rows, Agent-R good ones).
     The last observation is dropped so the chat ends on the assistant."""

@@ -214,10 +214,11 @@ class TextCraftEnv:
 
     @property
     def progress(self) -> float:
-        """Latched share of the goal tree's items obtained so far; 1.0 once the goal is held."""
+        """Latched share of the goal tree's items obtained so far, the goal itself counted as the last
+        one: 1.0 exactly when the goal is held (holding every ingredient is not yet success)."""
         if self._done:
             return 1.0
-        return len(self._obtained) / max(1, len(recipe_tree(self._goal).nodes))
+        return len(self._obtained) / (len(recipe_tree(self._goal).nodes) + 1)
 
     def _set(self, task: TaskSpec, inventory: dict[str, int], obtained: set[str], done: bool) -> None:
         self._task, self._goal = task, task.meta["goal_item"]

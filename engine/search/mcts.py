@@ -279,12 +279,13 @@ class MCTS:
             node = select_child(tree, node, cfg)
             path.append(node.id)
         rollout: tuple[str, ...] = ()
+        turns: tuple[tuple[str, str], ...] = ()
         if node.terminal is not None:
             reward = self._value(node.reward, node.progress)
         else:
-            reward, rollout = yield from self._rollout(job, node)
+            reward, rollout, turns = yield from self._rollout(job, node)
         tree.backpropagate(path, reward)
-        sim = Simulation(tuple(path), reward, rollout)
+        sim = Simulation(tuple(path), reward, rollout, turns)
         tree.simulations.append(sim)
         return sim
 
@@ -383,13 +384,17 @@ class MCTS:
                 e.Q_critic = 0.0
                 e.critic_reason = "(format error: not shown to the critic)"
 
-    def _rollout(self, job: TreeJob, node: Node) -> Coroutine[Requests, Replies, tuple[float, tuple[str, ...]]]:
+    def _rollout(
+        self, job: TreeJob, node: Node
+    ) -> Coroutine[Requests, Replies, tuple[float, tuple[str, ...], tuple[tuple[str, str], ...]]]:
+        """(backed-up value, commands, and — only when the episode succeeded — its turns)."""
         tree, cfg, session = job.tree, self.config, job.session
         assert session is not None
         task = tree.task
         session.goto(tree, node)
         history: list[HistoryStep] = tree.history(node)
         observation, depth, commands = node.observation, node.depth, []
+        turns: list[tuple[str, str]] = []
         progress = node.progress  # latched: the last step's progress is the episode's
         while depth < cfg.depth_limit:
             prompt = actor_prompt(job.env_description, task.goal, task.context, history, observation)
@@ -398,14 +403,16 @@ class MCTS:
             parsed = parse(completions[0].text) if completions else FormatError("no completion returned")
             if isinstance(parsed, FormatError):
                 commands.append(f"<format error: {parsed.reason}>")
-                return self._value(0.0, progress), tuple(commands)
+                return self._value(0.0, progress), tuple(commands), ()
             step = session.step(parsed.command)
             depth += 1
             commands.append(parsed.command)
+            turns.append((completions[0].text, step.observation))
             if step.progress is not None:
                 progress = step.progress
             if step.done or parsed.status != "CONTINUE":
-                return self._value(step.reward, progress), tuple(commands)
+                won = step.reward >= cfg.success_threshold
+                return self._value(step.reward, progress), tuple(commands), tuple(turns) if won else ()
             history.append(HistoryStep(parsed, step.observation))
             observation = step.observation
-        return self._value(0.0, progress), tuple(commands)
+        return self._value(0.0, progress), tuple(commands), ()

@@ -57,11 +57,15 @@ class Node:
 @dataclass(frozen=True)
 class Simulation:
     """One finished simulation: the tree path (root's child .. node rolled out from), the reward,
-    and the rollout's commands beyond the tree (rollout states are not added to the tree)."""
+    and the rollout's commands beyond the tree (rollout states are not added to the tree).
+    A rollout that reached success also keeps its steps whole in `turns` — (the model's text, the
+    observation that followed) per step — so the successful trajectory exists as data (RFT rows,
+    Agent-R good trajectories) although its steps are not tree nodes."""
 
     path: tuple[int, ...]
     reward: float
     rollout: tuple[str, ...] = ()
+    turns: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass
@@ -178,7 +182,9 @@ class SearchTree:
                 for n in self.nodes
             ],
             "simulations": [
-                {"path": list(s.path), "reward": s.reward, "rollout": list(s.rollout)} for s in self.simulations
+                {"path": list(s.path), "reward": s.reward, "rollout": list(s.rollout),
+                 **({"turns": [list(t) for t in s.turns]} if s.turns else {})}
+                for s in self.simulations
             ],
         }
 
@@ -215,7 +221,8 @@ class SearchTree:
         for n in nodes:
             if n.parent is not None:
                 nodes[n.parent].children.append(n.id)
-        sims = [Simulation(tuple(s["path"]), s["reward"], tuple(s.get("rollout", ()))) for s in doc["simulations"]]
+        sims = [Simulation(tuple(s["path"]), s["reward"], tuple(s.get("rollout", ())),
+                           tuple((str(t[0]), str(t[1])) for t in s.get("turns", ()))) for s in doc["simulations"]]
         return cls(task=task, nodes=nodes, simulations=sims)
 
     def to_networkx(self, alpha: float = 0.5):
