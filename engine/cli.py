@@ -236,17 +236,24 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def user_errors() -> tuple[type[Exception], ...]:
+    """Errors that are the user's to fix and say so in one line (exit 2 here; a job logs the line).
+    Imported when called, so `orchard --help` stays fast."""
     from engine.config import ConfigError
     from engine.datasets.samples import DatasetError
     from engine.envs.base import EnvError
     from engine.llm.base import GeneratorError
     from engine.store import StoreError
 
+    return (UsageError, ConfigError, DatasetError, EnvError, GeneratorError, StoreError)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    errors = user_errors()
     try:
         return args.func(args)
-    except (UsageError, ConfigError, DatasetError, EnvError, GeneratorError, StoreError) as e:
+    except errors as e:
         print(f"orchard: error: {' '.join(str(e).split())}", file=sys.stderr)  # one line, whatever e quotes
         return EXIT_USAGE
     except BrokenPipeError:  # `orchard jobs | head`: the reader left; say nothing more

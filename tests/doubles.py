@@ -113,3 +113,18 @@ class ScriptedGenerator:
 
     def logprobs(self, prompts, completions):
         return [None for _ in completions]
+
+
+def damaged_store(path, table: str):
+    """A current-schema Orchard database with `table` dropped by hand (what a damaged file looks like)."""
+    import sqlite3
+
+    from engine.store import Store
+
+    with Store(path):
+        pass
+    con = sqlite3.connect(path)
+    con.execute(f"DROP TABLE {table}")
+    con.commit()
+    con.close()
+    return path

@@ -123,15 +123,9 @@ def test_refusals_leave_the_folder_as_it_was(tmp_path):
 
 
 def test_a_damaged_database_is_named_as_such(tmp_path):
-    db = tmp_path / "o.db"
-    with Store(db):
-        pass
-    import sqlite3
+    from doubles import damaged_store
 
-    con = sqlite3.connect(db)
-    con.execute("DROP TABLE runs")
-    con.commit()
-    con.close()
+    db = damaged_store(tmp_path / "o.db", "runs")
     _one_line_error(_orchard("runs", "--db", str(db)), "damaged database", "runs")
 
 

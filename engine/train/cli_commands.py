@@ -207,14 +207,16 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------ eval
 
 
-def run_eval(store: Any, cfg: dict[str, Any], log: Any = _log, job_id: str | None = None) -> str:
-    """Evaluate per an eval job config; returns the evaluation id."""
+def run_eval(store: Any, cfg: dict[str, Any], log: Any = _log, job_id: str | None = None,
+             selection: tuple[str, Any, str, list[Any]] | None = None) -> str:
+    """Evaluate per an eval job config; returns the evaluation id. `selection`: `eval_tasks(cfg)`
+    when the caller has it already."""
     from engine.evaluate import evaluate_and_store, format_metrics, recovery_starts
     from engine.llm.registry import load_generator
     from engine.train.jobs import eval_config
 
     config = eval_config(cfg.get("eval") or {})
-    env_spec, make_env, split, tasks = eval_tasks(cfg)
+    env_spec, make_env, split, tasks = selection or eval_tasks(cfg)
     recovery = []
     for run in cfg.get("recovery_runs") or []:
         recovery.extend(recovery_starts(store.samples(run_id=store.find_run(run), kind="recovery")))
@@ -256,13 +258,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
     cfg = {"model": args.model, "env": args.env, "split": args.split, "tasks": args.tasks, "eval": ev,
            "recovery_runs": args.recovery_run or []}
     validate_job("eval", cfg)
-    eval_tasks(cfg)  # a bad env or task selection is refused before the store opens
+    selection = eval_tasks(cfg)  # a bad env or task selection is refused before the store opens
     with Store(args.db, must_exist=bool(cfg["recovery_runs"])) as store:
         if args.job:
             job = JobRunner(store).submit("eval", cfg, device=args.device)
             print(f"job {job.id} (eval) {job.state}; log {job.log_path}")
             return 0
-        eval_id = run_eval(store, cfg)
+        eval_id = run_eval(store, cfg, selection=selection)
         row = next(e for e in store.evaluations(model=args.model) if e["id"] == eval_id)
     if args.json:
         print(json.dumps(row, indent=2))

@@ -154,7 +154,9 @@ def main(argv: list[str] | None = None) -> int:
             store.finish_job(job.id, "succeeded", output_path=output)
             reporter.log(f"succeeded{': ' + output if output else ''}")
     except BaseException as e:  # noqa: BLE001 - every outcome must be recorded
-        if _user_error(e):  # a bad config, no data, a missing model: the reason is the whole story
+        from engine.cli import user_errors
+
+        if isinstance(e, user_errors()):  # a bad config, no data, a missing model: the reason is the whole story
             reporter.log(f"failed: {type(e).__name__}: {' '.join(str(e).split())}")
         else:
             traceback.print_exc()
@@ -173,17 +175,6 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             store.close()
     return code
-
-
-def _user_error(e: BaseException) -> bool:
-    """Errors that explain themselves in one line (the CLI's exit-2 kinds); others get a traceback."""
-    from engine.config import ConfigError
-    from engine.datasets.samples import DatasetError
-    from engine.envs.base import EnvError
-    from engine.llm.base import GeneratorError
-    from engine.store import StoreError
-
-    return isinstance(e, (ConfigError, DatasetError, EnvError, GeneratorError, StoreError))
 
 
 if __name__ == "__main__":

@@ -220,19 +220,11 @@ def test_foreign_database_shows_one_line_error(monkeypatch, foreign_db: Path) ->
 
 
 def test_a_folder_or_a_damaged_database_is_explained_on_every_page(monkeypatch, tmp_path: Path) -> None:
-    import sqlite3
-
-    from engine.store import Store
+    from doubles import damaged_store
 
     folder = tmp_path / "folder.db"
     folder.mkdir()
-    damaged = tmp_path / "damaged.db"
-    with Store(damaged):
-        pass
-    con = sqlite3.connect(damaged)
-    con.execute("DROP TABLE pairs")
-    con.commit()
-    con.close()
+    damaged = damaged_store(tmp_path / "damaged.db", "pairs")
     for path, says in ((folder, "a folder"), (damaged, "table(s) pairs missing")):
         monkeypatch.setenv("ORCHARD_DB", str(path))
         for page in (None, TREE_PAGE, "views/pairs.py", "views/refinement.py", "views/training.py"):
