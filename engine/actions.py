@@ -1,4 +1,4 @@
-"""Composite actions (SPEC §1): PLAN / THOUGHT / ACTION / EXPLANATION / STATUS.
+"""Composite actions (docs/algorithms.md §1): PLAN / THOUGHT / ACTION / EXPLANATION / STATUS.
 
 One structured text per agent step. `render` writes the canonical form every prompt and every
 training row uses; `parse` reads what a model actually wrote, tolerating case, spacing, markdown
@@ -64,7 +64,7 @@ class FormatError:
 
 @lru_cache(maxsize=1 << 16)
 def render(action: CompositeAction) -> str:
-    """Canonical text of a composite action, in the SPEC's part order (cached: histories re-render
+    """Canonical text of a composite action, in the part order of docs/algorithms.md §1 (cached: histories re-render
     the same actions at every step)."""
     parts = []
     if action.plan:

@@ -20,7 +20,7 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class SearchConfig:
-    """MCTS settings (SPEC §2). Defaults are the SPEC's; unpublished values are ours."""
+    """MCTS settings (docs/algorithms.md §2). Defaults are the papers'; unpublished values are ours."""
 
     simulations: int = 16  # T, per task
     k: int = 4  # candidates sampled per expansion
@@ -35,7 +35,7 @@ class SearchConfig:
     alpha: float = 0.5  # eq. 10 weight of Q~ against Q^
     selection_value: str = "mcts"  # value in UCB1: "mcts" (Q~) or "combined" (eq. 10 Q)
     success_threshold: float = 1.0  # a terminal reward at least this is a "success" leaf
-    # What eq. 8 backs up: "reward" (the terminal R, the SPEC's default) or "progress" (the larger of R
+    # What eq. 8 backs up: "reward" (the terminal R, the papers' default) or "progress" (the larger of R
     # and the latched progress the episode reached: a score in [0, 1] for envs whose success is rare).
     backup: str = "reward"
     trees_in_flight: int = 64  # trees advanced together; their LLM requests share one batch

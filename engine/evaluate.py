@@ -1,4 +1,4 @@
-"""Evaluation of a policy on held-out tasks (SPEC §4 metrics, §5 progress rate, §3 MCTS at test time).
+"""Evaluation of a policy on held-out tasks (docs/algorithms.md §4 metrics, §5 progress rate, §3 MCTS at test time).
 
 Metrics per evaluation, each with a bootstrap confidence interval over TASKS (episodes of one task
 are averaged first, so more seeds narrow the per-task estimate without pretending tasks are more

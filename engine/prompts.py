@@ -1,8 +1,8 @@
 """Prompt templates and answer parsers for the three roles a model plays.
 
-- actor (SPEC §1): system prompt + history of composite actions + current observation + task;
-- critic (SPEC §2.3): pick the single most promising of the remaining candidates;
-- first-error judge (SPEC §4.1): reasons, then `Judgement: Good | Bad | Uncertain`.
+- actor (docs/algorithms.md §1): system prompt + history of composite actions + current observation + task;
+- critic (docs/algorithms.md §2.3): pick the single most promising of the remaining candidates;
+- first-error judge (docs/algorithms.md §4.1): reasons, then `Judgement: Good | Bad | Uncertain`.
 
 These are the SAME prompts the tiny offline model is trained on and a real LLM receives, so the
 templates are plain instructions any instruction-tuned model can follow. Parsers never raise:
@@ -71,7 +71,7 @@ def _history_block(history: Sequence[HistoryStep], with_observations: bool) -> s
 def actor_prompt(
     env_description: str, goal: str, context: str, history: Sequence[HistoryStep], observation: str
 ) -> Prompt:
-    """The agent input at step t (SPEC §1): earlier composite actions as the inner monologue,
+    """The agent input at step t (docs/algorithms.md §1): earlier composite actions as the inner monologue,
     the current observation only."""
     user = (
         f"{_task_block(goal, context)}\n\n{_history_block(history, with_observations=False)}\n\n"

@@ -1,4 +1,4 @@
-"""Composite action render/parse (SPEC §1): round trips, tolerance, typed errors."""
+"""Composite action render/parse (docs/algorithms.md §1): round trips, tolerance, typed errors."""
 
 import time
 

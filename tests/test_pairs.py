@@ -1,4 +1,4 @@
-"""Preference pairs (SPEC §3): brute-force agreement on random trees, the strict threshold, eq. 10
+"""Preference pairs (docs/algorithms.md §3): brute-force agreement on random trees, the strict threshold, eq. 10
 mixing, prompts that are exactly what search sent the model, stable ids, trajectory pairs, RFT rows."""
 
 from __future__ import annotations

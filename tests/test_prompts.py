@@ -23,7 +23,7 @@ def test_actor_prompt_shows_history_actions_but_only_the_current_observation():
     user = p[1]["content"]
     assert "TASK: craft 1 stick" in user and "Crafting commands:" in user
     assert "ACTION: get 1 oak log" in user and "PLAN:" in user
-    assert "Got 1 oak log" not in user  # older observations are dropped (SPEC §1)
+    assert "Got 1 oak log" not in user  # older observations are dropped (docs/algorithms.md §1)
     assert "OBSERVATION: Crafted 4 oak planks" in user and "Step 2:" in user
     assert "Commands: get, craft." in p[0]["content"]
 

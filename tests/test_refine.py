@@ -1,4 +1,4 @@
-"""AgentRefine refinement data (SPEC §5): the script self-check, one test per trajectory-verifier
+"""AgentRefine refinement data (docs/algorithms.md §5): the script self-check, one test per trajectory-verifier
 rule with canned model outputs, the continuation / regeneration flows and budgets through a
 scripted Generator, the Sample rows and their loss flags, the CLI, and (slow) the whole pipeline
 against a real local OpenAI-compatible server."""

@@ -1,4 +1,4 @@
-"""Revision trajectories (Agent-R, SPEC §4): leaf selection thresholds, first-error detection with
+"""Revision trajectories (Agent-R, docs/algorithms.md §4): leaf selection thresholds, first-error detection with
 batched judging and every answer spelling, the splice turn by turn with its loss flags, recovery."""
 
 from __future__ import annotations

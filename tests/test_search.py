@@ -1,4 +1,4 @@
-"""MCTS per SPEC §2: UCB1, backprop, eq. 10, critic mapping, batching, replay == snapshot."""
+"""MCTS per docs/algorithms.md §2: UCB1, backprop, eq. 10, critic mapping, batching, replay == snapshot."""
 
 import math
 from dataclasses import replace

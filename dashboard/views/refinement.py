@@ -1,4 +1,4 @@
-"""Refinement data: AgentRefine samples (SPEC §5), with the script they were played in and the Dungeon
+"""Refinement data: AgentRefine samples (docs/algorithms.md §5), with the script they were played in and the Dungeon
 Master's verdict on every player action.
 
 Why this page: refinement tuning masks the turns the DM flagged as erroneous (loss 0) and trains on

@@ -1,4 +1,4 @@
-"""Trajectories: Agent-R revision data (SPEC §4), one (good, bad) path pair at a time.
+"""Trajectories: Agent-R revision data (docs/algorithms.md §4), one (good, bad) path pair at a time.
 
 Why this page: a revision trajectory is only as good as its transition point t'. Showing the good and
 the bad path side by side, t' marked with the judge's own words, and the spliced result with each
@@ -361,7 +361,7 @@ with st.container(border=True):
                     "the judge called Bad.")
     else:
         st.markdown(f"**Transition point t' — bad path step {step}, node {t_prime_node}:** the judge called "
-                    "no step Bad, so t' is the bad path's last step (SPEC §4).")
+                    "no step Bad, so t' is the bad path's last step (docs/algorithms.md §4).")
     record = next((j for j in judgements if j.get("node") == t_prime_node), None)
     at_t = next((t for t in sample.turns if t.node == t_prime_node and t.segment == "bad"), None)
     if at_t is not None:

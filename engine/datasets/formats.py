@@ -1,4 +1,4 @@
-"""Exports and imports of training data (SPEC §6): JSONL and Parquet that `datasets.load_dataset`
+"""Exports and imports of training data (docs/algorithms.md §6): JSONL and Parquet that `datasets.load_dataset`
 reads and TRL trains on.
 
 Exports:

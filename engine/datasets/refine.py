@@ -1,4 +1,4 @@
-"""Refinement tuning data (AgentRefine, SPEC §5): persona -> script -> trajectory -> verifier -> chat rows.
+"""Refinement tuning data (AgentRefine, docs/algorithms.md §5): persona -> script -> trajectory -> verifier -> chat rows.
 
 WHY this shape:
 - Each stage is one model call whose output is checked by pure functions (`check_script`,
@@ -16,7 +16,7 @@ WHY this shape:
   `Generator.sample` call (scripts, continuations and regenerations mixed), so vLLM or an HTTP
   server sees large batches, never one prompt at a time.
 - Output is the shared SFT `Sample` (kind "refine"; `to_row` renders a JSONL row of chat messages
-  with per-message `train` flags, SPEC §6): DM observations are user turns, the player's thought +
+  with per-message `train` flags, docs/algorithms.md §6): DM observations are user turns, the player's thought +
   action are assistant turns, and turns the DM flagged as erroneous get loss False (training on them
   cost ~75% of SciWorld score in the paper's ablation).
 
@@ -53,7 +53,7 @@ _ROLE_ALIASES = {"dm": "dm", "dungeon master": "dm", "dungeon_master": "dm", "pl
 @dataclass(frozen=True)
 class RefineConfig:
     """AgentRefine settings. `max_calls` (4, script calls included) is the paper's budget; the
-    other values are ours (SPEC: unpublished values are config options)."""
+    other values are ours (docs/algorithms.md: unpublished values are config options)."""
 
     min_corrections: int = 2  # error-then-correction episodes a kept trajectory needs
     max_calls: int = 4  # model calls per persona, all stages together
@@ -412,7 +412,7 @@ def verify_trajectory(
     config: RefineConfig | None = None,
     parse_error: str | None = None,
 ) -> Verification:
-    """Check `turns` in order against SPEC §5's rules; stop at the first violation.
+    """Check `turns` in order against docs/algorithms.md §5's rules; stop at the first violation.
 
     Rules (violation names): `structure` (a turn lacks its fields), `alternation` (roles out of
     order), `action` (a player action matches no script action with valid parameters and the DM's
@@ -667,7 +667,7 @@ def to_sample(persona: Persona, script: Script, verification: Verification, sour
 
 
 def to_row(sample: Sample) -> dict[str, Any]:
-    """A JSONL row: chat messages with per-message `train` flags (SPEC §6) plus the provenance."""
+    """A JSONL row: chat messages with per-message `train` flags (docs/algorithms.md §6) plus the provenance."""
     return {"id": sample.id, "kind": sample.kind, "messages": to_messages(sample), "meta": sample.source}
 
 

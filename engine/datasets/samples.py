@@ -5,10 +5,10 @@ AgentRefine refinement chats and imported AgentGym files are all "a task, then a
 followed by what the world answered", differing only in which turns carry loss. One model means one
 store table, one curation UI (per-turn loss toggles) and one set of renderers:
 
-- `to_messages`: multi-turn chat with a per-message `train` flag (SPEC §6);
+- `to_messages`: multi-turn chat with a per-message `train` flag (docs/algorithms.md §6);
 - `to_conversations`: AgentGym style `{from, value, loss}` (human turns `loss: null`);
 - `to_step_rows`: one prompt/completion row per trainable turn, in the exact `actor_prompt` format
-  the policy sees at inference, where older observations are dropped (SPEC §1).
+  the policy sees at inference, where older observations are dropped (docs/algorithms.md §1).
 
 User messages are the observation texts verbatim, so imported chats render back unchanged.
 """

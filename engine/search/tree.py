@@ -1,4 +1,4 @@
-"""The search tree: nodes are agent histories, edges composite actions (SPEC §2, §6).
+"""The search tree: nodes are agent histories, edges composite actions (docs/algorithms.md §2, §6).
 
 The values of an edge (h, a) live on the child node it leads to. `N` and `value_sum` are the only
 fields that change after a node is created (backpropagation); everything else is written once.
@@ -128,7 +128,7 @@ class SearchTree:
         )
 
     def check_invariants(self) -> list[str]:
-        """SPEC §6 invariants; returns the violations (empty when consistent)."""
+        """docs/algorithms.md §6 invariants; returns the violations (empty when consistent)."""
         problems = []
         counts = [0] * len(self.nodes)
         sums = [0.0] * len(self.nodes)
@@ -154,7 +154,7 @@ class SearchTree:
     # --- interchange -----------------------------------------------------------------------
 
     def to_json(self, run: dict[str, Any], alpha: float = 0.5) -> dict[str, Any]:
-        """The `orchard.tree/1` document (SPEC §6)."""
+        """The `orchard.tree/1` document (docs/algorithms.md §6)."""
         return {
             "format": FORMAT,
             "run": run,

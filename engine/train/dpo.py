@@ -1,4 +1,4 @@
-"""Step-level DPO on curated preference pairs (Agent Q, SPEC §3) and the trajectory-level baseline.
+"""Step-level DPO on curated preference pairs (Agent Q, docs/algorithms.md §3) and the trajectory-level baseline.
 
 Tokenization is the generator's, not TRL's: a step pair's prompt is the chat-templated actor prompt
 with the generation header, and each completion is the tokenizer's encoding of the action text

@@ -1,11 +1,11 @@
 """Iterated training loops: Agent Q's Algorithm 1 and Agent-R's iterative self-training.
 
-Agent Q (SPEC §3, Algorithm 1), per iteration: pi_ref <- the current policy; sample B train tasks;
+Agent Q (docs/algorithms.md §3, Algorithm 1), per iteration: pi_ref <- the current policy; sample B train tasks;
 MCTS with the current policy (actor, critic, rollouts); step pairs from the trees (eq. 10, theta);
 DPO with the replay buffer's log-probs as the reference (they come from pi_ref, which generated
 them); evaluate on held-out tasks; the trained model is the next policy.
 
-Agent-R (SPEC §4.3), per iteration: MCTS with the current model; first errors judged by the CURRENT
+Agent-R (docs/algorithms.md §4.3), per iteration: MCTS with the current model; first errors judged by the CURRENT
 model; revision trajectories + good trajectories mixed with a rising revision share; SFT; evaluate.
 
 Nobody curates inside a loop, so its trainers take pending rows too (curated rejections are still

@@ -13,12 +13,12 @@ from engine.envs import scienceworld as sw
 from engine.envs.base import EnvError, SupportsSnapshot, SupportsValidCommands
 from engine.envs.registry import env_factory
 
-SPEC = "scienceworld:boil,melt?vars=1"
+ENV_SPEC = "scienceworld:boil,melt?vars=1"
 
 
 @pytest.fixture(scope="module")
 def env() -> sw.ScienceWorldEnv:
-    return env_factory(SPEC)()
+    return env_factory(ENV_SPEC)()
 
 
 def test_tasks_and_splits(env: sw.ScienceWorldEnv) -> None:
@@ -50,7 +50,7 @@ def test_replay_is_deterministic_and_envs_share_the_pool(env: sw.ScienceWorldEnv
     gold = env.expert("boil-0")[:6]
     env.reset("boil-0")
     alone = [env.step(c).observation for c in gold]
-    other = env_factory(SPEC)()
+    other = env_factory(ENV_SPEC)()
     other.reset("melt-0")
     env.reset("boil-0")
     interleaved = []
@@ -67,11 +67,11 @@ def test_snapping_to_the_nearest_valid_action(env: sw.ScienceWorldEnv) -> None:
     assert "look around" in valid and len(valid) > 50
     step = env.step("go to kitchn")
     assert step.info.get("snapped") in valid and step.observation.startswith("(interpreted as")
-    unsnapped = env_factory(SPEC + "&snap=0")()
+    unsnapped = env_factory(ENV_SPEC + "&snap=0")()
     unsnapped.reset("boil-0")
     assert unsnapped.step("xyzzy plugh").observation.strip() == sw.NO_MATCH
     with pytest.raises(EnvError, match="before reset"):
-        env_factory(SPEC)().step("look around")
+        env_factory(ENV_SPEC)().step("look around")
 
 
 def test_pool_is_bounded_and_times_out(monkeypatch) -> None:
@@ -87,5 +87,5 @@ def test_pool_is_bounded_and_times_out(monkeypatch) -> None:
 def test_mcts_run_stores_trees(tmp_path, env: sw.ScienceWorldEnv) -> None:
     tasks = env.tasks("train")[:1]
     commands = env.expert(tasks[0].id)[:4] + ["look around"]
-    stats, trees = stored_search(tmp_path, SPEC, env_factory(SPEC), tasks, commands, simulations=2, depth=3)
+    stats, trees = stored_search(tmp_path, ENV_SPEC, env_factory(ENV_SPEC), tasks, commands, simulations=2, depth=3)
     check_search(stats, trees, 1, simulations=2)

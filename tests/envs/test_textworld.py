@@ -13,12 +13,12 @@ from engine.envs.base import EnvError, SupportsSnapshot
 from engine.envs.registry import env_factory
 from engine.envs.textworld_games import TextWorldCopyEnv, TextWorldEnv
 
-SPEC = "textworld:cooking?n=2"
+ENV_SPEC = "textworld:cooking?n=2"
 
 
 @pytest.fixture(scope="module")
 def env() -> TextWorldEnv:
-    return env_factory(SPEC)()
+    return env_factory(ENV_SPEC)()
 
 
 def test_games_are_cached_and_listed(env: TextWorldEnv) -> None:
@@ -27,10 +27,10 @@ def test_games_are_cached_and_listed(env: TextWorldEnv) -> None:
     assert all(t.goal.startswith("You are hungry!") for t in tasks)  # the game's objective
     paths = [t.meta["game"] for t in tasks]
     assert len(set(paths)) == 2 and all(p.endswith(".z8") for p in paths)
-    again = env_factory(SPEC)().tasks("train")  # a second env reads the same cached files
+    again = env_factory(ENV_SPEC)().tasks("train")  # a second env reads the same cached files
     assert [t.meta["game"] for t in again] == paths
     assert not isinstance(env, SupportsSnapshot)  # replay is the measured-faster default
-    assert isinstance(env_factory(SPEC + "&restore=copy")(), TextWorldCopyEnv)
+    assert isinstance(env_factory(ENV_SPEC + "&restore=copy")(), TextWorldCopyEnv)
     with pytest.raises(EnvError, match="unknown TextWorld challenge"):
         TextWorldEnv("zork")
     with pytest.raises(EnvError, match="restore must be"):
@@ -62,7 +62,7 @@ def test_unknown_command_changes_nothing_and_replay_is_deterministic(env: TextWo
 
 
 def test_copy_snapshot_restores_state() -> None:
-    env = env_factory(SPEC + "&restore=copy")()
+    env = env_factory(ENV_SPEC + "&restore=copy")()
     walk = env.expert("train-1")
     env.reset("train-1")
     env.step(walk[0])
@@ -79,6 +79,6 @@ def test_copy_snapshot_restores_state() -> None:
 def test_mcts_run_stores_trees(tmp_path, env: TextWorldEnv) -> None:
     tasks = env.tasks("train")
     commands = sorted({c for t in tasks for c in env.expert(t.id)} | {"look"})
-    stats, trees = stored_search(tmp_path, SPEC, env_factory(SPEC), tasks, commands)
+    stats, trees = stored_search(tmp_path, ENV_SPEC, env_factory(ENV_SPEC), tasks, commands)
     check_search(stats, trees, 2)
     assert stats.replays > 0
