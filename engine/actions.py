@@ -1,4 +1,5 @@
-"""Composite actions (docs/algorithms.md §1): PLAN / THOUGHT / ACTION / EXPLANATION / STATUS.
+"""Composite actions (Agent Q, arXiv 2408.07199; docs/algorithms.md §1): PLAN / THOUGHT / ACTION /
+EXPLANATION / STATUS.
 
 One structured text per agent step. `render` writes the canonical form every prompt and every
 training row uses; `parse` reads what a model actually wrote, tolerating case, spacing, markdown

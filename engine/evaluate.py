@@ -1,4 +1,6 @@
-"""Evaluation of a policy on held-out tasks (docs/algorithms.md §4 metrics, §5 progress rate, §3 MCTS at test time).
+"""Evaluation of a policy on held-out tasks (docs/algorithms.md §7): AgentBoard-style success and progress
+rate as in AgentRefine (arXiv 2501.01702), Agent-R's loop rate and recovery (arXiv 2501.11425), and Agent Q's
+MCTS at test time (arXiv 2408.07199).
 
 Metrics per evaluation, each with a bootstrap confidence interval over TASKS (episodes of one task
 are averaged first, so more seeds narrow the per-task estimate without pretending tasks are more

@@ -1,8 +1,10 @@
 """Prompt templates and answer parsers for the three roles a model plays.
 
-- actor (docs/algorithms.md §1): system prompt + history of composite actions + current observation + task;
-- critic (docs/algorithms.md §2.3): pick the single most promising of the remaining candidates;
-- first-error judge (docs/algorithms.md §4.1): reasons, then `Judgement: Good | Bad | Uncertain`.
+- actor (Agent Q, arXiv 2408.07199; docs/algorithms.md §1): system prompt + history of composite
+  actions + current observation + task;
+- critic (Agent Q; docs/algorithms.md §2.3): pick the single most promising of the remaining candidates;
+- first-error judge (Agent-R, arXiv 2501.11425; docs/algorithms.md §4.1): reasons, then
+  `Judgement: Good | Bad | Uncertain`.
 
 These are the SAME prompts the tiny offline model is trained on and a real LLM receives, so the
 templates are plain instructions any instruction-tuned model can follow. Parsers never raise:

@@ -1,4 +1,5 @@
-"""Preference pairs from search trees (Agent Q, docs/algorithms.md §3) and the two baselines' data.
+"""Preference pairs from search trees (Agent Q, arXiv 2408.07199; docs/algorithms.md §3) and the two
+baselines' data.
 
 - Step pairs: at EVERY node, every two explored children (N > 0) whose eq. 10 values differ by more
   than theta give (prompt = the agent input at the node, chosen, rejected), with the generation

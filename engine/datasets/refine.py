@@ -1,4 +1,5 @@
-"""Refinement tuning data (AgentRefine, docs/algorithms.md §5): persona -> script -> trajectory -> verifier -> chat rows.
+"""Refinement tuning data (AgentRefine, arXiv 2501.01702; docs/algorithms.md §5): persona -> script ->
+trajectory -> verifier -> chat rows.
 
 WHY this shape:
 - Each stage is one model call whose output is checked by pure functions (`check_script`,

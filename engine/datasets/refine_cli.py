@@ -1,4 +1,5 @@
-"""`orchard refine generate`: AgentRefine refinement data from a model (docs/algorithms.md §5) into JSONL.
+"""`orchard refine generate`: AgentRefine (arXiv 2501.01702) refinement data from a model
+(docs/algorithms.md §5) into JSONL.
 
 Wired by engine/cli.py (`add_parser(sub, common)`); heavy imports stay inside the command. User
 errors (bad --n, personas file, config file, model spec) are ConfigError / GeneratorError, which

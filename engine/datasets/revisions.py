@@ -1,4 +1,5 @@
-"""Revision trajectories from search trees (Agent-R, docs/algorithms.md §4), and the recovery test set.
+"""Revision trajectories from search trees (Agent-R, arXiv 2501.11425; docs/algorithms.md §4), and the
+recovery test set.
 
 1. Leaf pairs: a good leaf has final reward > alpha_good; a bad leaf is paired with a good one when
    reward(good) - reward(bad) > beta_gap. Each bad leaf is used once, with the good leaf that shares

@@ -1,4 +1,5 @@
-"""AI process supervision (docs/algorithms.md §2.3): a critic LLM ranks sibling candidates iteratively.
+"""AI process supervision (Agent Q, arXiv 2408.07199; docs/algorithms.md §2.3): a critic LLM ranks
+sibling candidates iteratively.
 
 The critic is asked for the single most promising of the remaining candidates; that one is removed
 and the question repeats until a full ranking exists. Each question is one request that the MCTS

@@ -1,4 +1,5 @@
-"""MCTS with AI process supervision over many trees at once (docs/algorithms.md §2).
+"""MCTS with AI process supervision (Agent Q, arXiv 2408.07199) over many trees at once
+(docs/algorithms.md §2).
 
 Each tree's simulation is a coroutine that yields the LLM requests it needs (expansion: K samples;
 critic: one ranking question per round; rollout: one action per step) and receives completions.

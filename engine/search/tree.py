@@ -1,4 +1,5 @@
-"""The search tree: nodes are agent histories, edges composite actions (docs/algorithms.md §2, §6).
+"""The search tree of Agent Q (arXiv 2408.07199): nodes are agent histories, edges composite actions
+(docs/algorithms.md §2; its JSON form `orchard.tree/1`, §6.2).
 
 The values of an edge (h, a) live on the child node it leads to. `N` and `value_sum` are the only
 fields that change after a node is created (backpropagation); everything else is written once.

@@ -1,4 +1,5 @@
-"""Step-level DPO on curated preference pairs (Agent Q, docs/algorithms.md §3) and the trajectory-level baseline.
+"""Step-level DPO on curated preference pairs (Agent Q, arXiv 2408.07199; docs/algorithms.md §3.2) and the
+trajectory-level baseline (§3.3).
 
 Tokenization is the generator's, not TRL's: a step pair's prompt is the chat-templated actor prompt
 with the generation header, and each completion is the tokenizer's encoding of the action text

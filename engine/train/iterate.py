@@ -1,4 +1,5 @@
-"""Iterated training loops: Agent Q's Algorithm 1 and Agent-R's iterative self-training.
+"""Iterated training loops: Agent Q's Algorithm 1 (arXiv 2408.07199) and Agent-R's iterative self-training
+(arXiv 2501.11425).
 
 Agent Q (docs/algorithms.md §3, Algorithm 1), per iteration: pi_ref <- the current policy; sample B train tasks;
 MCTS with the current policy (actor, critic, rollouts); step pairs from the trees (eq. 10, theta);

@@ -1,4 +1,6 @@
-"""SFT with per-turn loss masks: Agent-R revision trajectories, AgentRefine refinement data, RFT.
+"""SFT with per-turn loss masks: Agent-R revision trajectories (arXiv 2501.11425; docs/algorithms.md
+§4.3), AgentRefine refinement data (arXiv 2501.01702; §5.4), RFT (Agent Q's baseline, arXiv 2408.07199;
+§3.3).
 
 TRL has no per-turn mask, so rows reach SFTTrainer pre-tokenized with `input_ids` and
 `assistant_masks` (STACK-NOTES way (b)); TRL turns the masks into labels (-100 where 0). Two
