@@ -57,7 +57,10 @@ class Env(Protocol):
         """Start task `task_id`; returns the first observation."""
         ...
 
-    def step(self, command: str) -> Step: ...
+    def step(self, command: str) -> Step:
+        """Act. A command the env does not understand is an observation saying so, never an exception;
+        step() before reset() raises EnvError; after done, step() returns done=True with reward 0."""
+        ...
 
     def close(self) -> None:
         """Release what the env holds; idempotent. After close, reset() may start it again or raise
