@@ -81,11 +81,11 @@ def _diff(a: list[tuple], b: list[tuple], offset: int = 0) -> str:
 
 class _Checker:
     def __init__(self, env: Any, commands: Commands | None, max_tasks: int, max_steps: int,
-                 splits: Sequence[str]) -> None:
+                 splits: Sequence[str], task_ids: Sequence[str]) -> None:
         self.env = env
         self.name = str(getattr(env, "name", type(env).__name__))
         self.commands = commands
-        self.max_tasks, self.max_steps, self.splits = max_tasks, max_steps, splits
+        self.max_tasks, self.max_steps, self.splits, self.task_ids = max_tasks, max_steps, splits, task_ids
         self.checked: list[str] = []
         self.first: dict[str, str] = {}  # task id -> its first observation
 
@@ -120,7 +120,7 @@ class _Checker:
         self.step_before_reset()
         tasks = self.task_catalogue()
         self.unknown_task()
-        chosen = tasks[: self.max_tasks]
+        chosen = [self.env.task(i) for i in self.task_ids] if self.task_ids else tasks[: self.max_tasks]
         self.reset_determinism(chosen)
         plays = {t.id: self.episode(t) for t in chosen}
         self.replay(chosen, plays)
@@ -135,7 +135,7 @@ class _Checker:
         try:
             self.env.step("look")
         except EnvError:
-            self.checked.append("step-before-reset")
+            self.passed("step-before-reset")
             return
         except Exception as e:
             raise self.fail("step-before-reset", f"step() before reset() raised {type(e).__name__}, not EnvError "
@@ -182,7 +182,7 @@ class _Checker:
                 raise self.fail("unknown-task", f"{call}({UNKNOWN_TASK!r}) raised {type(e).__name__}, "
                                                 "not EnvError") from e
             raise self.fail("unknown-task", f"{call}({UNKNOWN_TASK!r}) was accepted: {_short(answer)}")
-        self.checked.append("unknown-task")
+        self.passed("unknown-task")
 
     def reset(self, task_id: str) -> str:
         """reset(), checked against the task's first observation once there is one."""
@@ -267,6 +267,7 @@ class _Checker:
 
     def episode(self, task: TaskSpec) -> tuple[list[str], list[tuple]]:
         commands = self.commands_for(task)
+        commands.append(commands[-1])  # one step past the end: past done, where the commands reach it
         self.reset(task.id)
         self.step(UNKNOWN_COMMAND)  # must be an observation, not an exception
         outcome = self.play(task.id, commands)
@@ -278,7 +279,7 @@ class _Checker:
             again = self.play(t.id, commands)
             if again != first:
                 raise self.fail("replay-deterministic", f"task {t.id!r} replayed differently: {_diff(first, again)}")
-        self.checked.append("replay-deterministic")
+        self.passed("replay-deterministic")
 
     def snapshots(self, task: TaskSpec, played: tuple[list[str], list[tuple]], tasks: list[TaskSpec]) -> None:
         commands, reference = played
@@ -307,8 +308,8 @@ class _Checker:
             raise self.fail("snapshot-equals-replay", f"task {task.id!r}, restored after {cut} steps: "
                                                       f"{_diff(reference[cut:], restored, cut)}{maybe}")
         if frozen is not None:
-            self.checked.append("snapshot-not-aliased")
-        self.checked.append("snapshot-equals-replay")
+            self.passed("snapshot-not-aliased")
+        self.passed("snapshot-equals-replay")
 
     def close(self) -> None:
         close = getattr(self.env, "close", None)
@@ -329,14 +330,16 @@ def _pickled(state: Any) -> bytes | None:
 
 
 def check_env(env: Any, *, commands: Commands | None = None, max_tasks: int = 3, max_steps: int = 12,
-              splits: Sequence[str] = ("train", "test"), close: bool = True) -> list[str]:
+              splits: Sequence[str] = ("train", "test"), task_ids: Sequence[str] = (),
+              close: bool = True) -> list[str]:
     """Check a freshly made `env` against the Env contract; raise EnvCheckError naming the first broken
     rule (see RULES). Returns the rules checked (snapshot rules only where the env offers snapshots).
 
     commands: the commands to play each task with (at most `max_steps` of them): a list, or a function
     task -> list; by default `env.expert(task_id)` where the env has one, else its valid_commands().
-    max_tasks: how many train tasks are played. splits: the splits whose catalogue is checked (a split
-    the env does not know, other than train, is skipped). close: end by closing the env (twice)."""
+    max_tasks: how many train tasks are played (the first ones), unless `task_ids` names the tasks to
+    play. splits: the splits whose catalogue is checked (a split the env does not know, other than
+    train, is skipped). close: end by closing the env (twice)."""
     if max_tasks < 1 or max_steps < 1:
         raise ValueError("check_env: max_tasks and max_steps must be at least 1")
-    return _Checker(env, commands, max_tasks, max_steps, splits).run(close)
+    return _Checker(env, commands, max_tasks, max_steps, splits, task_ids).run(close)
