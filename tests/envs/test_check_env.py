@@ -5,6 +5,10 @@ from __future__ import annotations
 import copy
 import itertools
 import math
+import re
+import sys
+import types
+from pathlib import Path
 
 import pytest
 
@@ -280,3 +284,18 @@ def test_budget_options_are_checked() -> None:
         check_env(Counter(), max_steps=0)
     env = Counter()
     assert "close" not in check_env(env, close=False, max_tasks=1, max_steps=3)
+
+
+def test_the_readme_plugin_example_passes_the_checker() -> None:
+    """README's "Registering your own env": its example env and its check_env snippet, run as written."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    example = re.search(r"```python\n(# my_envs/coins\.py.*?)```", readme, re.DOTALL)
+    snippet = re.search(r"```python\n(from engine\.envs\.check import check_env\n.*?)```", readme, re.DOTALL)
+    assert example and snippet, "README lost its plugin example or its check_env snippet"
+    module = types.ModuleType("my_envs.coins")
+    exec(compile(example[1], "README.md", "exec"), module.__dict__)  # noqa: S102 - our own README
+    names = {"my_envs": types.ModuleType("my_envs"), "my_envs.coins": module}
+    with pytest.MonkeyPatch.context() as mp:
+        for name, mod in names.items():
+            mp.setitem(sys.modules, name, mod)
+        exec(compile(snippet[1], "README.md", "exec"), {})  # noqa: S102 - raises EnvCheckError if it breaks a rule
