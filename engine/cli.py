@@ -50,6 +50,7 @@ def _progress_bar(total: int, desc: str):
 
 
 def cmd_search(args: argparse.Namespace) -> int:
+    from engine.envs.base import close_env
     from engine.envs.registry import env_factory, select_tasks
     from engine.llm.registry import load_generator
     from engine.search.runner import new_run, resume_run
@@ -70,9 +71,12 @@ def cmd_search(args: argparse.Namespace) -> int:
     config = _search_config(args)
     make_env = env_factory(args.env)
     env = make_env()
-    tasks = select_tasks(env, args.tasks, args.split) if args.tasks else env.tasks(args.split)[:8]
-    if tasks:  # an env that cannot start (no browser, no Java) is refused before anything is loaded or written
-        env.reset(tasks[0].id)
+    try:
+        tasks = select_tasks(env, args.tasks, args.split) if args.tasks else env.tasks(args.split)[:8]
+        if tasks:  # an env that cannot start (no browser, no Java) is refused before anything is loaded or written
+            env.reset(tasks[0].id)
+    finally:
+        close_env(env)  # the probe; every tree makes its own env
     generator = load_generator(args.model or "tiny", log=_log)
     name = args.name or f"{args.env}-{time.strftime('%Y%m%d-%H%M%S')}"
     with Store(args.db) as store:

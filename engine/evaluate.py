@@ -39,7 +39,7 @@ from typing import Any
 
 from engine.actions import FormatError, parse
 from engine.config import ConfigError, SearchConfig
-from engine.envs.base import Env, TaskSpec
+from engine.envs.base import Env, TaskSpec, close_env, close_envs
 from engine.llm.base import Generator, GeneratorError, SampleRequest, SamplingParams
 from engine.prompts import HistoryStep, actor_prompt
 
@@ -200,24 +200,38 @@ class _Live:
     task: TaskSpec
     history: list[HistoryStep]
     observation: str
+    tree: Any = None  # mcts mode: the search tree rooted at the episode's start
 
 
 def _seed(*parts: Any) -> int:
     return zlib.crc32(repr(parts).encode()) & 0x7FFFFFFF
 
 
-def _begin(start: Start, seed: int, make_env: Callable[[], Env], config: EvalConfig) -> _Live:
+def _description(make_env: Callable[[], Env]) -> str:
     env = make_env()
-    obs = env.reset(start.task.id)
+    try:
+        return env.describe()
+    finally:
+        close_env(env)
+
+
+def _begin(start: Start, seed: int, make_env: Callable[[], Env], config: EvalConfig) -> _Live:
+    """A started episode; its env is the caller's to close (closed here if the start fails)."""
+    env = make_env()
     episode = Episode(task_id=start.task.id, seed=seed, label=start.label, prefix_steps=len(start.commands))
-    for command in start.commands:
-        step = env.step(command)
-        obs = step.observation
-        episode.progress = max(episode.progress, step.progress or 0.0)
-        if step.done:
-            episode.reward = step.reward
-            episode.success = step.reward >= config.success_threshold
-            episode.terminal = "done_in_prefix"
+    try:
+        obs = env.reset(start.task.id)
+        for command in start.commands:
+            step = env.step(command)
+            obs = step.observation
+            episode.progress = max(episode.progress, step.progress or 0.0)
+            if step.done:
+                episode.reward = step.reward
+                episode.success = step.reward >= config.success_threshold
+                episode.terminal = "done_in_prefix"
+    except BaseException:
+        close_env(env)
+        raise
     return _Live(episode, env, start.task, list(start.history), obs)
 
 
@@ -251,8 +265,19 @@ def _apply(live: _Live, text: str, config: EvalConfig) -> bool:
 
 def _policy_episodes(generator: Generator, make_env: Callable[[], Env], starts: Sequence[Start],
                      config: EvalConfig) -> list[Episode]:
-    description = make_env().describe()
-    lives = [_begin(s, seed, make_env, config) for s in starts for seed in config.episode_seeds]
+    description = _description(make_env)
+    lives: list[_Live] = []
+    try:
+        for s in starts:
+            for seed in config.episode_seeds:
+                lives.append(_begin(s, seed, make_env, config))
+        _policy_loop(generator, description, lives, config)
+    finally:
+        close_envs(lv.env for lv in lives)
+    return [lv.episode for lv in lives]
+
+
+def _policy_loop(generator: Generator, description: str, lives: list[_Live], config: EvalConfig) -> None:
     active = [lv for lv in lives if not lv.episode.terminal]
     temperature = 0.0 if config.mode == "greedy" else config.temperature
     while active:
@@ -269,7 +294,6 @@ def _policy_episodes(generator: Generator, make_env: Callable[[], Env], starts: 
             raise GeneratorError(f"generator returned {len(replies)} results for {len(requests)} requests")
         active = [lv for lv, reply in zip(active, replies, strict=True)
                   if _apply(lv, reply[0].text if reply else "", config)]
-    return [lv.episode for lv in lives]
 
 
 # ------------------------------------------------------------------ MCTS at inference
@@ -303,19 +327,30 @@ def reroot(tree: Any, node_id: int) -> tuple[Any, int]:
 
 def _mcts_episodes(generator: Generator, make_env: Callable[[], Env], starts: Sequence[Start],
                    config: EvalConfig) -> list[Episode]:
-    from engine.search.mcts import MCTS, TreeJob, start_tree
+    from engine.search.mcts import start_tree
 
     if any(s.commands for s in starts):
         raise ConfigError("mcts mode evaluates from the task start only (recovery starts need greedy or sampled)")
     lives: list[_Live] = []
-    jobs: list[tuple[_Live, Any, int]] = []  # (episode, tree, current node id)
-    description = make_env().describe()
-    for s in starts:
-        for seed in config.episode_seeds:
-            live = _begin(s, seed, make_env, config)
-            job = start_tree(s.task, make_env, 0)
-            lives.append(live)
-            jobs.append((live, job.tree, 0))
+    description = _description(make_env)
+    try:
+        for s in starts:
+            for seed in config.episode_seeds:
+                lives.append(_begin(s, seed, make_env, config))
+                job = start_tree(s.task, make_env, 0)
+                job.close()  # only its root observation is needed; each search step makes its own envs
+                lives[-1].tree = job.tree
+        _mcts_loop(generator, make_env, description, lives, config)
+    finally:
+        close_envs(lv.env for lv in lives)
+    return [lv.episode for lv in lives]
+
+
+def _mcts_loop(generator: Generator, make_env: Callable[[], Env], description: str, lives: list[_Live],
+               config: EvalConfig) -> None:
+    from engine.search.mcts import MCTS, TreeJob
+
+    jobs: list[tuple[_Live, Any, int]] = [(lv, lv.tree, 0) for lv in lives]  # (episode, tree, current node id)
     active = list(range(len(jobs)))
     for step in range(config.max_steps):
         if not active:
@@ -358,7 +393,6 @@ def _mcts_episodes(generator: Generator, make_env: Callable[[], Env], starts: Se
         active = still
     for i in active:
         jobs[i][0].episode.terminal = jobs[i][0].episode.terminal or "max_steps"
-    return [lv.episode for lv in lives]
 
 
 # ------------------------------------------------------------------ entry points

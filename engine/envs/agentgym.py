@@ -21,7 +21,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
-from engine.envs.base import EnvError, Step, TaskSpec
+from engine.envs.base import EnvBase, EnvError, Step, TaskSpec
 from engine.envs.registry import split_options
 
 OPTIONS = {"timeout": float, "n": int, "style": str, "score": float}
@@ -41,7 +41,7 @@ def _close_remote(client: httpx.Client, url: str, key: str, idx: Any) -> None:
         client.close()
 
 
-class AgentGymEnv:
+class AgentGymEnv(EnvBase):
     """One env instance on an AgentGym-style server (created at the first reset)."""
 
     name = "agentgym"

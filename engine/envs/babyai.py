@@ -23,7 +23,7 @@ import gymnasium as gym
 import minigrid  # noqa: F401  (registers the BabyAI-* levels with gymnasium)
 from minigrid.core.constants import IDX_TO_COLOR, IDX_TO_OBJECT, STATE_TO_IDX
 
-from engine.envs.base import EnvError, Step, TaskSpec
+from engine.envs.base import EnvBase, EnvError, Step, TaskSpec
 from engine.envs.registry import split_options
 
 SPLITS = ("train", "test")
@@ -122,7 +122,7 @@ def _mission(level: str, seed: int) -> str:
     return env.mission
 
 
-class BabyAIEnv:
+class BabyAIEnv(EnvBase):
     """One BabyAI level; tasks are seeds. Options: n (tasks per split, default 50)."""
 
     name = "babyai"
@@ -203,6 +203,11 @@ class BabyAIEnv:
 
     def restore(self, state: Any) -> None:
         self._env, self._task, self._done, self._steps = copy.deepcopy(state)
+
+    def close(self) -> None:
+        """Close the gymnasium env (its renderer, if one was opened); reset() starts it again."""
+        self._env.close()
+        self._task, self._done = None, False
 
     def expert(self, task_id: str) -> list[str]:
         """The level's BabyAIBot, run on a private copy from reset: its commands solve the task."""

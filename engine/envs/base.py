@@ -2,13 +2,16 @@
 
 Tiny on purpose, Gymnasium-style, text in and text out. Search needs exactly this: reset to a task,
 step a command, and restore a state — through `snapshot()/restore()` when the env offers them,
-otherwise by replaying the commands from `reset` (envs must be deterministic per task id).
+otherwise by replaying the commands from `reset` (envs must be deterministic per task id) — and
+release what an env holds (`close()`: a browser page, a remote session, a simulator process) when the
+caller is done with it. `engine.envs.check.check_env` tests an env against this contract.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, Self, runtime_checkable
 
 
 @dataclass(frozen=True)
@@ -54,7 +57,49 @@ class Env(Protocol):
         """Start task `task_id`; returns the first observation."""
         ...
 
-    def step(self, command: str) -> Step: ...
+    def step(self, command: str) -> Step:
+        """Act. A command the env does not understand is an observation saying so, never an exception;
+        step() before reset() raises EnvError; after done, step() returns done=True with reward 0."""
+        ...
+
+    def close(self) -> None:
+        """Release what the env holds; idempotent. After close, reset() may start it again or raise
+        EnvError (env-specific); search and evaluation never use a closed env."""
+        ...
+
+
+class EnvBase:
+    """A base for envs: a no-op `close()` and `with env:` support. Subclass it and override `close`
+    where the env holds something (the built-ins do)."""
+
+    def close(self) -> None:
+        return None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def close_env(env: Any) -> None:
+    """Close `env` if it has a `close()`: callers use this, so a plugin env without one still works."""
+    close = getattr(env, "close", None)
+    if callable(close):
+        close()
+
+
+def close_envs(envs: Iterable[Any]) -> None:
+    """Close every env (or anything with a close(), e.g. search jobs), even when one's close() raises;
+    the first error is raised after the rest are closed."""
+    error: BaseException | None = None
+    for env in envs:
+        try:
+            close_env(env)
+        except Exception as e:  # noqa: BLE001 - re-raised below, after the other envs are closed
+            error = error or e
+    if error is not None:
+        raise error
 
 
 @runtime_checkable

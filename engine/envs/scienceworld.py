@@ -32,7 +32,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from engine.envs.base import EnvError, Step, TaskSpec
+from engine.envs.base import EnvBase, EnvError, Step, TaskSpec
 from engine.envs.registry import cache_dir, split_options
 
 SPLITS = ("train", "dev", "test")
@@ -109,6 +109,13 @@ class JvmPool:
                 self._cond.notify()
             raise
         return jvm
+
+    def forget(self, token: int) -> None:
+        """No JVM holds env `token`'s state any more (the env was closed)."""
+        with self._cond:
+            for jvm in self._jvms:
+                if jvm.sync is not None and jvm.sync[0] == token:
+                    jvm.sync = None
 
     def close(self) -> None:
         with self._cond:
@@ -217,7 +224,7 @@ def _incomplete(cat: dict[str, Any], names: list[str] | None, vars_cap: int | No
 _TOKENS = itertools.count(1)
 
 
-class ScienceWorldEnv:
+class ScienceWorldEnv(EnvBase):
     """ScienceWorld tasks through a shared JVM pool; deterministic, restored by replay."""
 
     name = "scienceworld"
@@ -351,6 +358,14 @@ class ScienceWorldEnv:
         with pool().lease(self._token) as jvm:
             self._sync(jvm)
             return self._valid(jvm)
+
+    def close(self) -> None:
+        """Give up this env's claim on the shared JVMs: a JVM still holding its state is marked free of
+        it (the next user reloads), so the pool does not keep preferring a closed env. The JVMs stay
+        warm for other envs and are stopped at exit."""
+        if _POOL is not None:
+            _POOL.forget(self._token)
+        self._task, self._sent, self._done = None, [], False
 
     def expert(self, task_id: str) -> list[str]:
         """The simulator's gold action sequence for the task (from reset, after 'look around')."""

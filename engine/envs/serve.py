@@ -26,7 +26,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from engine.envs.base import Env, EnvError, SupportsValidCommands
+from engine.envs.base import Env, EnvError, SupportsValidCommands, close_env, close_envs
 
 MAX_BODY = 1 << 20
 STYLES = ("id", "env_idx")
@@ -141,8 +141,14 @@ class EnvService:
         idx, inst = self._instance(body)
         with self._lock:
             self._instances.pop(idx, None)
-        _close_env(inst.env)
+        close_env(inst.env)
         return {"closed": True}
+
+    def shutdown(self) -> None:
+        """Close every instance and the probe env (the server is stopping)."""
+        with self._lock:
+            envs, self._instances = [i.env for i in self._instances.values()], {}
+        close_envs([*envs, self._probe])
 
     # -- helpers --------------------------------------------------------------------------------------
 
@@ -166,13 +172,7 @@ class EnvService:
         idle = [(i.last_used, k) for k, i in self._instances.items() if now - i.last_used > self.idle_s]
         if idle:
             _, key = min(idle)
-            _close_env(self._instances.pop(key).env)
-
-
-def _close_env(env: Env) -> None:
-    close = getattr(env, "close", None)
-    if callable(close):
-        close()
+            close_env(self._instances.pop(key).env)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -245,6 +245,7 @@ def serve(spec: str, host: str, port: int, split: str, style: str, max_envs: int
     try:
         server = make_server(service, host, port)
     except OSError as e:
+        service.shutdown()
         raise EnvError(f"cannot listen on {host}:{port}: {e}") from e
     log(f"serving {spec} ({len(service._tasks)} {split} tasks, {style} style) on "
         f"http://{host}:{server.server_address[1]}/{name}")
@@ -252,3 +253,4 @@ def serve(spec: str, host: str, port: int, split: str, style: str, max_envs: int
         server.serve_forever()
     finally:
         server.server_close()
+        service.shutdown()

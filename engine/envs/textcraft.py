@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from types import MappingProxyType
 
-from engine.envs.base import EnvError, Step, TaskSpec
+from engine.envs.base import EnvBase, EnvError, Step, TaskSpec
 from engine.envs.textcraft_recipes import Recipe, RecipeTree, readable, recipe_book, recipe_tree
 
 MAX_DEPTH = 4
@@ -138,7 +138,7 @@ def _did_you_mean(text: str) -> str:
     return f" Did you mean: {', '.join(close)}?" if close else ""
 
 
-class TextCraftEnv:
+class TextCraftEnv(EnvBase):
     """TextCraft over the bundled Minecraft recipes; deterministic per task id, snapshot-able."""
 
     name = "textcraft"

@@ -28,7 +28,7 @@ import textworld
 import textworld.challenges
 from textworld import EnvInfos, GameOptions
 
-from engine.envs.base import EnvError, Step, TaskSpec
+from engine.envs.base import EnvBase, EnvError, Step, TaskSpec
 from engine.envs.registry import cache_dir, split_options
 
 SPLITS = ("train", "test")
@@ -111,7 +111,7 @@ def game_for(challenge: str, base_json: str, settings_json: str, seed: int) -> G
     return _generate(challenge, json.loads(settings_json), seed, target)
 
 
-class TextWorldEnv:
+class TextWorldEnv(EnvBase):
     """Generated TextWorld games; restore by replay. See TextWorldCopyEnv for copy-based snapshots."""
 
     name = "textworld"
@@ -222,9 +222,10 @@ class TextWorldEnv:
         return list(self._state.admissible_commands or [])
 
     def close(self) -> None:
+        """Stop the game's interpreter process; reset() starts a new one."""
         if self._env is not None:
             self._env.close()
-            self._env = None
+        self._env, self._path, self._task, self._state = None, "", None, None
 
 
 class TextWorldCopyEnv(TextWorldEnv):

@@ -31,9 +31,9 @@ import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
-from engine.envs.base import EnvError, Step, TaskSpec
+from engine.envs.base import EnvBase, EnvError, Step, TaskSpec
 from engine.envs.web_dom import (
     MAX_CONTROLS,
     MAX_LABEL,
@@ -181,7 +181,7 @@ class WebState:
     done: bool
 
 
-class ReplayWebEnv:
+class ReplayWebEnv(EnvBase):
     """The web env without snapshots: search restores a state by replaying its commands from reset."""
 
     name = "web"
@@ -266,16 +266,15 @@ class ReplayWebEnv:
         return runtime().server.sessions.get(self.sid)["reservations"]
 
     def close(self) -> None:
+        """Close this env's page and browser context and drop its site session; when no other env
+        holds a context any more, stop the shared Chromium and booking server too (the next reset
+        starts them again). Idempotent."""
         if self._ctx is not None and _RUNTIME is not None:
             _RUNTIME.release(self._ctx)
             _RUNTIME.server.sessions.drop(self.sid)
-        self._ctx = self._page = None
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+            if threading.get_ident() == _RUNTIME.thread and not any(r() is not None for r, _ in _RUNTIME.contexts):
+                shutdown()
+        self._ctx = self._page = self._task = None
 
     # -- browser ------------------------------------------------------------------------------------------
 

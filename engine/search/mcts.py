@@ -21,7 +21,7 @@ from typing import Any
 
 from engine.actions import CompositeAction, FormatError, normalize_command, parse
 from engine.config import SearchConfig
-from engine.envs.base import Env, Step, SupportsSnapshot, TaskSpec
+from engine.envs.base import Env, Step, SupportsSnapshot, TaskSpec, close_env
 from engine.llm.base import Completion, Generator, GeneratorError, SampleRequest, SamplingParams
 from engine.prompts import HistoryStep, actor_prompt
 from engine.search.critic import rank_candidates, rank_to_score
@@ -109,6 +109,12 @@ class EnvSession:
         self.env_s += time.perf_counter() - t
         return image if isinstance(image, bytes) else None
 
+    def close(self) -> None:
+        """Close the env and drop the snapshots (the tree is done or the run failed)."""
+        self.snapshots = {} if self.snapshots is not None else None
+        self.current = None
+        close_env(self.env)
+
     def arrived(self, node: Node) -> None:
         """The env now holds `node`'s state (just stepped into it): remember it."""
         self.current = node.id
@@ -134,6 +140,12 @@ class TreeJob:
     @property
     def remaining(self) -> int:
         return self.target - len(self.tree.simulations)
+
+    def close(self) -> None:
+        """Close the session's env, if any (idempotent: the session is dropped)."""
+        session, self.session = self.session, None
+        if session is not None:
+            session.close()
 
 
 @dataclass
@@ -164,10 +176,15 @@ class SearchStats:
 
 
 def start_tree(task: TaskSpec, make_env: Callable[[], Env], target: int) -> TreeJob:
-    """A new tree for `task`: resets a fresh env for the root observation."""
+    """A new tree for `task`: resets a fresh env for the root observation (the job owns the env:
+    `job.close()`; closed here if the reset fails)."""
     env = make_env()
     session = EnvSession(env, task.id)
-    tree = SearchTree.new(task, session.reset())
+    try:
+        tree = SearchTree.new(task, session.reset())
+    except BaseException:
+        session.close()
+        raise
     return TreeJob(tree=tree, make_env=make_env, env_description=env.describe(), target=target, session=session)
 
 
@@ -194,6 +211,7 @@ class MCTS:
         t_start = time.perf_counter()
         waiting = deque(j for j in jobs if j.remaining > 0)
         active: list[tuple[TreeJob, Coroutine[Requests, Replies, Simulation], Requests]] = []
+        started: list[TreeJob] = []
 
         def advance(job: TreeJob, coro, reply: Replies | None) -> None:
             """Drive `coro` to its next request, finishing (and starting) simulations as they end."""
@@ -214,6 +232,7 @@ class MCTS:
             while waiting or active:
                 while waiting and len(active) < cfg.trees_in_flight:
                     job = waiting.popleft()
+                    started.append(job)
                     if job.session is None:
                         job.session = EnvSession(job.make_env(), job.tree.task.id)
                     advance(job, self._simulate(job), None)
@@ -240,8 +259,10 @@ class MCTS:
                     job.share_ms = share
                     advance(job, coro, reply)
         finally:
-            for job, _, _ in active:
-                self._collect(job)
+            for job in started:  # only after a failure: a finished tree's env was closed already
+                if job.session is not None:
+                    self._collect(job)
+                    job.close()
             stats.wall_s += time.perf_counter() - t_start
         return stats
 
@@ -263,7 +284,7 @@ class MCTS:
 
     def _close(self, job: TreeJob) -> None:
         self._collect(job)
-        job.session = None  # release the env (and its snapshots)
+        job.close()  # release the env (and its snapshots)
         if self.on_tree_done is not None:
             self.on_tree_done(job)
 

@@ -2,7 +2,8 @@
 
 The glue between MCTS and the Store: every finished simulation is committed at once, the run's
 status and stats are kept current, and `resume` continues an interrupted run from what was
-committed (losing at most the simulations that were in progress).
+committed (losing at most the simulations that were in progress). Every env a run makes is closed
+when the run ends, also when it fails.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 
 from engine.config import SearchConfig, from_dict
-from engine.envs.base import Env, TaskSpec
+from engine.envs.base import Env, TaskSpec, close_env, close_envs
 from engine.envs.registry import env_factory
 from engine.llm.base import Generator
 from engine.search.mcts import MCTS, SearchStats, TreeJob, start_tree
@@ -32,12 +33,27 @@ def _run(store: Store, run_id: str, jobs: list[TreeJob], generator: Generator, c
     mcts = MCTS(generator, config, on_simulation=on_simulation)
     store.set_run_status(run_id, "running")
     try:
-        stats = mcts.run(jobs)
-    except BaseException:
-        store.set_run_status(run_id, "interrupted", mcts.stats.to_dict())
-        raise
-    store.set_run_status(run_id, "finished", stats.to_dict())
+        try:
+            stats = mcts.run(jobs)
+        except BaseException:
+            store.set_run_status(run_id, "interrupted", mcts.stats.to_dict())
+            raise
+        store.set_run_status(run_id, "finished", stats.to_dict())
+    finally:
+        close_envs(jobs)  # each job's env (TreeJob.close is idempotent)
     return stats
+
+
+def _start_trees(tasks: list[TaskSpec], make_env: Callable[[], Env], target: int) -> list[TreeJob]:
+    """One started tree per task; if one cannot start, the envs already made are closed."""
+    jobs: list[TreeJob] = []
+    try:
+        for task in tasks:
+            jobs.append(start_tree(task, make_env, target))
+    except BaseException:
+        close_envs(jobs)
+        raise
+    return jobs
 
 
 def new_run(
@@ -54,11 +70,15 @@ def new_run(
     make_env = make_env or env_factory(env_spec)
     # Every tree's env is reset before the run is recorded: an env that cannot start (no browser,
     # no Java) is an error that leaves no half-made run behind.
-    jobs = [start_tree(task, make_env, config.simulations) for task in tasks]
-    run_id = store.create_run(name, env_spec, generator.name, asdict(config), tasks)
-    ids = {task_id: tree_id for tree_id, task_id in store.tree_ids(run_id)}
-    for job in jobs:
-        job.tree_id = ids[job.tree.task.id]
+    jobs = _start_trees(tasks, make_env, config.simulations)
+    try:
+        run_id = store.create_run(name, env_spec, generator.name, asdict(config), tasks)
+        ids = {task_id: tree_id for tree_id, task_id in store.tree_ids(run_id)}
+        for job in jobs:
+            job.tree_id = ids[job.tree.task.id]
+    except BaseException:
+        close_envs(jobs)
+        raise
     return run_id, _run(store, run_id, jobs, generator, config, progress)
 
 
@@ -75,20 +95,27 @@ def resume_run(
     config = from_dict(SearchConfig, info.config, where=f"run {run_id} config")
     make_env = make_env or env_factory(info.env)
     env = make_env()
-    by_id = {}
-    for split in ("train", "test"):
-        by_id.update({t.id: t for t in env.tasks(split)})
-    jobs = []
-    for tree_id, task_id in store.tree_ids(run_id):
-        tree = store.load_tree(tree_id)
-        if tree is None:  # never committed a simulation: start it afresh
-            if task_id not in by_id:
-                raise StoreError(f"run {run_id}: task {task_id!r} no longer exists in env {info.env}")
-            job = start_tree(by_id[task_id], make_env, config.simulations)
-            job.committed_nodes = 0
-        else:
-            job = TreeJob(tree=tree, make_env=make_env, env_description=env.describe(),
-                          target=config.simulations, committed_nodes=len(tree.nodes))
-        job.tree_id = tree_id
-        jobs.append(job)
+    jobs: list[TreeJob] = []
+    try:
+        by_id = {}
+        for split in ("train", "test"):
+            by_id.update({t.id: t for t in env.tasks(split)})
+        description = env.describe()
+        for tree_id, task_id in store.tree_ids(run_id):
+            tree = store.load_tree(tree_id)
+            if tree is None:  # never committed a simulation: start it afresh
+                if task_id not in by_id:
+                    raise StoreError(f"run {run_id}: task {task_id!r} no longer exists in env {info.env}")
+                job = start_tree(by_id[task_id], make_env, config.simulations)
+                job.committed_nodes = 0
+            else:
+                job = TreeJob(tree=tree, make_env=make_env, env_description=description,
+                              target=config.simulations, committed_nodes=len(tree.nodes))
+            job.tree_id = tree_id
+            jobs.append(job)
+    except BaseException:
+        close_envs(jobs)
+        raise
+    finally:
+        close_env(env)  # the catalogue env: each tree has its own
     return run_id, _run(store, run_id, jobs, generator, config, progress)

@@ -19,6 +19,7 @@ from envtools import check_search, stored_search
 
 from engine.envs.agentgym import AgentGymEnv
 from engine.envs.base import EnvError, Step
+from engine.envs.check import check_env
 from engine.envs.serve import EnvService, make_server
 from engine.envs.textcraft_expert import solve
 
@@ -78,8 +79,6 @@ def test_raw_protocol_both_request_styles(server: str) -> None:
 
 def test_server_errors_are_clear(server: str) -> None:
     env = AgentGymEnv(server + "?timeout=10")
-    with pytest.raises(EnvError, match="before reset"):
-        env.step("inventory")
     with pytest.raises(EnvError, match="unknown task id 'nope'"):
         env.reset("nope")
     base = server
@@ -91,6 +90,16 @@ def test_server_errors_are_clear(server: str) -> None:
     missing = AgentGymEnv(base + "/nothing/here?timeout=5")
     with pytest.raises(EnvError, match=r"HTTP 404: no endpoint POST /nothing/here/create"):
         missing._request("POST", "create", {})
+
+
+def test_the_env_contract_holds_over_http(server: str) -> None:
+    """check_env through the client: determinism and replay over HTTP, step after done; close frees
+    the server's instance."""
+    env = AgentGymEnv(server + "?timeout=10")
+    checked = check_env(env, commands=lambda t: _expert_commands(t.id), max_tasks=2, max_steps=40)
+    assert {"replay-deterministic", "step-after-done", "close"} <= set(checked)
+    gone = httpx.post(f"{server}/step", json={"id": env._idx, "action": "inventory"}, timeout=5)
+    assert gone.status_code == 404
 
 
 class _Faulty(LineEnv):

@@ -11,6 +11,7 @@ from envtools import check_search, stored_search
 
 from engine.envs import scienceworld as sw
 from engine.envs.base import EnvError, SupportsSnapshot, SupportsValidCommands
+from engine.envs.check import check_env
 from engine.envs.registry import env_factory
 
 ENV_SPEC = "scienceworld:boil,melt?vars=1"
@@ -70,8 +71,13 @@ def test_snapping_to_the_nearest_valid_action(env: sw.ScienceWorldEnv) -> None:
     unsnapped = env_factory(ENV_SPEC + "&snap=0")()
     unsnapped.reset("boil-0")
     assert unsnapped.step("xyzzy plugh").observation.strip() == sw.NO_MATCH
-    with pytest.raises(EnvError, match="before reset"):
-        env_factory(ENV_SPEC)().step("look around")
+
+
+def test_the_env_contract_holds() -> None:
+    """check_env on the gold paths' first steps: determinism and replay through the shared pool, close."""
+    checked = check_env(checked_env := env_factory(ENV_SPEC)(), max_steps=6, max_tasks=2)
+    assert {"replay-deterministic", "reset-deterministic", "close"} <= set(checked)
+    assert not [j for j in sw.pool()._jvms if j.sync and j.sync[0] == checked_env._token]  # claim given up
 
 
 def test_pool_is_bounded_and_times_out(monkeypatch) -> None:
