@@ -128,6 +128,7 @@ def completions_from_output(
                 token_logprobs=lps,
                 n_tokens=len(ids),
                 finish_reason="stop" if cut else finish_reason(o.finish_reason),
+                token_ids=tuple(ids),
             )
         )
     return comps
