@@ -143,6 +143,7 @@ class FakeLLM:
 
     instances: ClassVar[list[FakeLLM]] = []
     fail_rpc: ClassVar[bool] = False
+    reload_params: ClassVar[set[str]] = {"weights_path"}  # current vLLM; older: set()
     eos: ClassVar[int] = -1  # the tiny tokenizer's EOS id, set by the fixture
 
     def __init__(self, **kwargs: Any) -> None:
@@ -171,15 +172,53 @@ class FakeLLM:
                 outs.append(NS(prompt_token_ids=ids, prompt_logprobs=None, outputs=comp))
         return outs
 
-    def collective_rpc(self, method: str, args: tuple = ()) -> list[Any]:
-        self.calls.append(("rpc", method, args))
+    def collective_rpc(self, method: str, args: tuple = (), kwargs: dict | None = None) -> list[Any]:
+        """Only the worker methods vLLM has, with their real parameters: a wrong name fails here
+        as it would on a GPU (`reload_weights` takes `weights_path` only in current vLLM)."""
+        self.calls.append(("rpc", method, args, kwargs or {}))
+        signatures = {"update_config": ({"overrides"}, 1), "reload_weights": (FakeLLM.reload_params, 0)}
+        if method not in signatures:
+            raise AttributeError(f"Worker has no method {method!r}")
+        names, n_args = signatures[method]
+        if len(args) > max(n_args, 0) or not set(kwargs or {}) <= names:
+            raise TypeError(f"{method}() got unexpected arguments {args} {kwargs}")
         if FakeLLM.fail_rpc:
-            raise AttributeError(f"no worker method {method}")
+            raise RuntimeError(f"worker failed in {method}")
         return [None]
 
     def reset_prefix_cache(self) -> bool:
         self.calls.append(("reset_prefix_cache",))
         return True
+
+
+class VLLMValidationError(Exception):
+    """As in vLLM 0.33: a validation error that is NOT a ValueError."""
+
+
+VLLMValidationError.__module__ = "vllm.exceptions"
+
+# The fields of vllm.SamplingParams (0.33) that a request could set; anything else is a TypeError.
+SAMPLING_FIELDS = {
+    "n", "presence_penalty", "frequency_penalty", "repetition_penalty", "temperature", "top_p",
+    "top_k", "min_p", "seed", "stop", "stop_token_ids", "ignore_eos", "max_tokens", "min_tokens",
+    "logprobs", "prompt_logprobs", "detokenize", "skip_special_tokens", "include_stop_str_in_output",
+    "logit_bias", "allowed_token_ids", "bad_words", "structured_outputs", "extra_args",
+}
+
+
+def fake_sampling_params(**kw: Any) -> NS:
+    """A double that enforces vLLM's documented SamplingParams rules (and its field names)."""
+    unknown = set(kw) - SAMPLING_FIELDS
+    if unknown:
+        raise TypeError(f"SamplingParams.__init__() got an unexpected keyword argument {min(unknown)!r}")
+    sp = NS(**{"n": 1, "temperature": 1.0, "top_p": 1.0, "max_tokens": 16, **kw})
+    if sp.temperature < 0 or sp.temperature > 2:
+        raise VLLMValidationError(f"temperature must be in [0, 2], got {sp.temperature}.")
+    if sp.temperature < 1e-5 and sp.n > 1:
+        raise VLLMValidationError(f"n must be 1 when using greedy sampling, got {sp.n}.")
+    if sp.max_tokens is not None and sp.max_tokens < 1:
+        raise VLLMValidationError(f"max_tokens must be at least 1, got {sp.max_tokens}.")
+    return sp
 
 
 @dataclasses.dataclass
@@ -194,10 +233,10 @@ def fake_vllm(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPath
     from transformers import AutoTokenizer
 
     FakeLLM.eos = AutoTokenizer.from_pretrained(model_dir).eos_token_id
-    FakeLLM.instances, FakeLLM.fail_rpc = [], False
+    FakeLLM.instances, FakeLLM.fail_rpc, FakeLLM.reload_params = [], False, {"weights_path"}
     module = types.ModuleType("vllm")
     module.LLM, module.EngineArgs = FakeLLM, FakeEngineArgs
-    module.SamplingParams = lambda **kw: NS(**kw)
+    module.SamplingParams = fake_sampling_params
     monkeypatch.setitem(sys.modules, "vllm", module)
     return model_dir
 
@@ -247,24 +286,89 @@ def test_sample_and_logprobs_through_one_generate_call(fake_vllm: Path) -> None:
 def test_reload_in_place_resets_prefix_cache(fake_vllm: Path, tmp_path: Path) -> None:
     gen = VLLMGenerator(fake_vllm)
     new_dir = build_tiny_model(tmp_path / "trained", seed=1)
-    gen.reload(new_dir)
+    assert gen.reload(new_dir) == "in-place"
     llm = FakeLLM.instances[0]
     assert len(FakeLLM.instances) == 1 and gen.name == f"vllm:{new_dir}"
-    assert llm.calls == [
-        ("rpc", "update_config", ({"model_config": {"model": str(new_dir)}},)),
-        ("rpc", "reload_weights", ()),
+    assert llm.calls == [("rpc", "reload_weights", (), {"weights_path": str(new_dir)}), ("reset_prefix_cache",)]
+
+
+def test_reload_on_an_older_vllm_uses_update_config(fake_vllm: Path, tmp_path: Path) -> None:
+    FakeLLM.reload_params = set()  # reload_weights() takes no weights_path there
+    gen = VLLMGenerator(fake_vllm)
+    new_dir = build_tiny_model(tmp_path / "trained", seed=1)
+    assert gen.reload(new_dir) == "in-place"
+    assert FakeLLM.instances[0].calls[1:] == [
+        ("rpc", "update_config", ({"model_config": {"model": str(new_dir)}},), {}),
+        ("rpc", "reload_weights", (), {}),
         ("reset_prefix_cache",),
     ]
 
 
-def test_reload_rebuilds_the_engine_when_in_place_fails(fake_vllm: Path, tmp_path: Path) -> None:
+def test_reload_rebuilds_the_engine_when_in_place_fails_and_says_so(
+    fake_vllm: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     gen = VLLMGenerator(fake_vllm, max_model_len=256)
     FakeLLM.fail_rpc = True
     new_dir = build_tiny_model(tmp_path / "trained", seed=1)
-    gen.reload(new_dir)
+    with caplog.at_level("WARNING", logger="engine.llm.vllm_backend"):
+        assert gen.reload(new_dir) == "rebuilt"
+    assert "REBUILDING" in caplog.text
     old, new = FakeLLM.instances
     assert old.shut and new.kwargs["model"] == str(new_dir) and new.kwargs["max_model_len"] == 256
     assert gen.sample([SampleRequest(PROMPT)])[0][0].n_tokens == 3 and new.calls[-1][0] == "generate"
+
+
+def test_greedy_with_several_samples_sends_one_and_repeats_it(fake_vllm: Path) -> None:
+    gen = VLLMGenerator(fake_vllm)
+    out = gen.sample([SampleRequest(PROMPT, n=4, params=SamplingParams(temperature=0.0))])
+    (_, _, params) = FakeLLM.instances[0].calls[-1]
+    assert params[0].n == 1 and len(out[0]) == 4 and len({c.text for c in out[0]}) == 1
+
+
+def test_settings_vllm_refuses_are_one_line_generator_errors(fake_vllm: Path) -> None:
+    gen = VLLMGenerator(fake_vllm)
+    with pytest.raises(GeneratorError, match=r"request 0: temperature must be in \[0, 2.0\].*got 2.5"):
+        gen.sample([SampleRequest(PROMPT, params=SamplingParams(temperature=2.5))])
+    with pytest.raises(GeneratorError, match="request 1: top_p"):
+        gen.sample([SampleRequest(PROMPT), SampleRequest(PROMPT, params=SamplingParams(top_p=0))])
+
+
+def test_validation_errors_from_the_engine_are_generator_errors(fake_vllm: Path) -> None:
+    gen = VLLMGenerator(fake_vllm)
+
+    def too_long(*_a: Any, **_k: Any) -> None:
+        raise VLLMValidationError("The decoder prompt (length 9000) is longer than the maximum model length")
+
+    FakeLLM.instances[0].generate = too_long  # type: ignore[method-assign]
+    with pytest.raises(GeneratorError, match="vLLM refused the request: The decoder prompt") as info:
+        gen.sample([SampleRequest(PROMPT)])
+    assert "\n" not in str(info.value)
+
+    def crash(*_a: Any, **_k: Any) -> None:
+        raise RuntimeError("CUDA error: an illegal memory access")
+
+    FakeLLM.instances[0].generate = crash  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="CUDA error"):  # a crash stays a crash, not a "bad request"
+        gen.sample([SampleRequest(PROMPT)])
+
+
+def test_every_finish_reason_is_mapped() -> None:
+    reasons = {"stop": "stop", "length": "length", "repetition": "length", "abort": "error", "error": "error"}
+    for vllm_reason, ours in reasons.items():
+        out = NS(outputs=[seq(0, [3, 4], [-1.0, -1.0], vllm_reason)])
+        assert completions_from_output(out, decode, {EOS}, ())[0].finish_reason == ours, vllm_reason
+    for odd in ("something-new", None):
+        out = NS(outputs=[seq(0, [3], [-1.0], odd)])  # type: ignore[arg-type]
+        assert completions_from_output(out, decode, {EOS}, ())[0].finish_reason == "error"
+
+
+def test_the_double_enforces_vllms_rules() -> None:
+    """The double must fail where vLLM fails, or the tests above could not catch a regression."""
+    with pytest.raises(VLLMValidationError, match="greedy"):
+        fake_sampling_params(n=2, temperature=0.0)
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        fake_sampling_params(banana=1)
+    assert not isinstance(VLLMValidationError("x"), ValueError)
 
 
 def test_constructor_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

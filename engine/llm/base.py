@@ -44,6 +44,7 @@ class Completion:
     token_logprobs: tuple[float, ...] | None = None
     n_tokens: int = 0
     finish_reason: str = ""  # "stop" | "length" | "error"
+    token_ids: tuple[int, ...] | None = None  # the generated ids, where the backend has them
 
 
 class GeneratorError(RuntimeError):

@@ -236,6 +236,7 @@ class HFGenerator:
             token_logprobs=tuple(row.logps),
             n_tokens=len(row.ids),
             finish_reason=finish,
+            token_ids=tuple(row.ids),
         )
 
     def _generate_chunk(self, rows: list[_Row], prompt_ids: list[list[int]]) -> None:

@@ -36,19 +36,39 @@ from engine.llm.base import Completion, GeneratorError, Prompt, SampleRequest, S
 
 log = logging.getLogger(__name__)
 
-_FINISH = {"length": "length", "abort": "error"}  # vLLM's "stop" (EOS or stop string) stays "stop"
+# vLLM's finish reasons -> ours ("stop" | "length" | "error"). "stop" is EOS or a stop string;
+# "repetition" (vLLM's repetition detector cut the text) is a cut, not a natural end; "abort" and
+# "error" mean the engine gave up on the request. Anything else is unknown: "error", and logged.
+FINISH_REASONS = {"stop": "stop", "length": "length", "repetition": "length", "abort": "error", "error": "error"}
+
+# vLLM's own limits (SamplingParams._verify_args, 0.33): refused here first, naming our setting.
+MAX_TEMPERATURE = 2.0
+GREEDY_BELOW = 1e-5  # vLLM's _SAMPLING_EPS: a temperature below it is greedy decoding
+
+
+def is_greedy(params: SamplingParams) -> bool:
+    return params.temperature < GREEDY_BELOW
 
 
 def sampling_kwargs(params: SamplingParams, n: int) -> dict[str, Any]:
-    """`vllm.SamplingParams` kwargs for one request; raises ValueError on settings vLLM rejects."""
+    """`vllm.SamplingParams` kwargs for one request; raises ValueError, naming the setting, on
+    settings vLLM rejects.
+
+    Greedy decoding with n > 1 (vLLM refuses it: "n must be 1 when using greedy sampling") asks
+    for ONE completion; `VLLMGenerator.sample` hands it out n times. Greedy is deterministic, so
+    that is exactly what n greedy samples are (the HF backend returns n equal texts too)."""
     if n < 1:
         raise ValueError("n must be >= 1 (requests with n=0 are not sent)")
     if params.max_tokens < 1:
-        raise ValueError("max_tokens must be >= 1")
-    if params.temperature < 0 or not 0 < params.top_p <= 1:
-        raise ValueError("temperature must be >= 0 and top_p in (0, 1]")
+        raise ValueError(f"max_tokens must be >= 1 (got {params.max_tokens})")
+    if not 0 < params.top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1] (got {params.top_p})")
+    if not 0 <= params.temperature <= MAX_TEMPERATURE:
+        raise ValueError(
+            f"temperature must be in [0, {MAX_TEMPERATURE}] for vLLM (got {params.temperature})"
+        )
     return {
-        "n": n,
+        "n": 1 if is_greedy(params) else n,
         "temperature": params.temperature,
         "top_p": params.top_p,
         "max_tokens": params.max_tokens,
@@ -107,10 +127,27 @@ def completions_from_output(
                 logprob=float(sum(lps)) if lps is not None else None,
                 token_logprobs=lps,
                 n_tokens=len(ids),
-                finish_reason="stop" if cut else _FINISH.get(o.finish_reason, "stop"),
+                finish_reason="stop" if cut else finish_reason(o.finish_reason),
+                token_ids=tuple(ids),
             )
         )
     return comps
+
+
+def finish_reason(reason: Any) -> str:
+    """Our finish reason for vLLM's (see FINISH_REASONS); an unknown one is an error, logged."""
+    mapped = FINISH_REASONS.get(str(reason))
+    if mapped is None:
+        log.warning("vLLM finish reason %r is unknown; recorded as 'error'", reason)
+        return "error"
+    return mapped
+
+
+def request_error(exc: BaseException) -> bool:
+    """Is this an error vLLM raises for a bad request or setting (a one-line GeneratorError for the
+    user), rather than a crash? Its validation errors are ValueError in some versions and derive
+    from vLLM's own base class (not ValueError) in others, so both count."""
+    return isinstance(exc, (ValueError, TypeError)) or type(exc).__module__.split(".")[0] == "vllm"
 
 
 def prompt_logprob_sum(output: Any, start: int) -> float | None:
@@ -189,8 +226,19 @@ class VLLMGenerator:
     def _generate(self, prompts: list[dict[str, list[int]]], params: list[Any]) -> list[Any]:
         try:
             return self._llm.generate(prompts, params, use_tqdm=False)
-        except ValueError as exc:  # e.g. a prompt longer than max_model_len
-            raise GeneratorError(f"{self.name}: {exc}") from exc
+        except Exception as exc:  # e.g. a prompt longer than max_model_len
+            if not request_error(exc):
+                raise
+            raise GeneratorError(f"{self.name}: vLLM refused the request: {_one_line(exc)}") from exc
+
+    def _sampling_params(self, r: int, kwargs: dict[str, Any]) -> Any:
+        try:
+            return self._vllm.SamplingParams(**kwargs)
+        except Exception as exc:
+            if not request_error(exc):
+                raise
+            raise GeneratorError(f"{self.name}: request {r}: vLLM refused the sampling settings: "
+                                 f"{_one_line(exc)}") from exc
 
     def sample(self, requests: Sequence[SampleRequest]) -> list[list[Completion]]:
         """For each request, `request.n` completions, in order; all requests in one `generate`."""
@@ -205,14 +253,17 @@ class VLLMGenerator:
             try:
                 kwargs = sampling_kwargs(req.params, req.n)
             except ValueError as exc:
-                raise ValueError(f"request {r}: {exc}") from None
+                raise GeneratorError(f"{self.name}: request {r}: {exc}") from None
             sent.append(r)
             prompts.append({"prompt_token_ids": self.encode_prompt(req.prompt)})
-            params.append(self._vllm.SamplingParams(**kwargs))
+            params.append(self._sampling_params(r, kwargs))
         out: list[list[Completion]] = [[] for _ in requests]
         if prompts:
             for r, output in zip(sent, self._generate(prompts, params), strict=True):
-                out[r] = completions_from_output(output, self._decode, self.eos_ids, requests[r].params.stop)
+                comps = completions_from_output(output, self._decode, self.eos_ids, requests[r].params.stop)
+                if is_greedy(requests[r].params) and len(comps) == 1:
+                    comps = comps * requests[r].n  # greedy: n equal completions (see sampling_kwargs)
+                out[r] = comps
         return out
 
     def logprobs(self, prompts: Sequence[Prompt], completions: Sequence[str]) -> list[float | None]:
@@ -227,31 +278,42 @@ class VLLMGenerator:
             c = self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.eos_id]
             starts.append(len(p))
             batch.append({"prompt_token_ids": p + c})
-        scoring = self._vllm.SamplingParams(**SCORING_KWARGS)
+        scoring = self._sampling_params(0, SCORING_KWARGS)
         outputs = self._generate(batch, [scoring] * len(batch))
         return [prompt_logprob_sum(o, s) for o, s in zip(outputs, starts, strict=True)]
 
-    def reload(self, model_dir: str | Path) -> None:
-        """Serve new weights (same architecture and vocabulary, e.g. after training).
+    def reload(self, model_dir: str | Path) -> str:
+        """Serve new weights (same architecture and vocabulary, e.g. after training); returns how:
+        "in-place" or "rebuilt".
 
-        In place through the worker API vLLM documents for RL (`update_config` pointing the model
-        config at the new folder, then `reload_weights`); cached prefixes belong to the old weights,
-        so the prefix cache is reset. If the in-place path is missing or fails in this vLLM, the
-        engine is rebuilt (slower: a full start). `name` becomes "vllm:<model_dir>", the spec that
-        loads these weights again."""
+        In place through the worker's `reload_weights(weights_path=...)` (current vLLM), else the
+        older RL recipe (`update_config` pointing the model config at the new folder, then
+        `reload_weights()`); cached prefixes belong to the old weights, so the prefix cache is
+        reset. If neither in-place path works in this vLLM the engine is rebuilt (a full start),
+        with a WARNING in the log: never silently. `name` becomes "vllm:<model_dir>"."""
         path = Path(model_dir)
         if not path.is_dir():
             raise GeneratorError(f"model folder {path} does not exist")
+        how = "in-place"
         try:
-            self._llm.collective_rpc("update_config", args=({"model_config": {"model": str(path)}},))
-            self._llm.collective_rpc("reload_weights")
-        except Exception as exc:  # noqa: BLE001 (any failure of the in-place path: rebuild instead)
-            log.warning("%s: in-place weight reload failed (%r); rebuilding the vLLM engine", self.name, exc)
-            self._rebuild(path)
-        else:
+            self._llm.collective_rpc("reload_weights", kwargs={"weights_path": str(path)})
+        except Exception as new_exc:  # noqa: BLE001 (an older vLLM: try its recipe, then rebuild)
+            try:
+                self._llm.collective_rpc("update_config", args=({"model_config": {"model": str(path)}},))
+                self._llm.collective_rpc("reload_weights")
+            except Exception as exc:  # noqa: BLE001
+                log.warning(
+                    "%s: in-place weight reload failed (%s; %s); REBUILDING the vLLM engine",
+                    self.name, _one_line(new_exc), _one_line(exc),
+                )
+                self._rebuild(path)
+                how = "rebuilt"
+        if how == "in-place":
             self._llm.reset_prefix_cache()
         self._load_tokenizer(path)
         self.name = f"vllm:{path}"
+        log.info("%s: weights reloaded (%s)", self.name, how)
+        return how
 
     def _rebuild(self, path: Path) -> None:
         old, self._llm = self._llm, None
@@ -264,3 +326,8 @@ class VLLMGenerator:
 
         torch.cuda.empty_cache()  # for an in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0)
         self._llm = self._vllm.LLM(**engine_kwargs(path, self._seed, self._engine_arg_names, self._overrides))
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
