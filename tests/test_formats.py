@@ -229,7 +229,7 @@ def test_other_unreadable_inputs(tmp_path):
 # --- TRL ---------------------------------------------------------------------------------------
 
 # ChatML whose assistant messages are inside {% generation %} only when their `train` flag is not
-# false: way (a) of STACK-NOTES, so TRL's assistant_only_loss honours the exported flags.
+# false (the flag rendered outside the generation markers), so TRL's assistant_only_loss honours the exported flags.
 TRAIN_FLAG_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' }}"
     "{% if message['role'] == 'assistant' and message['train'] is not false %}"

@@ -44,7 +44,7 @@ def select_child(tree: SearchTree, node: Node, config: SearchConfig) -> Node:
     if unvisited:
         # max() keeps the first of equals, so sampling order breaks remaining ties
         return max(unvisited, key=lambda c: c.Q_critic if c.Q_critic is not None else -1.0)
-    parent_visits = sum(c.N for c in children)  # N(h) as docs/algorithms.md §2 defines it
+    parent_visits = sum(c.N for c in children)  # N(h) as docs/algorithms.md §2.1 defines it
     alpha = config.alpha if config.selection_value == "combined" else 1.0
     return max(children, key=lambda c: ucb_score(c, parent_visits, config.c_exp, c.value(alpha)))
 

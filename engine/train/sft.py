@@ -3,7 +3,7 @@
 §3.3).
 
 TRL has no per-turn mask, so rows reach SFTTrainer pre-tokenized with `input_ids` and
-`assistant_masks` (STACK-NOTES way (b)); TRL turns the masks into labels (-100 where 0). Two
+`assistant_masks` (a pre-tokenized row with its mask); TRL turns the masks into labels (-100 where 0). Two
 renderings of a sample (`format`):
 
 - "steps" (default): one row per trained turn, its prompt built by `actor_prompt` from the earlier
