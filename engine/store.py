@@ -444,9 +444,13 @@ class Store:
                 )
 
     def find_run(self, key: str) -> str:
-        """A run id from an id, a unique id prefix or a unique name."""
+        """A run id from an id, a unique id prefix or a unique name. The prefix is compared as
+        text (substr), not as a LIKE pattern: `%` or `_` typed by a user must not match every run."""
+        if not key:
+            raise StoreError("empty run id: name a run (id, id prefix or name; `orchard runs` lists them)")
         rows = self.con.execute(
-            "SELECT id FROM runs WHERE id=? OR name=? OR id LIKE ? ORDER BY created_at", (key, key, f"{key}%")
+            "SELECT id FROM runs WHERE id=? OR name=? OR substr(id, 1, ?)=? ORDER BY created_at",
+            (key, key, len(key), key),
         ).fetchall()
         ids = list(dict.fromkeys(r[0] for r in rows))
         if key in ids:
@@ -872,9 +876,11 @@ class Store:
         return _job_from_row(row)
 
     def find_job(self, key: str) -> str:
-        """A job id from an id or a unique id prefix."""
-        ids = [r[0] for r in self.con.execute("SELECT id FROM jobs WHERE id LIKE ? ORDER BY created_at",
-                                              (f"{key}%",))]
+        """A job id from an id or a unique id prefix, compared as text (`%` and `_` are no wildcards)."""
+        if not key:
+            raise StoreError("empty job id: name a job (id or id prefix; `orchard jobs` lists them)")
+        ids = [r[0] for r in self.con.execute("SELECT id FROM jobs WHERE substr(id, 1, ?)=? ORDER BY created_at",
+                                              (len(key), key))]
         if key in ids:
             return key
         if not ids:

@@ -207,3 +207,29 @@ def test_migrations_are_numbered_in_order_and_every_older_database_upgrades(tmp_
         with Store(path) as upgraded:
             assert upgraded.schema_version == versions[-1]
             assert {r[0] for r in upgraded.con.execute("SELECT name FROM sqlite_master WHERE type='table'")} == want
+
+
+@pytest.mark.parametrize("key", ["%", "_", "", "%%", "_" * 3, "[a-f]*"])
+def test_run_and_job_lookups_take_the_users_text_literally(tmp_path, key):
+    """`orchard jobs cancel %` once cancelled the only job: the prefix went into LIKE unescaped."""
+    with Store(tmp_path / "o.db") as store:
+        run_id, _ = _run(store, sims=2, n_tasks=1)
+        job = store.create_job("sft", {}, "cpu")
+        with pytest.raises(StoreError, match="no run|empty run id"):
+            store.find_run(key)
+        with pytest.raises(StoreError, match="no job|empty job id"):
+            store.find_job(key)
+        assert store.find_run(run_id[:3]) == run_id and store.find_job(job.id[:3]) == job.id
+
+
+def test_cancelling_job_percent_from_the_cli_cancels_nothing(tmp_path, capsys):
+    from engine.cli import main
+
+    db = tmp_path / "o.db"
+    with Store(db) as store:  # a finished job, so the runner the command starts launches nothing
+        job = store.create_job("sft", {}, "cpu")
+        store.finish_job(job.id, "succeeded", expect=("queued",))
+    assert main(["jobs", "cancel", "%", "--db", str(db)]) == 2
+    assert "no job '%'" in capsys.readouterr().err
+    with Store(db) as store:
+        assert not store.job(job.id).cancel_requested
