@@ -15,6 +15,7 @@ import os
 import re
 import sqlite3
 import time
+import urllib.parse
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -274,6 +275,12 @@ def default_db_path() -> Path:
     return base / "orchard.db"
 
 
+def _readonly_uri(path: Path) -> str:
+    """A `file:` URI that opens `path` read-only. The path is percent-quoted: a `#`, `?` or `%41` in
+    it would otherwise end the path early or be decoded, and SQLite would open (and create) another file."""
+    return f"file:{urllib.parse.quote(str(path))}?mode=ro"
+
+
 def _check_file(path: Path) -> int:
     """Refuse a file that is not SQLite, or SQLite that is not ours, without writing to it.
     Returns the file's schema version (0 for a new or empty file)."""
@@ -290,7 +297,7 @@ def _check_file(path: Path) -> int:
     companions = [path.with_name(path.name + suffix) for suffix in ("-wal", "-shm")]
     existed = [c.exists() for c in companions]
     try:
-        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        con = sqlite3.connect(_readonly_uri(path), uri=True)
         try:
             tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
             if not tables:
@@ -354,7 +361,8 @@ class Store:
                     "run any `orchard` command once to migrate it"
                 )
             try:
-                self.con = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=30.0, isolation_level=None)
+                self.con = sqlite3.connect(_readonly_uri(self.path), uri=True, timeout=30.0,
+                                           isolation_level=None)
                 self._check_tables()
             except sqlite3.DatabaseError as e:
                 raise StoreError(f"{self.path}: corrupt or unreadable database ({e})") from None

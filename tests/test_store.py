@@ -233,3 +233,19 @@ def test_cancelling_job_percent_from_the_cli_cancels_nothing(tmp_path, capsys):
     assert "no job '%'" in capsys.readouterr().err
     with Store(db) as store:
         assert not store.job(job.id).cancel_requested
+
+
+@pytest.mark.parametrize("name", ["a#b.db", "a?b.db", "a%41b.db", "a%b.db", "a b&c=d.db"])
+def test_database_paths_with_uri_characters_open_read_only(tmp_path, name):
+    """The read-only open builds a `file:` URI: `#`, `?` or `%xx` in the path once gave "schema version 0"
+    and created a stray empty file (the path cut at `#`/`?`, or `%41` decoded to `A`)."""
+    db = tmp_path / name
+    with Store(db) as store:
+        run_id, _ = _run(store, sims=2, n_tasks=1)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with Store(db, readonly=True) as ro:
+        assert ro.find_run(run_id) == run_id and ro.schema_version == SCHEMA_VERSION
+    with Store(db) as again:
+        assert again.find_run(run_id) == run_id
+    after = sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(("-wal", "-shm")))
+    assert after == [n for n in before if not n.endswith(("-wal", "-shm"))] == [name]
