@@ -118,21 +118,31 @@ def cmd_export_tree(args: argparse.Namespace) -> int:
         tree = store.load_tree(store.tree_id(run_id, args.task))
     if tree is None:
         raise UsageError(f"run {run_id} task {args.task}: no simulation committed yet")
+    from engine.fileio import atomic_write
+
     alpha = info.config.get("alpha", 0.5)
     out = Path(args.output) if args.output else None
     if args.format == "json":
         run = {"id": run_id, "env": info.env, "model": info.model, "config": info.config}
         text = json.dumps(tree.to_json(run, alpha), indent=1)
-        if out:
-            out.write_text(text, encoding="utf-8")
+        if out:  # temp file + rename: a reader (or a kill) never sees half a tree
+            atomic_write(out, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
         else:
             print(text)
     else:
+        import gzip
+
         import networkx as nx
 
         graph = tree.to_networkx(alpha)
         target = out or Path(f"{run_id}-{args.task}.graphml")
-        nx.write_graphml(graph, target)
+        opener = gzip.open if target.suffix == ".gz" else open  # as nx.write_graphml does by suffix
+
+        def write(tmp: str) -> None:
+            with opener(tmp, "wb") as f:
+                nx.write_graphml(graph, f)
+
+        atomic_write(target, write)
         _log(f"wrote {target}")
     return 0
 
@@ -242,10 +252,11 @@ def user_errors() -> tuple[type[Exception], ...]:
     from engine.config import ConfigError
     from engine.datasets.samples import DatasetError
     from engine.envs.base import EnvError
+    from engine.fileio import OutputError
     from engine.llm.base import GeneratorError
     from engine.store import StoreError
 
-    return (UsageError, ConfigError, DatasetError, EnvError, GeneratorError, StoreError)
+    return (UsageError, ConfigError, DatasetError, EnvError, GeneratorError, StoreError, OutputError)
 
 
 def main(argv: list[str] | None = None) -> int:

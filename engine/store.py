@@ -398,6 +398,18 @@ class Store:
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction. Nested inside another (a command that saves pairs and samples
+        together), it is a savepoint of the outer one, so everything commits or nothing does."""
+        if self.con.in_transaction:
+            self.con.execute("SAVEPOINT nested")
+            try:
+                yield self.con
+            except BaseException:
+                self.con.execute("ROLLBACK TO nested")
+                self.con.execute("RELEASE nested")
+                raise
+            self.con.execute("RELEASE nested")
+            return
         self.con.execute("BEGIN IMMEDIATE")
         try:
             yield self.con

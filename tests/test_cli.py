@@ -155,3 +155,33 @@ def test_runs_and_export(tmp_path, capsys):
     assert g.number_of_nodes() == len(doc["nodes"])
     assert main(["export", "tree", run_id, "--task", "nope", "--db", str(db)]) == 2
     assert "no task" in capsys.readouterr().err
+
+
+def test_exports_to_a_folder_or_a_failing_write_are_one_line_errors_and_keep_the_old_file(tmp_path, monkeypatch,
+                                                                                         capsys):
+    """`export tree -o` once wrote in place (a kill left half a tree) and a folder named like the
+    output file gave an IsADirectoryError traceback (tree and sft exports alike)."""
+    db = tmp_path / "o.db"
+    _line_run(db)
+    for fmt in ("json", "graphml"):
+        folder = tmp_path / f"t.{fmt}"
+        folder.mkdir()
+        assert main(["export", "tree", "cli-test", "--task", "goal-2", "--format", fmt, "-o", str(folder),
+                     "--db", str(db)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("orchard: error:") and "is a folder" in err and "\n" not in err, err
+        assert list(folder.iterdir()) == []
+
+    old = tmp_path / "old.json"
+    old.write_text("the previous export")
+
+    def dies(src, dst):
+        raise OSError(28, "No space left on device")
+
+    import engine.fileio
+
+    monkeypatch.setattr(engine.fileio.os, "replace", dies)
+    assert main(["export", "tree", "cli-test", "--task", "goal-2", "-o", str(old), "--db", str(db)]) == 2
+    assert "old.json: cannot write (No space left on device)" in capsys.readouterr().err
+    assert old.read_text() == "the previous export"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []

@@ -285,6 +285,19 @@ def test_a_huge_record_in_a_json_array_is_refused_without_reading_the_file_whole
     assert peak < 24 << 20, f"peak {peak:,} bytes for a 40 MiB file"
 
 
+def test_exporting_rows_onto_a_folder_is_one_error_and_leaves_it_alone(tmp_path):
+    """Once an IsADirectoryError traceback from the final rename."""
+    from engine.fileio import OutputError
+
+    for suffix in (".jsonl", ".parquet"):
+        folder = tmp_path / f"rows{suffix}"
+        (folder / "inside").mkdir(parents=True)
+        with pytest.raises(OutputError, match=f"rows{suffix}: is a folder; name a file"):
+            write_rows([{"a": 1}], folder)
+        assert [p.name for p in folder.iterdir()] == ["inside"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rows.jsonl", "rows.parquet"]
+
+
 def test_a_stored_lone_surrogate_makes_export_one_error_not_a_traceback(tmp_path):
     """Rows imported before the import refused lone surrogates: the export names the row, writes nothing."""
     from engine.datasets.samples import Sample, Task, Turn

@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import codecs
 import json
-import os
-import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -43,6 +41,7 @@ from engine.datasets.samples import (
     to_messages,
     to_step_rows,
 )
+from engine.fileio import atomic_write
 
 OUTPUT_SUFFIXES = (".jsonl", ".parquet")
 MAX_LINE_BYTES = 16 * 1024 * 1024
@@ -106,12 +105,6 @@ def step_rows(samples: Iterable[Sample]) -> list[dict[str, Any]]:
     return [row for s in samples for row in to_step_rows(s)]
 
 
-def _default_file_mode() -> int:
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask
-
-
 def write_rows(rows: list[dict[str, Any]], path: str | Path) -> Path:
     """Write rows as JSONL or Parquet (by suffix), atomically: a reader never sees half a file."""
     out = Path(path)
@@ -119,30 +112,24 @@ def write_rows(rows: list[dict[str, Any]], path: str | Path) -> Path:
         raise DatasetError(f"{out}: unknown output format {out.suffix or '(no suffix)'!r} (use .jsonl or .parquet)")
     if not rows:
         raise DatasetError(f"{out}: nothing to export (no rows matched); nothing written")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
-    try:
+
+    def write(tmp: str) -> None:
         if out.suffix == ".jsonl":
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
+            with open(tmp, "w", encoding="utf-8") as f:
                 for row in rows:
                     f.write(json.dumps(row, ensure_ascii=False))
                     f.write("\n")
         else:
-            os.close(fd)
             import pyarrow as pa
             import pyarrow.parquet as pq
 
             pq.write_table(pa.Table.from_pylist(rows), tmp)
-        os.chmod(tmp, _default_file_mode())  # mkstemp's 0600 -> what open() would have made
-        os.replace(tmp, out)
+
+    try:
+        return atomic_write(out, write)
     except UnicodeEncodeError:  # a lone surrogate in a row stored before imports refused them
-        Path(tmp).unlink(missing_ok=True)
         raise DatasetError(f"{out}: {_unencodable(rows)} holds text that is not valid Unicode (a lone "
                            "surrogate); nothing written") from None
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return out
 
 
 def _unencodable(rows: list[dict[str, Any]]) -> str:
