@@ -59,7 +59,9 @@ def cmd_search(args: argparse.Namespace) -> int:
         with Store(args.db, must_exist=True) as store:
             run_id = store.find_run(args.resume)
             info = store.run(run_id)
-            generator = load_generator(args.model or info.model, log=_log)
+            if args.model is None:
+                _confirm_stored_endpoint(info.model, run_id)
+            generator = load_generator(args.model or info.model, log=_log, allow_http_key=args.allow_http_key)
             remaining = info.config["simulations"] * info.trees - info.simulations
             bar, update = _progress_bar(remaining, f"resume {run_id}")
             with bar:
@@ -73,7 +75,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     tasks = select_tasks(env, args.tasks, args.split) if args.tasks else env.tasks(args.split)[:8]
     if tasks:  # an env that cannot start (no browser, no Java) is refused before anything is loaded or written
         env.reset(tasks[0].id)
-    generator = load_generator(args.model or "tiny", log=_log)
+    generator = load_generator(args.model or "tiny", log=_log, allow_http_key=args.allow_http_key)
     name = args.name or f"{args.env}-{time.strftime('%Y%m%d-%H%M%S')}"
     with Store(args.db) as store:
         bar, update = _progress_bar(config.simulations * len(tasks), name)
@@ -85,6 +87,24 @@ def cmd_search(args: argparse.Namespace) -> int:
             f"{solved} solved, {stats.wall_s:.1f}s; db {store.path}"
         )
     return 0
+
+
+def _confirm_stored_endpoint(spec: str, run_id: str) -> None:
+    """A resumed run's model spec comes from the database, which someone else may have written:
+    $OPENAI_API_KEY goes to its URL only if the user agrees (asked on a terminal) or typed the spec
+    again with --model. Without a key there is nothing to leak."""
+    if not spec.startswith("openai:") or not os.environ.get("OPENAI_API_KEY"):
+        return
+    url = spec[len("openai:") :].partition("#")[0]
+    how = (f"type the spec again to send it there: orchard search --resume {run_id} --model '{spec}' "
+           "(or unset OPENAI_API_KEY)")
+    if not sys.stdin.isatty():
+        raise UsageError(f"run {run_id}: its model URL {url} comes from the database, not from you, and "
+                         f"$OPENAI_API_KEY would be sent to it; {how}")
+    print(f"run {run_id} was searched with {spec} (read from the database). Send $OPENAI_API_KEY to {url}? "
+          "[y/N] ", end="", file=sys.stderr, flush=True)
+    if sys.stdin.readline().strip().lower() not in ("y", "yes"):
+        raise UsageError(f"run {run_id}: not resumed, $OPENAI_API_KEY not sent to {url}")
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
@@ -201,6 +221,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="value backed up (eq. 8): the terminal reward (default) or max(reward, latched progress)")
     s.add_argument("--seed", type=int)
     s.add_argument("--no-critic", action="store_true", help="skip AI process supervision")
+    s.add_argument("--allow-http-key", dest="allow_http_key", action="store_true",
+                   help="let an openai:http://... model that is not on loopback receive $OPENAI_API_KEY "
+                        "unencrypted (refused by default)")
     s.set_defaults(func=cmd_search)
 
     r = sub.add_parser("runs", parents=[common], help="list runs")
