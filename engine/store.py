@@ -337,6 +337,16 @@ def _schema_tables() -> set[str]:
     return set(re.findall(r"CREATE TABLE (?:IF NOT EXISTS )?(\w+)", "".join(sql for _, sql in MIGRATIONS)))
 
 
+def _valid_text(value: str, what: str) -> str:
+    """`value` if SQLite can store it: a lone surrogate (a non-UTF-8 byte in a command-line
+    argument, a `\\ud800` JSON escape) is refused as one line instead of a UnicodeEncodeError."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise StoreError(f"{what} {value!r}: not valid Unicode text (a lone surrogate at character {e.start})") from None
+    return value
+
+
 def _obs_hash(text: str) -> str:
     return hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()
 
@@ -440,6 +450,7 @@ class Store:
     def create_run(
         self, name: str, env: str, model: str, config: dict[str, Any], tasks: list[TaskSpec]
     ) -> str:
+        _valid_text(name, "run name")
         run_id = uuid.uuid4().hex[:10]
         now = time.time()
         with self.transaction() as con:
@@ -468,6 +479,7 @@ class Store:
         text (substr), not as a LIKE pattern: `%` or `_` typed by a user must not match every run."""
         if not key:
             raise StoreError("empty run id: name a run (id, id prefix or name; `orchard runs` lists them)")
+        _valid_text(key, "run")
         rows = self.con.execute(
             "SELECT id FROM runs WHERE id=? OR name=? OR substr(id, 1, ?)=? ORDER BY created_at",
             (key, key, len(key), key),
@@ -791,7 +803,8 @@ class Store:
             report, now = SaveReport(), time.time()
             inserts, updates, history = [], [], []
             for s in samples:
-                row = (s.kind, s.run_id, s.task.id, json.dumps(s.source), json.dumps(s.data()))
+                row = (s.kind, s.run_id, _valid_text(s.task.id, f"sample {s.id}: task id"), json.dumps(s.source),
+                       json.dumps(s.data()))
                 old = existing.pop(s.id, None)
                 if old is None:
                     inserts.append((s.id, *row, "pending", 1, now, who))
@@ -899,6 +912,7 @@ class Store:
         """A job id from an id or a unique id prefix, compared as text (`%` and `_` are no wildcards)."""
         if not key:
             raise StoreError("empty job id: name a job (id or id prefix; `orchard jobs` lists them)")
+        _valid_text(key, "job")
         ids = [r[0] for r in self.con.execute("SELECT id FROM jobs WHERE substr(id, 1, ?)=? ORDER BY created_at",
                                               (len(key), key))]
         if key in ids:

@@ -249,3 +249,23 @@ def test_database_paths_with_uri_characters_open_read_only(tmp_path, name):
         assert again.find_run(run_id) == run_id
     after = sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(("-wal", "-shm")))
     assert after == [n for n in before if not n.endswith(("-wal", "-shm"))] == [name]
+
+
+def test_lone_surrogates_reaching_the_store_are_one_line_errors(tmp_path):
+    """A non-UTF-8 byte in a command-line argument arrives as a lone surrogate ('\\udcff'), which
+    SQLite cannot bind: once a UnicodeEncodeError traceback from every lookup and save."""
+    from engine.datasets.samples import Sample, Task, Turn
+    from engine.envs.base import TaskSpec
+
+    with Store(tmp_path / "o.db") as store:
+        with pytest.raises(StoreError, match=r"run '\\udcff': not valid Unicode text"):
+            store.find_run("\udcff")
+        with pytest.raises(StoreError, match=r"job 'a\\ud800': not valid Unicode text"):
+            store.find_job("a\ud800")
+        with pytest.raises(StoreError, match="run name"):
+            store.create_run("r\udcff", "line", "tiny", {}, [TaskSpec(id="t", goal="g", context="", split="train")])
+        bad = Sample(id="s1", kind="imported", task=Task(id="t\ud800", first_observation="x"),
+                     turns=(Turn(text="ACTION: go", observation=None, loss=True),))
+        with pytest.raises(StoreError, match="sample s1: task id"):
+            store.save_samples([bad])
+        assert store.runs() == [] and store.sample_counts()["total"] == 0
