@@ -482,7 +482,7 @@ class Store:
         _valid_text(key, "run")
         rows = self.con.execute(
             "SELECT id FROM runs WHERE id=? OR name=? OR substr(id, 1, ?)=? ORDER BY created_at",
-            (key, key, len(key), key),
+            (key, key, len(key), key.lower()),  # ids are lower-case hex; LIKE ignored case, so does this
         ).fetchall()
         ids = list(dict.fromkeys(r[0] for r in rows))
         if key in ids:
@@ -914,7 +914,7 @@ class Store:
             raise StoreError("empty job id: name a job (id or id prefix; `orchard jobs` lists them)")
         _valid_text(key, "job")
         ids = [r[0] for r in self.con.execute("SELECT id FROM jobs WHERE substr(id, 1, ?)=? ORDER BY created_at",
-                                              (len(key), key))]
+                                              (len(key), key.lower()))]  # lower-case hex ids, as LIKE matched
         if key in ids:
             return key
         if not ids:

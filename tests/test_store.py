@@ -220,6 +220,7 @@ def test_run_and_job_lookups_take_the_users_text_literally(tmp_path, key):
         with pytest.raises(StoreError, match="no job|empty job id"):
             store.find_job(key)
         assert store.find_run(run_id[:3]) == run_id and store.find_job(job.id[:3]) == job.id
+        assert store.find_run(run_id[:4].upper()) == run_id and store.find_job(job.id.upper()) == job.id
 
 
 def test_cancelling_job_percent_from_the_cli_cancels_nothing(tmp_path, capsys):
