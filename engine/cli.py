@@ -60,7 +60,9 @@ def cmd_search(args: argparse.Namespace) -> int:
         with Store(args.db, must_exist=True) as store:
             run_id = store.find_run(args.resume)
             info = store.run(run_id)
-            generator = load_generator(args.model or info.model, log=_log)
+            if args.model is None:
+                _confirm_stored_endpoint(info.model, run_id)
+            generator = load_generator(args.model or info.model, log=_log, allow_http_key=args.allow_http_key)
             remaining = info.config["simulations"] * info.trees - info.simulations
             bar, update = _progress_bar(remaining, f"resume {run_id}")
             with bar:
@@ -77,7 +79,7 @@ def cmd_search(args: argparse.Namespace) -> int:
             env.reset(tasks[0].id)
     finally:
         close_env(env)  # the probe; every tree makes its own env
-    generator = load_generator(args.model or "tiny", log=_log)
+    generator = load_generator(args.model or "tiny", log=_log, allow_http_key=args.allow_http_key)
     name = args.name or f"{args.env}-{time.strftime('%Y%m%d-%H%M%S')}"
     with Store(args.db) as store:
         bar, update = _progress_bar(config.simulations * len(tasks), name)
@@ -89,6 +91,24 @@ def cmd_search(args: argparse.Namespace) -> int:
             f"{solved} solved, {stats.wall_s:.1f}s; db {store.path}"
         )
     return 0
+
+
+def _confirm_stored_endpoint(spec: str, run_id: str) -> None:
+    """A resumed run's model spec comes from the database, which someone else may have written:
+    $OPENAI_API_KEY goes to its URL only if the user agrees (asked on a terminal) or typed the spec
+    again with --model. Without a key there is nothing to leak."""
+    if not spec.startswith("openai:") or not os.environ.get("OPENAI_API_KEY"):
+        return
+    url = spec[len("openai:") :].partition("#")[0]
+    how = (f"type the spec again to send it there: orchard search --resume {run_id} --model '{spec}' "
+           "(or unset OPENAI_API_KEY)")
+    if not sys.stdin.isatty():
+        raise UsageError(f"run {run_id}: its model URL {url} comes from the database, not from you, and "
+                         f"$OPENAI_API_KEY would be sent to it; {how}")
+    print(f"run {run_id} was searched with {spec} (read from the database). Send $OPENAI_API_KEY to {url}? "
+          "[y/N] ", end="", file=sys.stderr, flush=True)
+    if sys.stdin.readline().strip().lower() not in ("y", "yes"):
+        raise UsageError(f"run {run_id}: not resumed, $OPENAI_API_KEY not sent to {url}")
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
@@ -122,21 +142,31 @@ def cmd_export_tree(args: argparse.Namespace) -> int:
         tree = store.load_tree(store.tree_id(run_id, args.task))
     if tree is None:
         raise UsageError(f"run {run_id} task {args.task}: no simulation committed yet")
+    from engine.fileio import atomic_write
+
     alpha = info.config.get("alpha", 0.5)
     out = Path(args.output) if args.output else None
     if args.format == "json":
         run = {"id": run_id, "env": info.env, "model": info.model, "config": info.config}
         text = json.dumps(tree.to_json(run, alpha), indent=1)
-        if out:
-            out.write_text(text, encoding="utf-8")
+        if out:  # temp file + rename: a reader (or a kill) never sees half a tree
+            atomic_write(out, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
         else:
             print(text)
     else:
+        import gzip
+
         import networkx as nx
 
         graph = tree.to_networkx(alpha)
         target = out or Path(f"{run_id}-{args.task}.graphml")
-        nx.write_graphml(graph, target)
+        opener = gzip.open if target.suffix == ".gz" else open  # as nx.write_graphml does by suffix
+
+        def write(tmp: str) -> None:
+            with opener(tmp, "wb") as f:
+                nx.write_graphml(graph, f)
+
+        atomic_write(target, write)
         _log(f"wrote {target}")
     return 0
 
@@ -195,6 +225,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="value backed up (eq. 8): the terminal reward (default) or max(reward, latched progress)")
     s.add_argument("--seed", type=int)
     s.add_argument("--no-critic", action="store_true", help="skip AI process supervision")
+    s.add_argument("--allow-http-key", dest="allow_http_key", action="store_true",
+                   help="let an openai:http://... model that is not on loopback receive $OPENAI_API_KEY "
+                        "unencrypted (refused by default)")
     s.set_defaults(func=cmd_search)
 
     r = sub.add_parser("runs", parents=[common], help="list runs")
@@ -246,10 +279,11 @@ def user_errors() -> tuple[type[Exception], ...]:
     from engine.config import ConfigError
     from engine.datasets.samples import DatasetError
     from engine.envs.base import EnvError
+    from engine.fileio import OutputError
     from engine.llm.base import GeneratorError
     from engine.store import StoreError
 
-    return (UsageError, ConfigError, DatasetError, EnvError, GeneratorError, StoreError)
+    return (UsageError, ConfigError, DatasetError, EnvError, GeneratorError, StoreError, OutputError)
 
 
 def main(argv: list[str] | None = None) -> int:

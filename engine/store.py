@@ -15,6 +15,7 @@ import os
 import re
 import sqlite3
 import time
+import urllib.parse
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -274,6 +275,12 @@ def default_db_path() -> Path:
     return base / "orchard.db"
 
 
+def _readonly_uri(path: Path) -> str:
+    """A `file:` URI that opens `path` read-only. The path is percent-quoted: a `#`, `?` or `%41` in
+    it would otherwise end the path early or be decoded, and SQLite would open (and create) another file."""
+    return f"file:{urllib.parse.quote(str(path))}?mode=ro"
+
+
 def _check_file(path: Path) -> int:
     """Refuse a file that is not SQLite, or SQLite that is not ours, without writing to it.
     Returns the file's schema version (0 for a new or empty file)."""
@@ -290,7 +297,7 @@ def _check_file(path: Path) -> int:
     companions = [path.with_name(path.name + suffix) for suffix in ("-wal", "-shm")]
     existed = [c.exists() for c in companions]
     try:
-        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        con = sqlite3.connect(_readonly_uri(path), uri=True)
         try:
             tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
             if not tables:
@@ -330,6 +337,16 @@ def _schema_tables() -> set[str]:
     return set(re.findall(r"CREATE TABLE (?:IF NOT EXISTS )?(\w+)", "".join(sql for _, sql in MIGRATIONS)))
 
 
+def _valid_text(value: str, what: str) -> str:
+    """`value` if SQLite can store it: a lone surrogate (a non-UTF-8 byte in a command-line
+    argument, a `\\ud800` JSON escape) is refused as one line instead of a UnicodeEncodeError."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise StoreError(f"{what} {value!r}: not valid Unicode text (a lone surrogate at character {e.start})") from None
+    return value
+
+
 def _obs_hash(text: str) -> str:
     return hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()
 
@@ -354,7 +371,8 @@ class Store:
                     "run any `orchard` command once to migrate it"
                 )
             try:
-                self.con = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=30.0, isolation_level=None)
+                self.con = sqlite3.connect(_readonly_uri(self.path), uri=True, timeout=30.0,
+                                           isolation_level=None)
                 self._check_tables()
             except sqlite3.DatabaseError as e:
                 raise StoreError(f"{self.path}: corrupt or unreadable database ({e})") from None
@@ -390,6 +408,18 @@ class Store:
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction. Nested inside another (a command that saves pairs and samples
+        together), it is a savepoint of the outer one, so everything commits or nothing does."""
+        if self.con.in_transaction:
+            self.con.execute("SAVEPOINT nested")
+            try:
+                yield self.con
+            except BaseException:
+                self.con.execute("ROLLBACK TO nested")
+                self.con.execute("RELEASE nested")
+                raise
+            self.con.execute("RELEASE nested")
+            return
         self.con.execute("BEGIN IMMEDIATE")
         try:
             yield self.con
@@ -420,6 +450,7 @@ class Store:
     def create_run(
         self, name: str, env: str, model: str, config: dict[str, Any], tasks: list[TaskSpec]
     ) -> str:
+        _valid_text(name, "run name")
         run_id = uuid.uuid4().hex[:10]
         now = time.time()
         with self.transaction() as con:
@@ -444,9 +475,14 @@ class Store:
                 )
 
     def find_run(self, key: str) -> str:
-        """A run id from an id, a unique id prefix or a unique name."""
+        """A run id from an id, a unique id prefix or a unique name. The prefix is compared as
+        text (substr), not as a LIKE pattern: `%` or `_` typed by a user must not match every run."""
+        if not key:
+            raise StoreError("empty run id: name a run (id, id prefix or name; `orchard runs` lists them)")
+        _valid_text(key, "run")
         rows = self.con.execute(
-            "SELECT id FROM runs WHERE id=? OR name=? OR id LIKE ? ORDER BY created_at", (key, key, f"{key}%")
+            "SELECT id FROM runs WHERE id=? OR name=? OR substr(id, 1, ?)=? ORDER BY created_at",
+            (key, key, len(key), key.lower()),  # ids are lower-case hex; LIKE ignored case, so does this
         ).fetchall()
         ids = list(dict.fromkeys(r[0] for r in rows))
         if key in ids:
@@ -767,7 +803,8 @@ class Store:
             report, now = SaveReport(), time.time()
             inserts, updates, history = [], [], []
             for s in samples:
-                row = (s.kind, s.run_id, s.task.id, json.dumps(s.source), json.dumps(s.data()))
+                row = (s.kind, s.run_id, _valid_text(s.task.id, f"sample {s.id}: task id"), json.dumps(s.source),
+                       json.dumps(s.data()))
                 old = existing.pop(s.id, None)
                 if old is None:
                     inserts.append((s.id, *row, "pending", 1, now, who))
@@ -872,9 +909,12 @@ class Store:
         return _job_from_row(row)
 
     def find_job(self, key: str) -> str:
-        """A job id from an id or a unique id prefix."""
-        ids = [r[0] for r in self.con.execute("SELECT id FROM jobs WHERE id LIKE ? ORDER BY created_at",
-                                              (f"{key}%",))]
+        """A job id from an id or a unique id prefix, compared as text (`%` and `_` are no wildcards)."""
+        if not key:
+            raise StoreError("empty job id: name a job (id or id prefix; `orchard jobs` lists them)")
+        _valid_text(key, "job")
+        ids = [r[0] for r in self.con.execute("SELECT id FROM jobs WHERE substr(id, 1, ?)=? ORDER BY created_at",
+                                              (len(key), key.lower()))]  # lower-case hex ids, as LIKE matched
         if key in ids:
             return key
         if not ids:

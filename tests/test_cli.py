@@ -155,3 +155,111 @@ def test_runs_and_export(tmp_path, capsys):
     assert g.number_of_nodes() == len(doc["nodes"])
     assert main(["export", "tree", run_id, "--task", "nope", "--db", str(db)]) == 2
     assert "no task" in capsys.readouterr().err
+
+
+def test_exports_to_a_folder_or_a_failing_write_are_one_line_errors_and_keep_the_old_file(tmp_path, monkeypatch,
+                                                                                         capsys):
+    """`export tree -o` once wrote in place (a kill left half a tree) and a folder named like the
+    output file gave an IsADirectoryError traceback (tree and sft exports alike)."""
+    db = tmp_path / "o.db"
+    _line_run(db)
+    for fmt in ("json", "graphml"):
+        folder = tmp_path / f"t.{fmt}"
+        folder.mkdir()
+        assert main(["export", "tree", "cli-test", "--task", "goal-2", "--format", fmt, "-o", str(folder),
+                     "--db", str(db)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("orchard: error:") and "is a folder" in err and "\n" not in err, err
+        assert list(folder.iterdir()) == []
+
+    old = tmp_path / "old.json"
+    old.write_text("the previous export")
+
+    def dies(src, dst):
+        raise OSError(28, "No space left on device")
+
+    import engine.fileio
+
+    monkeypatch.setattr(engine.fileio.os, "replace", dies)
+    assert main(["export", "tree", "cli-test", "--task", "goal-2", "-o", str(old), "--db", str(db)]) == 2
+    assert "old.json: cannot write (No space left on device)" in capsys.readouterr().err
+    assert old.read_text() == "the previous export"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+class _KeyRecorder:
+    """A loopback 'model server' that records the Authorization header of each request and answers 401."""
+
+    def __init__(self) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        seen = self.seen = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                seen.append(self.headers.get("Authorization"))
+                body = b'{"error": {"message": "no"}}'
+                self.send_response(401)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.spec = f"openai:http://127.0.0.1:{self.httpd.server_address[1]}/v1#m"
+        threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+class _Stdin:
+    def __init__(self, tty: bool, answer: str = "") -> None:
+        self.tty, self.answer = tty, answer
+
+    def isatty(self) -> bool:
+        return self.tty
+
+    def readline(self) -> str:
+        return self.answer
+
+
+def test_resume_sends_the_api_key_to_a_stored_url_only_when_the_user_says_so(tmp_path, monkeypatch, capsys):
+    """`search --resume` once sent $OPENAI_API_KEY to whatever URL the (maybe shared) database named."""
+    from engine.envs import registry
+
+    monkeypatch.setitem(registry.BUILTIN, "line", "doubles:SnapshotLineEnv")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-secret")
+    server = _KeyRecorder()
+    db = tmp_path / "o.db"
+    try:
+        with Store(db) as store:
+            run_id = store.create_run("shared", "line", server.spec, {**SearchConfig(simulations=2).__dict__},
+                                      SnapshotLineEnv().tasks()[:1])
+            store.set_run_status(run_id, "interrupted")
+        resume = ["search", "--resume", run_id, "--db", str(db)]
+        monkeypatch.setattr(sys, "stdin", _Stdin(tty=False))
+        assert main(resume) == 2
+        err = capsys.readouterr().err
+        assert "comes from the database" in err and f"--model '{server.spec}'" in err and len(err.splitlines()) == 1
+        monkeypatch.setattr(sys, "stdin", _Stdin(tty=True, answer="n\n"))
+        assert main(resume) == 2
+        assert "not resumed" in capsys.readouterr().err
+        assert server.seen == []  # nothing was sent, key or not
+
+        monkeypatch.setattr(sys, "stdin", _Stdin(tty=True, answer="y\n"))
+        assert main(resume) == 2  # the recorder answers 401
+        assert "HTTP 401" in capsys.readouterr().err and server.seen[-1] == "Bearer sk-secret"
+        monkeypatch.setattr(sys, "stdin", _Stdin(tty=False))
+        assert main([*resume, "--model", server.spec]) == 2
+        assert server.seen[-1] == "Bearer sk-secret" and len(server.seen) == 2
+        monkeypatch.delenv("OPENAI_API_KEY")  # no key: nothing to leak, nothing asked
+        assert main(resume) == 2
+        assert "no API key was sent" in capsys.readouterr().err and server.seen[-1] is None
+    finally:
+        server.close()

@@ -290,3 +290,41 @@ def test_cli_build_curate_rebuild_export_import(tmp_path, monkeypatch, capsys):
         assert store.sample_counts(kind="refine")["total"] == 0  # nothing partially imported
     assert _cli(["import", str(bad.with_name("agentgym0.jsonl")), "--dry-run", "--db", db]) == 0
     assert "nothing written" in capsys.readouterr().out
+
+
+def test_pairs_build_saves_pairs_and_rft_rows_in_one_transaction(tmp_path, monkeypatch):
+    """A kill between the two saves once left the pairs committed without their RFT rows."""
+    from engine.envs import registry
+
+    monkeypatch.setitem(registry.BUILTIN, "line", "doubles:SnapshotLineEnv")
+    db = str(tmp_path / "o.db")
+    with Store(db) as store:
+        new_run(store, "line", SnapshotLineEnv().tasks()[:2], ScriptedGenerator(),
+                SearchConfig(simulations=12, k=3, depth_limit=5), "r", make_env=SnapshotLineEnv)
+
+    def killed(self, *a, **kw):
+        raise KeyboardInterrupt  # stands for the process dying after the pairs were saved
+
+    monkeypatch.setattr(Store, "save_samples", killed)
+    with pytest.raises(KeyboardInterrupt):
+        _cli(["pairs", "build", "r", "--db", db])
+    with Store(db) as store:
+        assert store.pair_counts()["total"] == 0 and store.sample_counts()["total"] == 0
+    monkeypatch.undo()
+    monkeypatch.setitem(registry.BUILTIN, "line", "doubles:SnapshotLineEnv")
+    assert _cli(["pairs", "build", "r", "--db", db]) == 0
+    with Store(db) as store:
+        assert store.pair_counts()["total"] > 0 and store.sample_counts(kind="rft")["total"] > 0
+
+
+def test_a_nested_transaction_is_a_savepoint_of_the_outer_one(tmp_path):
+    with Store(tmp_path / "o.db") as store:
+        with store.transaction() as con:
+            con.execute("INSERT INTO meta VALUES ('a', '1')")
+            with pytest.raises(RuntimeError), store.transaction() as inner:
+                inner.execute("INSERT INTO meta VALUES ('b', '2')")
+                raise RuntimeError("inner fails")
+            with store.transaction() as inner:
+                inner.execute("INSERT INTO meta VALUES ('c', '3')")
+        keys = {k for (k,) in store.con.execute("SELECT key FROM meta")}
+        assert {"a", "c"} <= keys and "b" not in keys and not store.con.in_transaction

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
 
 import pytest
 from test_pairs import _two_outcome_tree, add
@@ -224,6 +225,90 @@ def test_other_unreadable_inputs(tmp_path):
         read_samples(arr)
     with pytest.raises(DatasetError, match="unknown sample kind"):
         read_samples(arr, kind="nope")
+
+
+FUZZ = Path(__file__).parent / "data" / "fuzz" / "imports"
+FUZZ_EXPECTED = json.loads((FUZZ / "expected.json").read_text(encoding="utf-8"))
+
+
+def test_every_file_of_the_import_corpus_has_an_expectation():
+    assert sorted(p.name for p in FUZZ.iterdir() if p.name != "expected.json") == sorted(FUZZ_EXPECTED)
+
+
+@pytest.mark.parametrize("name", sorted(FUZZ_EXPECTED))
+def test_hostile_import_files_are_refused_with_file_line_and_field(name):
+    """The corpus in tests/data/fuzz/imports: lone surrogates in ids and texts (once a traceback, or
+    imported and then every export failed), content after a JSON array's `]` (once ignored), ..."""
+    want = FUZZ_EXPECTED[name]
+    with pytest.raises(ImportFormatError) as err:
+        read_samples(FUZZ / name)
+    message = str(err.value)
+    assert message.startswith(f"{FUZZ / name}:{want['line']}: ") and want["problem"] in message, message
+    assert err.value.field == (want["field"] or ""), message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 7, 64])
+def test_json_arrays_read_in_chunks_give_every_record_and_line(tmp_path, monkeypatch, chunk):
+    """Arrays are read in chunks (no longer whole): records, numbers and multi-byte characters cut at
+    a chunk's end come out as if read at once, with the line each record starts on."""
+    from engine.datasets import formats
+
+    rows = [{"item_id": 10 ** i, "conversations": [{"from": "human", "value": f"h{i} é€😀 \\\" \\u00e9"},
+                                                     {"from": "gpt", "value": f"ACTION: {i}", "loss": i % 2 == 0}]}
+            for i in range(6)]
+    text = "  \n[\n" + ",\n\n".join(json.dumps(r, ensure_ascii=i % 2 == 0) for i, r in enumerate(rows)) + "\n]\n\n"
+    path = tmp_path / "a.json"
+    path.write_text(text, encoding="utf-8")
+    monkeypatch.setattr(formats, "_ARRAY_CHUNK", chunk)
+    result = read_samples(path)
+    assert [s.task.id for s in result.samples] == [str(r["item_id"]) for r in rows]
+    assert [s.turns[0].text for s in result.samples] == [f"ACTION: {i}" for i in range(6)]
+    assert [s.source["line"] for s in result.samples] == [3 + 2 * i for i in range(6)]
+    assert result.samples[1].task.first_observation == rows[1]["conversations"][0]["value"]
+
+
+def test_a_huge_record_in_a_json_array_is_refused_without_reading_the_file_whole(tmp_path):
+    import tracemalloc
+
+    path = tmp_path / "big.json"
+    with open(path, "w") as f:
+        f.write("[\n" + json.dumps(GOOD) + ',\n{"conversations": [{"from": "human", "value": "')
+        f.writelines("x" * (1 << 20) for _ in range(40))
+    tracemalloc.start()
+    try:
+        with pytest.raises(ImportFormatError, match=r"big.json:3: record is over the 4,194,304-character limit"):
+            read_samples(path, max_line_bytes=4 << 20)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 24 << 20, f"peak {peak:,} bytes for a 40 MiB file"
+
+
+def test_exporting_rows_onto_a_folder_is_one_error_and_leaves_it_alone(tmp_path):
+    """Once an IsADirectoryError traceback from the final rename."""
+    from engine.fileio import OutputError
+
+    for suffix in (".jsonl", ".parquet"):
+        folder = tmp_path / f"rows{suffix}"
+        (folder / "inside").mkdir(parents=True)
+        with pytest.raises(OutputError, match=f"rows{suffix}: is a folder; name a file"):
+            write_rows([{"a": 1}], folder)
+        assert [p.name for p in folder.iterdir()] == ["inside"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rows.jsonl", "rows.parquet"]
+
+
+def test_a_stored_lone_surrogate_makes_export_one_error_not_a_traceback(tmp_path):
+    """Rows imported before the import refused lone surrogates: the export names the row, writes nothing."""
+    from engine.datasets.samples import Sample, Task, Turn
+
+    bad = Sample(id="s1", kind="imported", task=Task(id="t", first_observation="x\udc00"),
+                 turns=(Turn(text="ACTION: go", observation=None, loss=True),))
+    for suffix in (".jsonl", ".parquet"):
+        out = tmp_path / f"o{suffix}"
+        with pytest.raises(DatasetError, match=r"row 1 \(id 's1'\) holds text that is not valid Unicode"):
+            write_rows(sft_rows([bad]), out)
+        assert list(tmp_path.iterdir()) == []
 
 
 # --- TRL ---------------------------------------------------------------------------------------

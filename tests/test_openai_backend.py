@@ -13,6 +13,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import httpx
 import pytest
 from serve_fixture import free_port, transformers_serve
 from tiny_model_fixture import build_tiny_model
@@ -318,3 +319,45 @@ def test_parse_completions_choices_and_echo_logprobs() -> None:
     assert echo_logprob(echoed, n_prompt=3, n_completion=2) == -6.0
     assert echo_logprob({"choices": [{"text": "", "logprobs": None}]}, 3, 2) is None
     assert echo_logprob(echoed, n_prompt=4, n_completion=3) is None  # too few entries
+
+
+def _offline(gen: OpenAIGenerator, seen: list[httpx.Request]) -> OpenAIGenerator:
+    """Answer every request in-process (httpx.MockTransport): nothing leaves this machine, whatever host."""
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, json=_chat_body(["ok"]))
+
+    gen._client.close()
+    gen._client = httpx.Client(transport=httpx.MockTransport(answer))
+    return gen
+
+
+@pytest.mark.parametrize("url,sent", [
+    ("http://models.example.com/v1", False),
+    ("http://10.1.2.3:8000/v1", False),
+    ("http://127.0.0.1.example.com/v1", False),
+    ("http://127.0.0.1:8000/v1", True),
+    ("http://127.9.9.9:8000/v1", True),
+    ("http://localhost:8000/v1", True),
+    ("http://[::1]:8000/v1", True),
+    ("https://models.example.com/v1", True),
+])
+def test_a_key_goes_over_plain_http_only_to_loopback(monkeypatch: pytest.MonkeyPatch, url: str, sent: bool) -> None:
+    """A key over http to another host is readable by anyone on the way: refused, at construction
+    and (for a key set later) before each request, unless allow_http_key."""
+    seen: list[httpx.Request] = []
+    monkeypatch.delenv("ORCHARD_TEST_KEY", raising=False)
+    gen = _offline(OpenAIGenerator(url, "m", api_key_env="ORCHARD_TEST_KEY", **FAST), seen)
+    monkeypatch.setenv("ORCHARD_TEST_KEY", SECRET)
+    if sent:
+        assert gen.sample([SampleRequest(PROMPT)])[0][0].text == "ok"
+        assert seen[-1].headers["Authorization"] == f"Bearer {SECRET}"
+        return
+    with pytest.raises(GeneratorError, match=r"refusing to send \$ORCHARD_TEST_KEY over plain http.*--allow-http-key"):
+        gen.sample([SampleRequest(PROMPT)])
+    assert seen == []
+    with pytest.raises(GeneratorError, match="refusing to send"):
+        OpenAIGenerator(url, "m", api_key_env="ORCHARD_TEST_KEY", **FAST)
+    allowed = _offline(OpenAIGenerator(url, "m", api_key_env="ORCHARD_TEST_KEY", allow_http_key=True, **FAST), seen)
+    assert allowed.sample([SampleRequest(PROMPT)])[0][0].text == "ok"
+    assert seen[-1].headers["Authorization"] == f"Bearer {SECRET}" and SECRET not in repr(allowed)

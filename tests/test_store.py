@@ -207,3 +207,66 @@ def test_migrations_are_numbered_in_order_and_every_older_database_upgrades(tmp_
         with Store(path) as upgraded:
             assert upgraded.schema_version == versions[-1]
             assert {r[0] for r in upgraded.con.execute("SELECT name FROM sqlite_master WHERE type='table'")} == want
+
+
+@pytest.mark.parametrize("key", ["%", "_", "", "%%", "_" * 3, "[a-f]*"])
+def test_run_and_job_lookups_take_the_users_text_literally(tmp_path, key):
+    """`orchard jobs cancel %` once cancelled the only job: the prefix went into LIKE unescaped."""
+    with Store(tmp_path / "o.db") as store:
+        run_id, _ = _run(store, sims=2, n_tasks=1)
+        job = store.create_job("sft", {}, "cpu")
+        with pytest.raises(StoreError, match="no run|empty run id"):
+            store.find_run(key)
+        with pytest.raises(StoreError, match="no job|empty job id"):
+            store.find_job(key)
+        assert store.find_run(run_id[:3]) == run_id and store.find_job(job.id[:3]) == job.id
+        assert store.find_run(run_id[:4].upper()) == run_id and store.find_job(job.id.upper()) == job.id
+
+
+def test_cancelling_job_percent_from_the_cli_cancels_nothing(tmp_path, capsys):
+    from engine.cli import main
+
+    db = tmp_path / "o.db"
+    with Store(db) as store:  # a finished job, so the runner the command starts launches nothing
+        job = store.create_job("sft", {}, "cpu")
+        store.finish_job(job.id, "succeeded", expect=("queued",))
+    assert main(["jobs", "cancel", "%", "--db", str(db)]) == 2
+    assert "no job '%'" in capsys.readouterr().err
+    with Store(db) as store:
+        assert not store.job(job.id).cancel_requested
+
+
+@pytest.mark.parametrize("name", ["a#b.db", "a?b.db", "a%41b.db", "a%b.db", "a b&c=d.db"])
+def test_database_paths_with_uri_characters_open_read_only(tmp_path, name):
+    """The read-only open builds a `file:` URI: `#`, `?` or `%xx` in the path once gave "schema version 0"
+    and created a stray empty file (the path cut at `#`/`?`, or `%41` decoded to `A`)."""
+    db = tmp_path / name
+    with Store(db) as store:
+        run_id, _ = _run(store, sims=2, n_tasks=1)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with Store(db, readonly=True) as ro:
+        assert ro.find_run(run_id) == run_id and ro.schema_version == SCHEMA_VERSION
+    with Store(db) as again:
+        assert again.find_run(run_id) == run_id
+    after = sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(("-wal", "-shm")))
+    assert after == [n for n in before if not n.endswith(("-wal", "-shm"))] == [name]
+
+
+def test_lone_surrogates_reaching_the_store_are_one_line_errors(tmp_path):
+    """A non-UTF-8 byte in a command-line argument arrives as a lone surrogate ('\\udcff'), which
+    SQLite cannot bind: once a UnicodeEncodeError traceback from every lookup and save."""
+    from engine.datasets.samples import Sample, Task, Turn
+    from engine.envs.base import TaskSpec
+
+    with Store(tmp_path / "o.db") as store:
+        with pytest.raises(StoreError, match=r"run '\\udcff': not valid Unicode text"):
+            store.find_run("\udcff")
+        with pytest.raises(StoreError, match=r"job 'a\\ud800': not valid Unicode text"):
+            store.find_job("a\ud800")
+        with pytest.raises(StoreError, match="run name"):
+            store.create_run("r\udcff", "line", "tiny", {}, [TaskSpec(id="t", goal="g", context="", split="train")])
+        bad = Sample(id="s1", kind="imported", task=Task(id="t\ud800", first_observation="x"),
+                     turns=(Turn(text="ACTION: go", observation=None, loss=True),))
+        with pytest.raises(StoreError, match="sample s1: task id"):
+            store.save_samples([bad])
+        assert store.runs() == [] and store.sample_counts()["total"] == 0

@@ -70,8 +70,9 @@ def cmd_pairs_build(args: argparse.Namespace) -> int:
         refs = _trees(store, run_id)
         built = build_pairs(refs, config)
         who = _who()
-        pairs = store.save_pairs(run_id, [*built.step, *built.trajectory], who=who)
-        rft = store.save_samples(built.rft, prune_run=run_id, prune_kinds=("rft",), who=who)
+        with store.transaction():  # pairs and RFT rows of one build: both saved or neither
+            pairs = store.save_pairs(run_id, [*built.step, *built.trajectory], who=who)
+            rft = store.save_samples(built.rft, prune_run=run_id, prune_kinds=("rft",), who=who)
         print(f"run {run_id}: {len(refs)} trees -> {len(built.step)} step pairs, {len(built.trajectory)} trajectory "
               f"pairs (alpha={config.alpha}, theta={config.theta}), {len(built.rft)} RFT rows")
         print(f"pairs: {pairs}; RFT rows: {rft}; db {store.path}")

@@ -15,18 +15,19 @@ Exports:
 Imports read AgentGym / AgentRefine-style rows (`conversations` with `from`/`value` and an optional
 per-turn `loss` or `weight`, optional leading `system` turn) and chat rows (`messages` with
 `role`/`content` and an optional `train` or `weight`), from JSONL, JSON arrays or Parquet. The WHOLE
-file is validated before anything is returned, and each problem names the file, line and field.
+file is validated before anything is returned, and each problem names the file, line and field. JSON
+arrays are read in chunks with the same per-record size limit as JSONL lines, text must be valid
+Unicode (no lone surrogates), and nothing may follow the array's `]`.
 """
 
 from __future__ import annotations
 
+import codecs
 import json
-import os
-import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, BinaryIO, NoReturn
 
 from engine.datasets.pairs import Pair
 from engine.datasets.samples import (
@@ -40,6 +41,7 @@ from engine.datasets.samples import (
     to_messages,
     to_step_rows,
 )
+from engine.fileio import atomic_write
 
 OUTPUT_SUFFIXES = (".jsonl", ".parquet")
 MAX_LINE_BYTES = 16 * 1024 * 1024
@@ -103,12 +105,6 @@ def step_rows(samples: Iterable[Sample]) -> list[dict[str, Any]]:
     return [row for s in samples for row in to_step_rows(s)]
 
 
-def _default_file_mode() -> int:
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask
-
-
 def write_rows(rows: list[dict[str, Any]], path: str | Path) -> Path:
     """Write rows as JSONL or Parquet (by suffix), atomically: a reader never sees half a file."""
     out = Path(path)
@@ -116,26 +112,34 @@ def write_rows(rows: list[dict[str, Any]], path: str | Path) -> Path:
         raise DatasetError(f"{out}: unknown output format {out.suffix or '(no suffix)'!r} (use .jsonl or .parquet)")
     if not rows:
         raise DatasetError(f"{out}: nothing to export (no rows matched); nothing written")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
-    try:
+
+    def write(tmp: str) -> None:
         if out.suffix == ".jsonl":
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
+            with open(tmp, "w", encoding="utf-8") as f:
                 for row in rows:
                     f.write(json.dumps(row, ensure_ascii=False))
                     f.write("\n")
         else:
-            os.close(fd)
             import pyarrow as pa
             import pyarrow.parquet as pq
 
             pq.write_table(pa.Table.from_pylist(rows), tmp)
-        os.chmod(tmp, _default_file_mode())  # mkstemp's 0600 -> what open() would have made
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return out
+
+    try:
+        return atomic_write(out, write)
+    except UnicodeEncodeError:  # a lone surrogate in a row stored before imports refused them
+        raise DatasetError(f"{out}: {_unencodable(rows)} holds text that is not valid Unicode (a lone "
+                           "surrogate); nothing written") from None
+
+
+def _unencodable(rows: list[dict[str, Any]]) -> str:
+    """Which row UTF-8 cannot encode, named by its id (searched only once a write has failed)."""
+    for i, row in enumerate(rows):
+        try:
+            json.dumps(row, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            return f"row {i + 1} (id {str(row.get('id', '?'))!r})"
+    return "a row"
 
 
 def tokenize_messages(messages: list[dict[str, Any]], tokenizer: Any) -> dict[str, list[int]]:
@@ -203,7 +207,7 @@ def _records(path: Path, max_line_bytes: int) -> Iterator[tuple[int, Any]]:
         head = f.read(64).lstrip()
         f.seek(0)
         if head.startswith(b"["):
-            yield from _json_array(path, f.read(), max_line_bytes)
+            yield from _json_array(path, f, max_line_bytes)
             return
         line_no = 0
         while True:
@@ -238,35 +242,90 @@ def _json_limit(e: BaseException) -> str:
     return str(e).split(";")[0]
 
 
-def _json_array(path: Path, data: bytes, max_record_bytes: int) -> Iterator[tuple[int, Any]]:
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        raise ImportFormatError(path, line, "", f"not UTF-8 text ({e.reason})") from None
+_ARRAY_CHUNK = 1 << 20  # bytes read at a time from a JSON array file (tests shrink it)
+
+
+def _json_array(path: Path, f: BinaryIO, max_record_bytes: int) -> Iterator[tuple[int, Any]]:
+    """The records of a JSON array file, read in chunks: memory stays near one record (at most
+    `max_record_bytes` characters) whatever the file's size, and anything after the closing `]`
+    is refused rather than ignored."""
     decoder = json.JSONDecoder()
-    pos = text.index("[") + 1
-    line = 1 + text.count("\n", 0, pos)
+    utf8 = codecs.getincrementaldecoder("utf-8")()
+    text, pos, line, eof = "", 0, 1, False  # `line` is the file's line number at text[pos]
+
+    def more() -> bool:
+        """Append the next chunk to `text` (dropping what was consumed); False at the end of the file."""
+        nonlocal text, pos, eof
+        if eof:
+            return False
+        chunk = f.read(_ARRAY_CHUNK)
+        try:
+            part = utf8.decode(chunk, final=not chunk)
+        except UnicodeDecodeError as e:
+            at = line + text.count("\n", pos) + chunk.count(b"\n", 0, max(e.start, 0))
+            raise ImportFormatError(path, at, "", f"not UTF-8 text ({e.reason})") from None
+        text, pos, eof = text[pos:] + part, 0, not chunk
+        return True
+
+    def skip(chars: str) -> None:
+        nonlocal pos, line
+        while True:
+            while pos < len(text) and text[pos] in chars:
+                line += text[pos] == "\n"
+                pos += 1
+            if pos < len(text) or not more():
+                return
+
+    skip(" \t\r\n")
+    pos += 1  # the "[" that _records saw
     while True:
-        while pos < len(text) and text[pos] in " \t\r\n,":
-            line += text[pos] == "\n"
-            pos += 1
+        skip(" \t\r\n,")
         if pos >= len(text):
             raise ImportFormatError(path, line, "", "not valid JSON (the array is not closed)")
         if text[pos] == "]":
+            pos += 1
+            skip(" \t\r\n")
+            if pos < len(text):
+                raise ImportFormatError(path, line, "", f"content after the end of the JSON array "
+                                        f"({text[pos:pos + 20]!r}...); expected one array per file")
             return
-        try:
-            value, end = decoder.raw_decode(text, pos)
-        except json.JSONDecodeError as e:
-            raise ImportFormatError(path, e.lineno, "", f"not valid JSON ({e.msg} at column {e.colno})") from None
-        except (RecursionError, ValueError) as e:
-            raise ImportFormatError(path, line, "", f"not valid JSON ({_json_limit(e)})") from None
+        while True:
+            try:
+                value, end = decoder.raw_decode(text, pos)
+            except json.JSONDecodeError as e:
+                # Cut at the chunk's end (or inside an escape near it), or really malformed?
+                cut = e.pos >= len(text) - 12 or e.msg.startswith("Unterminated string")
+                if cut and not eof and len(text) - pos <= max_record_bytes:
+                    more()
+                    continue
+                if cut and not eof:
+                    raise ImportFormatError(path, line, "", f"record is over the {max_record_bytes:,}-character "
+                                            "limit (or not closed)") from None
+                at = line + text.count("\n", pos, e.pos)
+                raise ImportFormatError(path, at, "", f"not valid JSON ({e.msg})") from None
+            except (RecursionError, ValueError) as e:
+                raise ImportFormatError(path, line, "", f"not valid JSON ({_json_limit(e)})") from None
+            if end == len(text) and more():  # a number or literal may continue in the next chunk
+                continue
+            break
         if end - pos > max_record_bytes:
             raise ImportFormatError(path, line, "", f"record is {end - pos:,} characters, over the "
                                     f"{max_record_bytes:,} limit")
         yield line, value
         line += text.count("\n", pos, end)
         pos = end
+
+
+def _valid_text(value: str, field_name: str, fail: Callable[[str, str], NoReturn]) -> str:
+    """`value`, if it is Unicode that UTF-8 can encode: a JSON `\\ud800` escape decodes to a lone
+    surrogate, which SQLite and every UTF-8 export refuse later (a traceback, or an export that
+    always fails), so it is refused here with the field that carries it."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        fail(field_name, f"contains a lone surrogate {value[e.start]!r} at character {e.start} "
+                         "(not valid Unicode text)")
+    return value
 
 
 def _turn_loss(item: dict[str, Any], where: str, flag: str, fail: Callable[[str, str], NoReturn]) -> bool | None:
@@ -313,6 +372,7 @@ def _parse_record(record: Any, path: Path, line: int, kind: str) -> tuple[Sample
                 fail(f"{where}.{name}", "missing")
         if not isinstance(item[text_key], str):
             fail(f"{where}.{text_key}", f"expected text, got {type(item[text_key]).__name__}")
+        _valid_text(item[text_key], f"{where}.{text_key}", fail)
         role = _ROLES.get(item[role_key]) if isinstance(item[role_key], str) else None
         if role is None:
             names = "human, gpt or system" if style == "agentgym" else "user, assistant or system"
@@ -344,6 +404,8 @@ def _parse_record(record: Any, path: Path, line: int, kind: str) -> tuple[Sample
     task_id = record.get(id_key)
     if task_id is not None and (isinstance(task_id, bool) or not isinstance(task_id, (str, int))):
         fail(id_key, f"expected text or an integer, got {type(task_id).__name__}")
+    if isinstance(task_id, str):
+        _valid_text(task_id, id_key, fail)
     task = Task(id=str(task_id if task_id is not None else ""), first_observation=first or "", system=system)
     probe = Sample(id="", kind=kind, task=task, turns=tuple(turns))
     sample = Sample(

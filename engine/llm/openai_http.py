@@ -20,7 +20,9 @@ threads release the GIL while waiting.
 Retries: 429, 5xx, 408, connection errors and timeouts are retried `retries` times with
 exponential backoff (`backoff_s * 2**attempt`, jittered); other errors fail at once with a
 `GeneratorError` naming the URL and model. The API key is read from `api_key_env` at each call
-(so it can be set or rotated after construction) and never stored, logged or put in messages.
+(so it can be set or rotated after construction) and never stored, logged or put in messages. It
+is never sent over plain http to a host that is not loopback (anyone on the way could read it)
+unless `allow_http_key=True` (the CLI's `--allow-http-key`, or `ORCHARD_ALLOW_HTTP_KEY=1`).
 
 `logprobs()` scores with the completions API (`echo` + `logprobs`, token-id prompt), which
 vLLM supports; servers that do not (transformers serve, most hosted APIs) yield None per item.
@@ -30,10 +32,12 @@ build the same token ids as `HFGenerator`: chat-templated prompt + completion + 
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import random
 import threading
+import urllib.parse
 from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -49,6 +53,16 @@ log = logging.getLogger(__name__)
 Api = Literal["chat", "completions"]
 _RETRY_STATUS = frozenset({408, 429})
 _DETAIL_CHARS = 300
+
+
+def _is_loopback(host: str) -> bool:
+    """localhost or a loopback address (127.0.0.0/8, ::1): traffic that never leaves the machine."""
+    if host.lower() in ("localhost", "localhost.") or host.lower().endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class HTTPStatusError(GeneratorError):
@@ -163,6 +177,7 @@ class OpenAIGenerator:
         retries: int = 3,
         backoff_s: float = 0.5,
         tokenizer_dir: str | Path | None = None,
+        allow_http_key: bool = False,
     ) -> None:
         if api not in ("chat", "completions"):
             raise ValueError(f"api must be 'chat' or 'completions', not {api!r}")
@@ -178,7 +193,9 @@ class OpenAIGenerator:
         self.timeout_s = timeout_s
         self.retries = retries
         self.backoff_s = backoff_s
+        self.allow_http_key = allow_http_key
         self.name = f"openai:{self.base_url}#{model}"
+        self._key()  # a key that may not go to this URL is refused now, before any work is done
         if tokenizer_dir is None and Path(model).is_dir():
             tokenizer_dir = model
         self.tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir is not None else None
@@ -223,12 +240,28 @@ class OpenAIGenerator:
 
     # ---------------------------------------------------------------- HTTP
 
+    def _key(self) -> str | None:
+        """The API key to send, or None; refuses (GeneratorError) a key over plain http to a host
+        that is not loopback, unless `allow_http_key`."""
+        key = os.environ.get(self.api_key_env) or None
+        if key is None or self.allow_http_key:
+            return key
+        parts = urllib.parse.urlsplit(self.base_url)
+        host = parts.hostname or ""
+        if parts.scheme == "http" and not _is_loopback(host):
+            raise GeneratorError(
+                f"{self.base_url}: refusing to send ${self.api_key_env} over plain http to {host!r}, which is "
+                f"not loopback (anyone on the way could read it): use https, unset ${self.api_key_env}, or "
+                "pass --allow-http-key (ORCHARD_ALLOW_HTTP_KEY=1 for any command) if you mean it"
+            )
+        return key
+
     def _post(self, path: str, payload: dict[str, Any], abort: threading.Event) -> dict[str, Any]:
         """POST with retries; returns the JSON body or raises GeneratorError (key never shown)."""
         url = f"{self.base_url}{path}"
         attempts = self.retries + 1
         for attempt in range(attempts):
-            key = os.environ.get(self.api_key_env) or None
+            key = self._key()
             headers = {"Authorization": f"Bearer {key}"} if key else {}
             last = attempt == attempts - 1
             try:

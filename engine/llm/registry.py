@@ -6,6 +6,7 @@ A Generator's `name` is a spec that loads it again (runs store it; resume uses i
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from engine.llm.base import Generator, GeneratorError
@@ -13,8 +14,12 @@ from engine.llm.base import Generator, GeneratorError
 SPEC_HELP = "tiny | PATH | hf:PATH | openai:URL#MODEL | vllm:PATH"
 
 
-def load_generator(spec: str, log=print) -> Generator:
+def load_generator(spec: str, log=print, allow_http_key: bool | None = None) -> Generator:
+    """`allow_http_key`: let an `openai:http://...` backend send $OPENAI_API_KEY to a host that is not
+    loopback (default: only when ORCHARD_ALLOW_HTTP_KEY=1)."""
     spec = spec.strip()
+    if allow_http_key is None:
+        allow_http_key = os.environ.get("ORCHARD_ALLOW_HTTP_KEY") == "1"
     if spec == "tiny":
         from engine.llm.tiny import tiny_generator
 
@@ -23,7 +28,7 @@ def load_generator(spec: str, log=print) -> Generator:
         from engine.llm.openai_http import OpenAIGenerator
 
         try:
-            return OpenAIGenerator.from_spec(spec)
+            return OpenAIGenerator.from_spec(spec, allow_http_key=allow_http_key)
         except ValueError as e:  # a malformed spec or URL: the user's to fix, said in one line
             raise GeneratorError(f"model {spec!r}: {e}") from None
     if spec.startswith("vllm:"):

@@ -187,8 +187,9 @@ def run_loop(store: Any, config: IterateConfig, reporter: Reporter | None = None
         out_dir = out_root / f"iter-{i}"
         if config.method == "agentq":
             built = build_pairs(refs, PairsConfig(alpha=search.alpha, theta=config.theta))
-            store.save_pairs(run_id, [*built.step, *built.trajectory])
-            store.save_samples(built.rft, prune_run=run_id, prune_kinds=("rft",))
+            with store.transaction():  # pairs and RFT rows of one build: both saved or neither
+                store.save_pairs(run_id, [*built.step, *built.trajectory])
+                store.save_samples(built.rft, prune_run=run_id, prune_kinds=("rft",))
             train_cfg = config.dpo_config()
             pairs = store.pairs(run_id=run_id, kind=list(train_cfg.kinds), status=list(train_cfg.selected_statuses),
                                 min_gap=train_cfg.min_gap)
