@@ -14,8 +14,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from canned_http import canned_server
 from doubles import LineEnv
 from envtools import check_search, stored_search
+from fuzz_data import model_outputs
 
 from engine.envs.agentgym import AgentGymEnv
 from engine.envs.base import EnvError, Step
@@ -145,6 +147,18 @@ def test_timeouts_and_unreachable_servers_fail_fast() -> None:
         AgentGymEnv(f"http://127.0.0.1:{port}/textcraft?timeout=2&n=2").reset("0")  # nothing listens now
     with pytest.raises(EnvError, match="not an http"):
         AgentGymEnv("ftp://example/x")
+
+
+@pytest.mark.parametrize("body", model_outputs())
+def test_hostile_reply_bodies_are_one_line_env_errors(body: str) -> None:
+    """Server replies are untrusted (tests/data/fuzz/model_outputs.json): deep nesting, huge numbers
+    and lone surrogates are an EnvError naming the server, never a RecursionError traceback."""
+    with canned_server(lambda method, path, data: (200, body.encode("utf-8", "surrogatepass"))) as url:
+        env = AgentGymEnv(f"{url}/textcraft?timeout=5&n=2")
+        with pytest.raises(EnvError) as err:
+            env.reset("0")
+    msg = str(err.value)
+    assert msg.startswith(f"AgentGym server {url}/textcraft: ") and "\n" not in msg.strip()
 
 
 def test_cli_errors_are_one_line() -> None:
