@@ -18,3 +18,13 @@ def model_outputs() -> list:
     """pytest params (id = case name) of hostile model answers / server reply bodies."""
     cases = json.loads((FUZZ / "model_outputs.json").read_text(encoding="utf-8"))["cases"]
     return [pytest.param(_build(c["parts"]), id=c["name"]) for c in cases]
+
+
+def _value(v: object) -> object:
+    return float(v["float"]) if isinstance(v, dict) else v
+
+
+def env_rewards() -> list:
+    """pytest params (id = case name) of (reward, progress, expect) an env may return."""
+    cases = json.loads((FUZZ / "env_rewards.json").read_text(encoding="utf-8"))["cases"]
+    return [pytest.param(_value(c["reward"]), _value(c["progress"]), c["expect"], id=c["name"]) for c in cases]

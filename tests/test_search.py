@@ -1,17 +1,21 @@
 """MCTS per docs/algorithms.md §2: UCB1, backprop, eq. 10, critic mapping, batching, replay == snapshot."""
 
 import math
+import re
 from dataclasses import replace
 
 import pytest
 from doubles import LineEnv, ScriptedGenerator, SnapshotLineEnv
+from fuzz_data import env_rewards
 
 from engine.actions import CompositeAction
 from engine.config import ConfigError, SearchConfig
-from engine.envs.base import TaskSpec
+from engine.envs.base import EnvError, Step, TaskSpec
 from engine.search.critic import rank_to_score
 from engine.search.mcts import MCTS, select_child, start_tree, ucb_score
+from engine.search.runner import new_run, resume_run
 from engine.search.tree import SearchTree
+from engine.store import Store
 
 
 def _tree_with_children(stats):
@@ -190,3 +194,46 @@ def test_progress_backup_backs_up_the_latched_progress_of_each_episode():
 def test_backup_must_be_known():
     with pytest.raises(ConfigError, match="backup"):
         SearchConfig(backup="vibes")
+
+
+class _HostileRewardEnv(SnapshotLineEnv):
+    """The line env, except that the step onto position 1 reports the given reward and progress."""
+
+    values: tuple = (0.0, None)
+
+    def step(self, command):
+        s = super().step(command)
+        if self.pos == 1 and command == "right":
+            return Step(s.observation, reward=self.values[0], done=s.done, progress=self.values[1])
+        return s
+
+
+@pytest.mark.parametrize(("reward", "progress", "expect"), env_rewards())
+def test_hostile_env_rewards_fail_clearly_or_are_clamped(tmp_path, reward, progress, expect):
+    """tests/data/fuzz/env_rewards.json: a non-finite reward or progress is one EnvError naming env,
+    task and step, the run is left interrupted with the reason and resumes once the env is fixed;
+    finite values outside [0, 1] are clamped (docs/decisions.md)."""
+    env_cls = type("Hostile", (_HostileRewardEnv,), {"values": (reward, progress)})
+    cfg = SearchConfig(simulations=6, k=3, depth_limit=4)
+    tasks = SnapshotLineEnv().tasks()[1:3]  # goal-2 and goal-3: position 1 is not the goal
+    with Store(tmp_path / "o.db") as store:
+        if expect == "error":
+            with pytest.raises(EnvError) as err:
+                new_run(store, "line", tasks, ScriptedGenerator(p_right=1.0), cfg, "t", make_env=env_cls)
+            msg = str(err.value)
+            assert re.fullmatch(r"env line: task 'goal-\d', step 1 \('right'\): (reward|progress) .+ is not a "
+                                r"finite number; fix the env \(or its server\), then resume the run", msg), msg
+            (info,) = store.runs()
+            assert info.status == "interrupted" and info.stats["error"] == msg
+            resume_run(store, info.id, ScriptedGenerator(), make_env=SnapshotLineEnv)  # the env fixed
+            (info,) = store.runs()
+            assert info.status == "finished" and info.simulations == 12
+            return
+        run_id, _ = new_run(store, "line", tasks, ScriptedGenerator(p_right=1.0), cfg, "t", make_env=env_cls)
+        for tree_id, _ in store.tree_ids(run_id):
+            tree = store.load_tree(tree_id)
+            assert tree.check_invariants() == []
+            (first,) = [n for n in tree.nodes if n.depth == 1 and n.action and n.action.command == "right"]
+            assert [first.reward, first.progress] == expect
+            assert all(0.0 <= n.reward <= 1.0 and (n.progress is None or 0.0 <= n.progress <= 1.0)
+                       for n in tree.nodes if n.reward is not None)

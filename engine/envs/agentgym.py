@@ -202,7 +202,6 @@ class AgentGymEnv:
         reward = _number(answer.get("reward", 0.0))
         if self.score_scale and answer.get("score") is not None:
             reward = _number(answer["score"]) / self.score_scale if done else 0.0
-        reward = min(max(reward, 0.0), 1.0)
         progress = answer.get("progress")
         info = answer.get("info") if isinstance(answer.get("info"), dict) else {}
         return Step(observation, reward, done, None if progress is None else _number(progress), dict(info))

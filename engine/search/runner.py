@@ -33,8 +33,10 @@ def _run(store: Store, run_id: str, jobs: list[TreeJob], generator: Generator, c
     store.set_run_status(run_id, "running")
     try:
         stats = mcts.run(jobs)
-    except BaseException:
-        store.set_run_status(run_id, "interrupted", mcts.stats.to_dict())
+    except BaseException as e:
+        # Resumable once the cause is fixed; the reason is kept with the run (one line).
+        reason = {"error": " ".join(str(e).split())[:500]} if isinstance(e, Exception) else {}
+        store.set_run_status(run_id, "interrupted", {**mcts.stats.to_dict(), **reason})
         raise
     store.set_run_status(run_id, "finished", stats.to_dict())
     return stats
