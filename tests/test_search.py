@@ -1,5 +1,6 @@
 """MCTS per docs/algorithms.md §2: UCB1, backprop, eq. 10, critic mapping, batching, replay == snapshot."""
 
+import json
 import math
 import re
 from dataclasses import replace
@@ -237,3 +238,49 @@ def test_hostile_env_rewards_fail_clearly_or_are_clamped(tmp_path, reward, progr
             assert [first.reward, first.progress] == expect
             assert all(0.0 <= n.reward <= 1.0 and (n.progress is None or 0.0 <= n.progress <= 1.0)
                        for n in tree.nodes if n.reward is not None)
+
+
+@pytest.mark.parametrize("mapping", ["linear", "reciprocal"])
+def test_exported_q_critic_is_the_mapping_of_the_rank_format_errors_tied_last(tmp_path, mapping):
+    """Issue: a format-error candidate got rank len(valid) but Q^ 0.0, so an exported tree where rank 1
+    of 4 carried 0.0 contradicted the rank -> score mapping. Now format errors tie last (rank K-1 of the
+    expansion's K candidates) and every exported node's Q^ is mapping(rank, K), via the store and CLI."""
+    from engine.cli import main
+
+    db = tmp_path / "o.db"
+    cfg = SearchConfig(simulations=8, k=4, depth_limit=4, critic_mapping=mapping)
+    with Store(db) as store:
+        tasks = SnapshotLineEnv().tasks()[:3]
+        run_id, _ = new_run(store, "line", tasks, ScriptedGenerator(p_garbage=0.4), cfg, "ranks",
+                            make_env=SnapshotLineEnv)
+        assert all(store.load_tree(tid).check_invariants() == [] for tid, _ in store.tree_ids(run_id))
+    mixed = 0
+    for task in tasks:
+        out = tmp_path / f"{task.id}.json"
+        assert main(["export", "tree", run_id, "--task", task.id, "--format", "json", "-o", str(out), "--db", str(db)]) == 0
+        doc = json.loads(out.read_text())
+        assert doc["run"]["config"]["critic_mapping"] == mapping
+        nodes = doc["nodes"]
+        k_of = {p: sum(1 for n in nodes if n["parent"] == p) for p in {n["parent"] for n in nodes}}
+        for n in nodes:
+            if n["critic_rank"] is None:
+                continue
+            k = k_of[n["parent"]]
+            assert n["Q_critic"] == pytest.approx(rank_to_score(n["critic_rank"], k, mapping)), n
+            if n["format_error"]:
+                assert n["critic_rank"] == k - 1
+                mixed += any(m["parent"] == n["parent"] and not m["format_error"] for m in nodes)
+    assert mixed, "the search must produce format errors beside readable candidates"
+
+
+def test_invariants_catch_a_format_error_not_tied_last():
+    tree = SearchTree.new(TaskSpec(id="t", goal="g"), "start")
+    for rank in (0, 1):
+        tree.add_child(tree.root, observation="o", action=CompositeAction("t", f"c{rank}"), critic_rank=rank)
+    errors = [tree.add_child(tree.root, observation="Format error", format_error="no ACTION", critic_rank=3)
+              for _ in range(2)]
+    assert tree.check_invariants() == []  # K = 4 candidates: both errors tie at rank 3
+    for e in errors:
+        e.critic_rank = 2  # the old rule: len(valid)
+    assert tree.check_invariants() == [f"node {e.id}: format error with critic rank 2, not 3 (tied last)"
+                                       for e in errors]

@@ -382,9 +382,12 @@ class MCTS:
                 valid[0].critic_rank = 0
                 valid[0].Q_critic = 1.0
                 valid[0].critic_reason = "(only valid candidate)"
-            for e in errors:  # unreadable candidates tie for last place
-                e.critic_rank = len(valid)
-                e.Q_critic = 0.0
+            # Unreadable candidates tie for last place, rank K-1 of the K candidates, and score what
+            # the mapping gives that rank (docs/decisions.md "Format-error candidates and the critic"),
+            # so any consumer recomputing Q^ from the rank agrees with the stored value.
+            for e in errors:
+                e.critic_rank = total - 1
+                e.Q_critic = rank_to_score(total - 1, total, cfg.critic_mapping)
                 e.critic_reason = "(format error: not shown to the critic)"
 
     def _rollout(
