@@ -298,7 +298,7 @@ c[0].metric("Status", sample.status)
 c[1].metric("Turns", len(sample.turns))
 c[2].metric("Masked turns", sum(1 for t in sample.turns if not t.trains))
 c[3].metric("DM-flagged actions", len(flags))
-c[4].metric("Error → correction episodes", str(verification.get("corrections", "—")))
+c[4].metric("Error → correction episodes", md(verification.get("corrections", "—")))  # value: Markdown
 st.text(f"sample {sample.id} · persona {sample.task.id} · model {src.get('model', '—')} · "
         f"version {sample.version} · last changed by {sample.updated_by or '—'}")
 

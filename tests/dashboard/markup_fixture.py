@@ -27,7 +27,7 @@ from engine.store import Store
 # One tag per untrusted field; each payload is unique to its field.
 FIELDS = tuple(f"zq{name}" for name in (
     "runname", "goal", "obs", "thought", "raw", "critic", "judge", "judgemodel", "persona", "dmobs", "player",
-    "jobname", "joberr", "jobphase", "joblog", "evalmodel"))
+    "jobname", "joberr", "jobphase", "joblog", "evalmodel", "imported"))
 
 
 def payload(tag: str) -> str:
@@ -105,11 +105,17 @@ def build_markup_store(path: Path) -> dict[str, str]:
         refs = [TreeRef(store.load_tree(tid), run_id, tid, env.describe()) for tid, _ in store.tree_ids(run_id)]
         built = build_pairs(refs, PairsConfig())
         store.save_pairs(run_id, [*built.step, *built.trajectory])
-        store.save_samples(build_revisions(refs, MarkupJudge(), RevisionConfig()).samples)
+        revisions = build_revisions(refs, MarkupJudge(), RevisionConfig()).samples
+        for sample in revisions:  # what an imported file may hold where the engine writes numbers
+            sample.source.update(ancestor=P["IMPORTED"], good_reward=P["IMPORTED"])
+        store.save_samples(revisions)
         script = check_script(EXAMPLE_SCRIPT)
         assert isinstance(script, Script)
         result = generate(MarkupRefiner(), [Persona("p", f"{P['PERSONA']} A baker.")], scripts=[script])
         assert result.samples, result.failures
+        verification = result.samples[0].source["verification"]
+        verification.update(corrections=P["IMPORTED"], continuations=P["IMPORTED"])
+        verification["evaluations"][0]["error"] = P["IMPORTED"]
         store.save_samples(result.samples)
         job = store.create_job("probe", {"steps": 1}, "cpu", name=P["JOBNAME"])
         store.claim_next_job("cpu")

@@ -2,7 +2,7 @@
 as text on every page. The fixture store (markup_fixture.py) puts a payload — image link, <img>,
 link, **bold**, <script> — into each such field (run name, task goal, observation, thought, raw
 completion, critic reason, judge reason and model, refinement texts, job name / error / phase / log,
-evaluated model). Each page is run through AppTest; every string of every element is collected from the
+evaluated model, and numbers of imported samples). Each page is run through AppTest; every string of every element is collected from the
 element protos. Strings in elements that show plain text (code, text, json, select options, text
 areas, tables) may hold a payload verbatim; any other string that holds one is rendered as Markdown
 (markdown-it with raw HTML allowed: the worst case) and must come out as text: no image, link,
@@ -120,9 +120,9 @@ def test_search_pages_show_untrusted_text_as_text(markup_db, monkeypatch) -> Non
 def test_data_pages_show_untrusted_text_as_text(markup_db, monkeypatch) -> None:
     path, _ = markup_db
     monkeypatch.setenv("ORCHARD_DB", str(path))
-    check_page("views/trajectories.py", ("RUNNAME", "GOAL", "JUDGE", "JUDGEMODEL"))
+    check_page("views/trajectories.py", ("RUNNAME", "GOAL", "JUDGE", "JUDGEMODEL", "IMPORTED"))
     check_page("views/pairs.py", ("RUNNAME", "GOAL", "THOUGHT"))
-    check_page("views/refinement.py", ("PERSONA", "DMOBS", "PLAYER"))
+    check_page("views/refinement.py", ("PERSONA", "DMOBS", "PLAYER", "IMPORTED"))
 
 
 def test_model_pages_show_untrusted_text_as_text(markup_db, monkeypatch) -> None:
