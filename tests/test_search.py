@@ -222,10 +222,11 @@ def test_hostile_env_rewards_fail_clearly_or_are_clamped(tmp_path, reward, progr
             with pytest.raises(EnvError) as err:
                 new_run(store, "line", tasks, ScriptedGenerator(p_right=1.0), cfg, "t", make_env=env_cls)
             msg = str(err.value)
-            assert re.fullmatch(r"env line: task 'goal-\d', step 1 \('right'\): (reward|progress) .+ is not a "
-                                r"finite number; fix the env \(or its server\), then resume the run", msg), msg
             (info,) = store.runs()
-            assert info.status == "interrupted" and info.stats["error"] == msg
+            assert re.fullmatch(r"env line: task 'goal-\d', step 1 \('right'\): (reward|progress) .+ is not a "
+                                r"finite number \(the env or its server is broken\); run \w+ is left interrupted: "
+                                rf"fix the env, then `orchard search --resume {info.id}`", msg), msg
+            assert info.status == "interrupted" and msg.startswith(info.stats["error"])
             resume_run(store, info.id, ScriptedGenerator(), make_env=SnapshotLineEnv)  # the env fixed
             (info,) = store.runs()
             assert info.status == "finished" and info.simulations == 12

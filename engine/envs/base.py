@@ -63,7 +63,7 @@ def checked_step(step: Step, env: str, task_id: str, step_no: int, command: str)
             continue
         if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
             raise EnvError(f"env {env}: task {task_id!r}, step {step_no} ({command[:80]!r}): {name} {value!r} "
-                           "is not a finite number; fix the env (or its server), then resume the run")
+                           "is not a finite number (the env or its server is broken)")
         if not 0.0 <= value <= 1.0:
             log.warning("env %s: task %r, step %d: %s %r clamped into [0, 1]", env, task_id, step_no, name, value)
             values[name] = min(max(float(value), 0.0), 1.0)
