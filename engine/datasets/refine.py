@@ -260,7 +260,7 @@ def check_script(data: object, config: RefineConfig | None = None) -> Script | V
         try:
             re.compile(pattern)
             compiled = regex.compile(pattern, regex.IGNORECASE | regex.VERSION0)
-        except (re.error, regex.error) as e:
+        except (re.error, regex.error, OverflowError, RecursionError) as e:  # e.g. a{99999999999}
             return Violation("pattern_invalid", i, f"{where}: pattern {pattern!r} does not compile: {e}")
         if set(compiled.groupindex) != set(params):
             return Violation(
