@@ -17,11 +17,13 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 PORT ?= 8501
+# Loopback only (no login yet); `make run ADDRESS=0.0.0.0` exposes it to the network on purpose.
+ADDRESS ?= 127.0.0.1
 
 run: $(STAMP)
 	$(BIN)/orchard demo
-	@echo "Dashboard: http://localhost:$(PORT)  (Ctrl-C to stop)"
-	$(BIN)/streamlit run dashboard/app.py --server.port $(PORT)
+	@echo "Dashboard: http://$(ADDRESS):$(PORT)  (Ctrl-C to stop)"
+	$(BIN)/streamlit run dashboard/app.py --server.address $(ADDRESS) --server.port $(PORT)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 -q

@@ -271,7 +271,7 @@ def eval_figure(rows: Sequence[dict], metric: str) -> go.Figure:
             continue
         means = [r[metric]["mean"] for r in sel]
         fig.add_trace(go.Bar(
-            x=[r["label"] for r in sel], y=means, name=mode,
+            x=[html.escape(str(r["label"])) for r in sel], y=means, name=html.escape(str(mode)),
             error_y={"type": "data", "symmetric": False,
                      "array": [r[metric].get("high", m) - m for r, m in zip(sel, means, strict=True)],
                      "arrayminus": [m - r[metric].get("low", m) for r, m in zip(sel, means, strict=True)]},

@@ -39,7 +39,7 @@ from typing import Any
 
 from engine.actions import FormatError, parse
 from engine.config import ConfigError, SearchConfig
-from engine.envs.base import Env, TaskSpec, close_env, close_envs
+from engine.envs.base import Env, Step, TaskSpec, checked_step, close_env, close_envs, env_label
 from engine.llm.base import Generator, GeneratorError, SampleRequest, SamplingParams
 from engine.prompts import HistoryStep, actor_prompt
 
@@ -215,14 +215,19 @@ def _description(make_env: Callable[[], Env]) -> str:
         close_env(env)
 
 
+def _step(env: Env, task_id: str, step_no: int, command: str) -> Step:
+    """Every env step of an evaluation: reward and progress validated (a NaN is a clear error)."""
+    return checked_step(env.step(command), env_label(env), task_id, step_no, command)
+
+
 def _begin(start: Start, seed: int, make_env: Callable[[], Env], config: EvalConfig) -> _Live:
     """A started episode; its env is the caller's to close (closed here if the start fails)."""
     env = make_env()
     episode = Episode(task_id=start.task.id, seed=seed, label=start.label, prefix_steps=len(start.commands))
     try:
         obs = env.reset(start.task.id)
-        for command in start.commands:
-            step = env.step(command)
+        for i, command in enumerate(start.commands, 1):
+            step = _step(env, start.task.id, i, command)
             obs = step.observation
             episode.progress = max(episode.progress, step.progress or 0.0)
             if step.done:
@@ -244,7 +249,7 @@ def _apply(live: _Live, text: str, config: EvalConfig) -> bool:
         e.format_errors += 1
         e.terminal = "format_error"
         return False
-    step = live.env.step(parsed.command)
+    step = _step(live.env, live.task.id, e.prefix_steps + len(e.commands) + 1, parsed.command)
     e.commands.append(parsed.command)
     e.progress = max(e.progress, step.progress or 0.0)
     live.history.append(HistoryStep(parsed, step.observation))

@@ -127,8 +127,10 @@ def judge_answer(reason: str, judgement: str) -> str:
     return f"REASON: {reason.strip()}\nJudgement: {judgement}"
 
 
-_BEST = re.compile(r"BEST\s*[:=]?\s*\[?\s*(\d+)", re.IGNORECASE)
-_NUMBER = re.compile(r"\[?\b(\d+)\b\]?")
+# At most 6 digits: a longer number names no candidate, and int() refuses over 4300 digits (a
+# ValueError that a hostile critic answer would turn into a crashed search).
+_BEST = re.compile(r"BEST\s*[:=]?\s*\[?\s*(\d{1,6})(?!\d)", re.IGNORECASE)
+_NUMBER = re.compile(r"\[?\b(\d{1,6})\b\]?")
 _JUDGEMENT = re.compile(r"judg(?:e)?ment[\s*_]*[:=]?[\s*_]*(good|bad|uncertain)", re.IGNORECASE)
 
 

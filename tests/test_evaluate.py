@@ -173,3 +173,17 @@ def test_evaluate_and_store_records_metrics_and_episodes(tmp_path: Path) -> None
         assert row["task_ids"] == [t.id for t in TASKS] and row["config"]["seeds"] == [0, 1, 2]
         s = row["metrics"]["success"]
         assert s["low"] <= s["mean"] <= s["high"] and s["n"] == 6
+
+
+def test_a_nan_progress_ends_the_evaluation_with_a_clear_error() -> None:
+    """Evaluation steps go through the same check as the search (engine.envs.base.checked_step)."""
+    from engine.envs.base import EnvError, Step
+
+    class NaNProgress(LineEnv):
+        def step(self, command: str) -> Step:
+            s = super().step(command)
+            return Step(s.observation, s.reward, s.done, float("nan")) if self.pos == 2 else s
+
+    with pytest.raises(EnvError, match=r"env line: task 'goal-3', step 2 \('right'\): progress nan is not a finite"):
+        run_episodes(ScriptedGenerator(p_right=1.0), lambda: NaNProgress(6), [Start(TASKS[2])],
+                     EvalConfig(mode="greedy", max_steps=10))

@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
+from fuzz_data import model_outputs
 from serve_fixture import free_port, transformers_serve
 from tiny_model_fixture import build_tiny_model
 
@@ -128,7 +129,7 @@ def _chat_body(texts: list[str], logprobs: list[list[float]] | None = None) -> d
     return {"choices": choices, "usage": {"completion_tokens": 3}}
 
 
-Reply = tuple[int, dict[str, Any] | Callable[[dict[str, Any]], dict[str, Any]], float]
+Reply = tuple[int, bytes | dict[str, Any] | Callable[[dict[str, Any]], dict[str, Any]], float]
 
 
 class Scripted:
@@ -151,7 +152,7 @@ class Scripted:
                     outer.in_flight += 1
                     outer.max_in_flight = max(outer.max_in_flight, outer.in_flight)
                 time.sleep(delay)
-                data = json.dumps(body(payload) if callable(body) else body).encode()
+                data = body if isinstance(body, bytes) else json.dumps(body(payload) if callable(body) else body).encode()
                 with lock:
                     outer.in_flight -= 1
                 try:
@@ -241,6 +242,18 @@ def test_timeout_is_retried_then_reported(scripted) -> None:
     with pytest.raises(GeneratorError, match=r"no answer within timeout_s=0.2 after 2 attempts"):
         gen.sample([SampleRequest(PROMPT)])
     assert time.monotonic() - start < 1.4 and len(srv.payloads) == 2
+
+
+@pytest.mark.parametrize("body", model_outputs())
+def test_hostile_reply_bodies_are_one_line_generator_errors(scripted, body: str) -> None:
+    """Server replies are untrusted (tests/data/fuzz/model_outputs.json): as a 200 answer or as an
+    error body, deep nesting / huge numbers / lone surrogates give a GeneratorError, no traceback."""
+    raw = body.encode("utf-8", "surrogatepass")
+    for status, match in ((200, r"answer is not acceptable JSON|unexpected answer|malformed response"),
+                          (400, r"HTTP 400")):
+        srv = scripted([(status, raw, 0)])
+        with pytest.raises(GeneratorError, match=match):
+            OpenAIGenerator(srv.url, "m", **FAST).sample([SampleRequest(PROMPT)])
 
 
 def test_partial_n_is_topped_up_with_distinct_seeds(scripted) -> None:

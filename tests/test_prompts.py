@@ -1,5 +1,8 @@
 """Prompt templates and robust answer parsing for the critic and the first-error judge."""
 
+import pytest
+from fuzz_data import model_outputs
+
 from engine.actions import CompositeAction
 from engine.prompts import (
     HistoryStep,
@@ -46,6 +49,13 @@ def test_parse_critic_choice():
     assert parse_critic_choice("no idea", 3) is None
     assert parse_critic_choice("", 3) is None
     assert parse_critic_choice("BEST: 7", 3) is None
+
+
+@pytest.mark.parametrize("text", model_outputs())
+def test_hostile_critic_and_judge_answers_parse_without_raising(text):
+    """tests/data/fuzz/model_outputs.json: e.g. a 5000-digit BEST made int() raise and ended the search."""
+    assert parse_critic_choice(text, 3) in (None, 0, 1, 2)
+    assert parse_judgement(text) in (None, "Good", "Bad", "Uncertain")
 
 
 def test_parse_judgement_both_spellings():

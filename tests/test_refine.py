@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -14,6 +15,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from fuzz_data import model_outputs
 from serve_fixture import transformers_serve
 from tiny_model_fixture import build_tiny_model
 
@@ -97,6 +99,33 @@ def test_bad_scripts_are_rejected_with_the_rule(data: dict, rule: str) -> None:
 def test_script_without_json_is_rejected() -> None:
     v = parse_script("I would love to write a script about bees!")
     assert isinstance(v, Violation) and v.rule == "script_json"
+
+
+@pytest.mark.parametrize("text", model_outputs())
+def test_hostile_model_answers_are_rejected_attempts_and_the_run_goes_on(text: str) -> None:
+    """Model output is untrusted (tests/data/fuzz/model_outputs.json: deep nesting, 5000-digit
+    numbers, lone surrogates, oversized answers): each answer is a counted rejected attempt, never
+    a traceback, and the other personas' samples are kept, at the script and trajectory stages."""
+    start = time.monotonic()
+    assert isinstance(parse_script(text), Violation)
+    parse_turns(text)  # never raises
+    hostile_script = dataclasses.replace(SCRIPT, task="HOSTILE task")
+
+    def respond(kind: str, prompt: Prompt) -> str:
+        if "persona number 0" in prompt[0]["content"] or "HOSTILE task" in prompt[0]["content"]:
+            return text
+        return good(kind, prompt)
+
+    result = generate(Scripted(respond), PERSONAS)
+    assert [s.task.id for s in result.samples] == ["p1", "p2"]
+    assert [f["persona"]["id"] for f in result.failures] == ["p0"] and result.failures[0]["stage"] == "script"
+    assert sum(result.stats.script_rejections.values()) == RefineConfig().script_attempts
+    result = generate(Scripted(respond), PERSONAS, scripts=[hostile_script, SCRIPT, SCRIPT])
+    assert [s.task.id for s in result.samples] == ["p1", "p2"]
+    assert [f["persona"]["id"] for f in result.failures] == ["p0"] and result.failures[0]["stage"] == "trajectory"
+    assert sum(result.stats.trajectory_rejections.values()) == result.failures[0]["cost"]["calls"]
+    json.dumps([to_row(s) for s in result.samples], ensure_ascii=False).encode("utf-8")  # writable rows
+    assert time.monotonic() - start < 10
 
 
 def test_catastrophic_pattern_is_bounded_by_the_timeout() -> None:

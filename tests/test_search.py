@@ -1,17 +1,22 @@
 """MCTS per docs/algorithms.md §2: UCB1, backprop, eq. 10, critic mapping, batching, replay == snapshot."""
 
+import json
 import math
+import re
 from dataclasses import replace
 
 import pytest
 from doubles import LineEnv, ScriptedGenerator, SnapshotLineEnv
+from fuzz_data import env_rewards
 
 from engine.actions import CompositeAction
 from engine.config import ConfigError, SearchConfig
-from engine.envs.base import TaskSpec
+from engine.envs.base import EnvError, Step, TaskSpec
 from engine.search.critic import rank_to_score
 from engine.search.mcts import MCTS, select_child, start_tree, ucb_score
+from engine.search.runner import new_run, resume_run
 from engine.search.tree import SearchTree
+from engine.store import Store
 
 
 def _tree_with_children(stats):
@@ -190,3 +195,93 @@ def test_progress_backup_backs_up_the_latched_progress_of_each_episode():
 def test_backup_must_be_known():
     with pytest.raises(ConfigError, match="backup"):
         SearchConfig(backup="vibes")
+
+
+class _HostileRewardEnv(SnapshotLineEnv):
+    """The line env, except that the step onto position 1 reports the given reward and progress."""
+
+    values: tuple = (0.0, None)
+
+    def step(self, command):
+        s = super().step(command)
+        if self.pos == 1 and command == "right":
+            return Step(s.observation, reward=self.values[0], done=s.done, progress=self.values[1])
+        return s
+
+
+@pytest.mark.parametrize(("reward", "progress", "expect"), env_rewards())
+def test_hostile_env_rewards_fail_clearly_or_are_clamped(tmp_path, reward, progress, expect):
+    """tests/data/fuzz/env_rewards.json: a non-finite reward or progress is one EnvError naming env,
+    task and step, the run is left interrupted with the reason and resumes once the env is fixed;
+    finite values outside [0, 1] are clamped (docs/decisions.md)."""
+    env_cls = type("Hostile", (_HostileRewardEnv,), {"values": (reward, progress)})
+    cfg = SearchConfig(simulations=6, k=3, depth_limit=4)
+    tasks = SnapshotLineEnv().tasks()[1:3]  # goal-2 and goal-3: position 1 is not the goal
+    with Store(tmp_path / "o.db") as store:
+        if expect == "error":
+            with pytest.raises(EnvError) as err:
+                new_run(store, "line", tasks, ScriptedGenerator(p_right=1.0), cfg, "t", make_env=env_cls)
+            msg = str(err.value)
+            (info,) = store.runs()
+            assert re.fullmatch(r"env line: task 'goal-\d', step 1 \('right'\): (reward|progress) .+ is not a "
+                                r"finite number \(the env or its server is broken\); run \w+ is left interrupted: "
+                                rf"fix the env, then `orchard search --resume {info.id}`", msg), msg
+            assert info.status == "interrupted" and msg.startswith(info.stats["error"])
+            resume_run(store, info.id, ScriptedGenerator(), make_env=SnapshotLineEnv)  # the env fixed
+            (info,) = store.runs()
+            assert info.status == "finished" and info.simulations == 12
+            return
+        run_id, _ = new_run(store, "line", tasks, ScriptedGenerator(p_right=1.0), cfg, "t", make_env=env_cls)
+        for tree_id, _ in store.tree_ids(run_id):
+            tree = store.load_tree(tree_id)
+            assert tree.check_invariants() == []
+            (first,) = [n for n in tree.nodes if n.depth == 1 and n.action and n.action.command == "right"]
+            assert [first.reward, first.progress] == expect
+            assert all(0.0 <= n.reward <= 1.0 and (n.progress is None or 0.0 <= n.progress <= 1.0)
+                       for n in tree.nodes if n.reward is not None)
+
+
+@pytest.mark.parametrize("mapping", ["linear", "reciprocal"])
+def test_exported_q_critic_is_the_mapping_of_the_rank_format_errors_tied_last(tmp_path, mapping):
+    """Issue: a format-error candidate got rank len(valid) but Q^ 0.0, so an exported tree where rank 1
+    of 4 carried 0.0 contradicted the rank -> score mapping. Now format errors tie last (rank K-1 of the
+    expansion's K candidates) and every exported node's Q^ is mapping(rank, K), via the store and CLI."""
+    from engine.cli import main
+
+    db = tmp_path / "o.db"
+    cfg = SearchConfig(simulations=8, k=4, depth_limit=4, critic_mapping=mapping)
+    with Store(db) as store:
+        tasks = SnapshotLineEnv().tasks()[:3]
+        run_id, _ = new_run(store, "line", tasks, ScriptedGenerator(p_garbage=0.4), cfg, "ranks",
+                            make_env=SnapshotLineEnv)
+        assert all(store.load_tree(tid).check_invariants() == [] for tid, _ in store.tree_ids(run_id))
+    mixed = 0
+    for task in tasks:
+        out = tmp_path / f"{task.id}.json"
+        assert main(["export", "tree", run_id, "--task", task.id, "--format", "json", "-o", str(out), "--db", str(db)]) == 0
+        doc = json.loads(out.read_text())
+        assert doc["run"]["config"]["critic_mapping"] == mapping
+        nodes = doc["nodes"]
+        k_of = {p: sum(1 for n in nodes if n["parent"] == p) for p in {n["parent"] for n in nodes}}
+        for n in nodes:
+            if n["critic_rank"] is None:
+                continue
+            k = k_of[n["parent"]]
+            assert n["Q_critic"] == pytest.approx(rank_to_score(n["critic_rank"], k, mapping)), n
+            if n["format_error"]:
+                assert n["critic_rank"] == k - 1
+                mixed += any(m["parent"] == n["parent"] and not m["format_error"] for m in nodes)
+    assert mixed, "the search must produce format errors beside readable candidates"
+
+
+def test_invariants_catch_a_format_error_not_tied_last():
+    tree = SearchTree.new(TaskSpec(id="t", goal="g"), "start")
+    for rank in (0, 1):
+        tree.add_child(tree.root, observation="o", action=CompositeAction("t", f"c{rank}"), critic_rank=rank)
+    errors = [tree.add_child(tree.root, observation="Format error", format_error="no ACTION", critic_rank=3)
+              for _ in range(2)]
+    assert tree.check_invariants() == []  # K = 4 candidates: both errors tie at rank 3
+    for e in errors:
+        e.critic_rank = 2  # the old rule: len(valid)
+    assert tree.check_invariants() == [f"node {e.id}: format error with critic rank 2, not 3 (tied last)"
+                                       for e in errors]

@@ -23,6 +23,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import data
+from dashboard.text import md
 from engine.datasets.samples import Sample
 from engine.store import CURATION_STATUSES, ConflictError, EditError, HistoryEntry, Store, StoreError
 
@@ -297,7 +298,7 @@ c[0].metric("Status", sample.status)
 c[1].metric("Turns", len(sample.turns))
 c[2].metric("Masked turns", sum(1 for t in sample.turns if not t.trains))
 c[3].metric("DM-flagged actions", len(flags))
-c[4].metric("Error → correction episodes", verification.get("corrections", "—"))
+c[4].metric("Error → correction episodes", md(verification.get("corrections", "—")))  # value: Markdown
 st.text(f"sample {sample.id} · persona {sample.task.id} · model {src.get('model', '—')} · "
         f"version {sample.version} · last changed by {sample.updated_by or '—'}")
 
@@ -355,14 +356,14 @@ for i, turn in enumerate(sample.turns):
         right.code(str(answer or "—"), language=None, wrap_lines=True)
         evaluation = evaluations.get(i)
         if evaluation:
-            right.caption(f"DM'S EVALUATION · error: {evaluation.get('error', '?')}")
+            right.caption(f"DM'S EVALUATION · error: {md(evaluation.get('error', '?'))}")
             right.code(str(evaluation.get("detail") or evaluation.get("thought") or "—"), language=None,
                        wrap_lines=True)
 
 rejections = verification.get("rejections") or []
 with st.expander(f"How it was verified ({len(rejections)} rejected attempts, "
-                 f"{verification.get('continuations', 0)} continuations, "
-                 f"{verification.get('regenerations', 0)} regenerations)"):
+                 f"{md(verification.get('continuations', 0))} continuations, "
+                 f"{md(verification.get('regenerations', 0))} regenerations)"):
     if rejections:
         st.dataframe(pd.DataFrame(rejections), hide_index=True, key=f"rf_rejections_{sample.id}")
     st.caption("COST AND SETTINGS")

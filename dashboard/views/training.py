@@ -5,7 +5,8 @@ Why it is safe to launch from here: a job runs in its own process (engine.train.
 lives in the store, and the page only reads it back. Closing or restarting the dashboard loses
 nothing; a crashed job is marked failed by the next poll (this page polls on every run). The
 presets and their settings are the engine's (engine.train.presets), so a job launched here is the
-one `orchard train ...` would run. Log lines are shown with `st.code` (text, never HTML).
+one `orchard train ...` would run. Log lines and job errors (which can quote a remote server) are
+shown with `st.code`, names inside Markdown elements through `dashboard.text.md` (text, never markup).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import data, figures
+from dashboard.text import md
 from engine.config import ConfigError
 from engine.store import JobInfo, Store, StoreError
 from engine.train.jobs import JobRunner, job_summary
@@ -44,7 +46,7 @@ def _poll() -> None:
         with Store(db) as store:
             JobRunner(store).poll()
     except (StoreError, sqlite3.Error, OSError) as e:
-        state[ERROR] = f"Could not update the job queue: {e}"
+        state[ERROR] = f"Could not update the job queue: {md(e)}"
 
 
 def _launch(data_key: str, preset: str, model: str, runs: list[str], include_pending: bool) -> None:
@@ -61,7 +63,7 @@ def _launch(data_key: str, preset: str, model: str, runs: list[str], include_pen
             job = JobRunner(store).submit(kind, config, device=device_of(config),
                                           name=f"{kind}-{preset}")
     except (ConfigError, StoreError, sqlite3.Error, OSError) as e:
-        state[ERROR] = f"The job was not launched: {e}"
+        state[ERROR] = f"The job was not launched: {md(e)}"
         return
     state[FLASH] = f"Launched job {job.id} ({job.kind}, {job.state} on {job.device})."
     qp[JOB] = job.id
@@ -73,7 +75,7 @@ def _cancel(job_id: str) -> None:
         with Store(db) as store:
             job = JobRunner(store).cancel(job_id, grace_s=15.0)
     except (StoreError, sqlite3.Error, OSError) as e:
-        state[ERROR] = f"Could not cancel job {job_id}: {e}"
+        state[ERROR] = f"Could not cancel job {job_id}: {md(e)}"
         return
     state[FLASH] = f"Job {job_id} is {job.state}."
 
@@ -121,9 +123,9 @@ if submitted:
     jobs, models = read_jobs()
 
 if ERROR in state:
-    st.error(state.pop(ERROR))
+    st.error(state.pop(ERROR))  # Markdown: what it quotes went through md() when it was set
 if FLASH in state:
-    st.success(state.pop(FLASH))
+    st.success(state.pop(FLASH))  # built from fixed words, ids and states only
 
 # --- jobs ------------------------------------------------------------------------------------------------
 
@@ -160,14 +162,15 @@ def show_job(job_id: str) -> None:
         del state["tr_live"]
         st.rerun(scope="app")  # it just ended: refresh the whole page (table, models) and stop updating
     p = job.progress
-    st.markdown(f"**{job.name}** — `{job.kind}` on `{job.device}` — state **{job.state}**")
+    st.markdown(f"**{md(job.name)}** — {md(job.kind)} on {md(job.device)} — state **{md(job.state)}**")
     step, total = p.get("step") or 0, p.get("total") or 0
     eta = f", ETA {p['eta_s']:.0f} s" if p.get("eta_s") is not None and not job.final else ""
     phase = p.get("phase") or ("waiting in the queue" if job.state == "queued" else "")
     st.progress(min(1.0, step / total) if total else (1.0 if job.state == "succeeded" else 0.0),
-                text=f"{phase} {step}/{total}{eta}" if total else phase or job.state)
-    if job.error:
-        (st.warning if job.state == "cancelled" else st.error)(job.error)
+                text=md(f"{phase} {step}/{total}{eta}" if total else phase or job.state))
+    if job.error:  # may quote a remote server (an OpenAI or AgentGym error body): shown as text
+        (st.warning if job.state == "cancelled" else st.error)(f"Job {md(job.state)}:")
+        st.code(job.error, language=None, wrap_lines=True)
     if job.output_path:
         st.caption("Model folder:")
         st.code(job.output_path, language=None)
@@ -179,7 +182,7 @@ def show_job(job_id: str) -> None:
     fig = figures.metric_curves(metrics)
     if fig is not None:
         st.plotly_chart(fig, key=f"tr_curves_{job_id}", config={"displayModeBar": False})
-    st.caption(f"Log (last {LOG_TAIL_LINES} lines): {job.log_path}")
+    st.caption(f"Log (last {LOG_TAIL_LINES} lines): {md(job.log_path)}")
     st.code(log_tail(job.log_path) or "(empty)", language=None)
     if not job.final:
         st.button("Cancel job", key=f"tr_cancel_{job_id}", on_click=_cancel, args=(job_id,))

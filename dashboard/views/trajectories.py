@@ -22,6 +22,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import data, figures
+from dashboard.text import md
 from engine.actions import FormatError, parse
 from engine.datasets.samples import Sample, to_messages
 from engine.search.tree import SearchTree
@@ -182,7 +183,10 @@ def t_prime_step(source: dict[str, Any]) -> int | None:
 
 
 def fmt(value: float | None) -> str:
-    return "—" if value is None else f"{value:g}"
+    """A reward from the sample's source (imported data may hold anything): a number, else as text."""
+    if value is None:
+        return "—"
+    return f"{value:g}" if isinstance(value, int | float) else md(value)
 
 
 # --- what to show -------------------------------------------------------------------------------------------
@@ -341,7 +345,7 @@ if tree is None:
 
 st.subheader("Good and bad path")
 st.caption(f"Both start from the root; they share {split} step(s) down to their common ancestor (node "
-           f"{ancestor}), then part. The judge walked the bad path's steps after the split in order; the "
+           f"{md(ancestor)}), then part. The judge walked the bad path's steps after the split in order; the "
            "first one it judged Bad is the transition point t'.")
 left, right = st.columns(2, gap="medium")
 with left:
@@ -357,10 +361,10 @@ with right:
 with st.container(border=True):
     step = t_prime_step(src)
     if src.get("error_found"):
-        st.markdown(f"**Transition point t' — bad path step {step}, node {t_prime_node}:** the first step "
+        st.markdown(f"**Transition point t' — bad path step {step}, node {md(t_prime_node)}:** the first step "
                     "the judge called Bad.")
     else:
-        st.markdown(f"**Transition point t' — bad path step {step}, node {t_prime_node}:** the judge called "
+        st.markdown(f"**Transition point t' — bad path step {step}, node {md(t_prime_node)}:** the judge called "
                     "no step Bad, so t' is the bad path's last step (docs/algorithms.md §4).")
     record = next((j for j in judgements if j.get("node") == t_prime_node), None)
     at_t = next((t for t in sample.turns if t.node == t_prime_node and t.segment == "bad"), None)
@@ -369,7 +373,7 @@ with st.container(border=True):
         st.code(at_t.text, language=None, wrap_lines=True)
         st.caption("OBSERVATION AFTER IT")
         st.code(at_t.observation or "", language=None, wrap_lines=True)
-    st.caption(f"JUDGEMENT ({src.get('judge_model', 'judge')})")
+    st.caption(f"JUDGEMENT ({md(src.get('judge_model', 'judge'))})")
     answer = str(record.get("answer", "")) if record else "(no judgement recorded)"
     st.code(answer, language=None, wrap_lines=True)
     if judgements:

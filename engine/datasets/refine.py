@@ -40,9 +40,11 @@ from typing import Any
 
 import regex
 
+from engine import safejson
 from engine.config import ConfigError
 from engine.datasets.samples import Sample, Task, Turn, stable_id, to_messages
 from engine.llm.base import Completion, Generator, Prompt, SampleRequest, SamplingParams
+from engine.safejson import JSONLimitError
 
 ERRORS = ("none", "parameter", "logic", "location")
 DEFAULT_PERSONAS = Path(__file__).resolve().parents[2] / "data" / "personas.jsonl"
@@ -70,6 +72,7 @@ class RefineConfig:
     max_pattern_chars: int = 200
     max_command_chars: int = 200
     regex_timeout_s: float = 0.05
+    max_answer_chars: int = 262_144  # longer model answers are rejected unparsed (~16x trajectory_max_tokens)
     jobs_in_flight: int = 256  # personas advanced together; their prompts share one batch
     seed: int = 0
 
@@ -89,6 +92,7 @@ class RefineConfig:
             "max_pattern_chars": self.max_pattern_chars >= 1,
             "max_command_chars": self.max_command_chars >= 1,
             "regex_timeout_s": self.regex_timeout_s > 0,
+            "max_answer_chars": self.max_answer_chars >= 1,
             "jobs_in_flight": self.jobs_in_flight >= 1,
         }
         for name, ok in checks.items():
@@ -257,7 +261,7 @@ def check_script(data: object, config: RefineConfig | None = None) -> Script | V
         try:
             re.compile(pattern)
             compiled = regex.compile(pattern, regex.IGNORECASE | regex.VERSION0)
-        except (re.error, regex.error) as e:
+        except (re.error, regex.error, OverflowError, RecursionError) as e:  # e.g. a{99999999999}
             return Violation("pattern_invalid", i, f"{where}: pattern {pattern!r} does not compile: {e}")
         if set(compiled.groupindex) != set(params):
             return Violation(
@@ -282,11 +286,14 @@ def check_script(data: object, config: RefineConfig | None = None) -> Script | V
 
 
 def extract_object(text: str) -> dict[str, Any] | None:
-    """The first JSON object in `text` (code fences and prose around it are fine)."""
-    decoder = json.JSONDecoder()
+    """The first JSON object in `text` (code fences and prose around it are fine). Raises
+    JSONLimitError when a candidate object is past the bounded parser's limits (engine.safejson):
+    the answer is rejected then, not searched further (each later `{` would be inside it)."""
     for m in re.finditer(r"\{", text):
         try:
-            value, _ = decoder.raw_decode(text, m.start())
+            value, _ = safejson.raw_decode(text, m.start())
+        except JSONLimitError:
+            raise
         except json.JSONDecodeError:
             continue
         if isinstance(value, dict):
@@ -301,7 +308,6 @@ def parse_turns(text: str) -> tuple[list[Any], str | None]:
     m = re.search(r"\[\s*[{\]]", text)
     if m is None:
         return [], "the answer contains no JSON list of turns"
-    decoder = json.JSONDecoder()
     items: list[Any] = []
     i = m.start() + 1
     while True:
@@ -315,7 +321,7 @@ def parse_turns(text: str) -> tuple[list[Any], str | None]:
                 return items, f"invalid JSON after turn {len(items) - 1}: expected ',' or ']'"
             i = _skip_space(text, i + 1)
         try:
-            value, i = decoder.raw_decode(text, i)
+            value, i = safejson.raw_decode(text, i)
         except json.JSONDecodeError as e:
             if e.pos >= len(text.rstrip()):  # ran out of text: the answer hit its token limit
                 return items, f"the JSON list is cut off after {len(items)} turns"
@@ -330,7 +336,13 @@ def _skip_space(text: str, i: int) -> int:
 
 
 def parse_script(text: str, config: RefineConfig | None = None) -> Script | Violation:
-    data = extract_object(text)
+    config = config or RefineConfig()
+    if len(text) > config.max_answer_chars:
+        return Violation("script_json", 0, f"the answer is longer than {config.max_answer_chars} characters")
+    try:
+        data = extract_object(text)
+    except JSONLimitError as e:
+        return Violation("script_json", 0, f"the JSON object is not acceptable: {e.msg}")
     if data is None:
         return Violation("script_json", 0, "the answer contains no JSON object")
     return check_script(data, config)
@@ -835,7 +847,10 @@ class _Pipeline:
 
     def _after_trajectory(self, job: _Job, text: str) -> None:
         assert job.script is not None
-        turns, parse_error = parse_turns(text)
+        if len(text) > self.config.max_answer_chars:
+            turns, parse_error = [], f"the answer is longer than {self.config.max_answer_chars} characters"
+        else:
+            turns, parse_error = parse_turns(text)
         if job.stage == "continuation":
             turns = list(job.prefix) + _strip_overlap(job.prefix, turns)
         v = verify_trajectory(turns, job.script, self.config, parse_error)

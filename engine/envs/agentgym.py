@@ -21,6 +21,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
+from engine import safejson
 from engine.envs.base import EnvBase, EnvError, Step, TaskSpec
 from engine.envs.registry import split_options
 
@@ -86,17 +87,19 @@ class AgentGymEnv(EnvBase):
             raise EnvError(f"{where} failed: {e}") from None
         if missing_ok and response.status_code in (404, 405, 422):
             return None
+        unreadable = "null"
         try:
-            payload = response.json()
-        except ValueError:
-            payload = None
+            payload = safejson.loads(response.content)  # bounded: the reply is untrusted
+        except ValueError as e:
+            payload, unreadable = None, getattr(e, "msg", str(e))
         if response.status_code != 200:
             detail = payload.get("error") or payload.get("detail") if isinstance(payload, dict) else None
             raise EnvError(f"{where} answered HTTP {response.status_code}: {detail or response.text[:200]}")
         if isinstance(payload, dict) and "error" in payload:
             raise EnvError(f"{where} reported an error: {payload['error']}")
         if payload is None:
-            raise EnvError(f"{where} answered something that is not JSON: {response.text[:200]!r}")
+            raise EnvError(f"{where} answered something that is not acceptable JSON ({unreadable}): "
+                           f"{response.text[:200]!r}")
         return payload
 
     def _key(self) -> str:
@@ -131,6 +134,10 @@ class AgentGymEnv(EnvBase):
         if split not in self._catalogue:
             rows = self._request("GET", "tasks", params={"split": split}, missing_ok=True)
             if isinstance(rows, list):
+                bad = next((i for i, r in enumerate(rows) if not (isinstance(r, dict) and "id" in r)), None)
+                if bad is not None:
+                    raise EnvError(f"AgentGym server {self.url}: GET /tasks row {bad} is not an object with "
+                                   f"an \"id\": {str(rows[bad])[:200]!r}")
                 self._orchard = True
                 self._catalogue[split] = [
                     TaskSpec(id=str(r["id"]), goal=str(r.get("goal", "")), context=str(r.get("context", "")),
@@ -195,7 +202,6 @@ class AgentGymEnv(EnvBase):
         reward = _number(answer.get("reward", 0.0))
         if self.score_scale and answer.get("score") is not None:
             reward = _number(answer["score"]) / self.score_scale if done else 0.0
-        reward = min(max(reward, 0.0), 1.0)
         progress = answer.get("progress")
         info = answer.get("info") if isinstance(answer.get("info"), dict) else {}
         return Step(observation, reward, done, None if progress is None else _number(progress), dict(info))

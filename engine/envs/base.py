@@ -9,9 +9,13 @@ caller is done with it. `engine.envs.check.check_env` tests an env against this 
 
 from __future__ import annotations
 
+import logging
+import math
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, Self, runtime_checkable
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -28,7 +32,8 @@ class TaskSpec:
 
 @dataclass(frozen=True)
 class Step:
-    """What one command did. `reward` is in [0, 1]; `progress` (latched, never decreasing) too."""
+    """What one command did. `reward` is in [0, 1]; `progress` (latched, never decreasing) too; the
+    engine enforces both where steps enter it (`checked_step`)."""
 
     observation: str
     reward: float = 0.0
@@ -39,6 +44,33 @@ class Step:
 
 class EnvError(ValueError):
     """Bad use of an env (unknown task id, step before reset): a clear message, not a traceback."""
+
+
+def env_label(env: object) -> str:
+    """How errors name an env: its `name`, and the server it talks to where it has one."""
+    name = str(getattr(env, "name", type(env).__name__))
+    url = getattr(env, "url", None)
+    return f"{name} at {url}" if isinstance(url, str) and url else name
+
+
+def checked_step(step: Step, env: str, task_id: str, step_no: int, command: str) -> Step:
+    """`step` with `reward` and `progress` validated: the one place Step values enter the search and
+    the evaluation (docs/decisions.md, "Env rewards are validated where they enter the engine").
+    A value that is not a finite number (NaN, inf, a string) is an EnvError naming env, task and step:
+    it would poison every Q on the path, and SQLite stores NaN as NULL. A finite value outside [0, 1]
+    is clamped into it, with a warning: scales differ between envs, the order of values survives."""
+    values = {}
+    for name in ("reward", "progress"):
+        value = getattr(step, name)
+        if value is None and name == "progress":
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise EnvError(f"env {env}: task {task_id!r}, step {step_no} ({command[:80]!r}): {name} {value!r} "
+                           "is not a finite number (the env or its server is broken)")
+        if not 0.0 <= value <= 1.0:
+            log.warning("env %s: task %r, step %d: %s %r clamped into [0, 1]", env, task_id, step_no, name, value)
+            values[name] = min(max(float(value), 0.0), 1.0)
+    return replace(step, **values) if values else step
 
 
 @runtime_checkable

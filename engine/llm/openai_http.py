@@ -46,6 +46,7 @@ from typing import Any, Literal, Self
 
 import httpx
 
+from engine import safejson
 from engine.llm.base import Completion, GeneratorError, Prompt, SampleRequest
 
 log = logging.getLogger(__name__)
@@ -80,7 +81,7 @@ def _redact(text: str, secret: str | None) -> str:
 def _server_detail(resp: httpx.Response, secret: str | None) -> str:
     """The server's own error message (FastAPI `detail`, OpenAI `error.message`), shortened."""
     try:
-        body = resp.json()
+        body = safejson.loads(resp.content)
     except ValueError:
         body = None
     if isinstance(body, dict):
@@ -284,10 +285,11 @@ class OpenAIGenerator:
                 status = resp.status_code
                 if status < 400:
                     try:
-                        body = resp.json()
-                    except ValueError:
+                        body = safejson.loads(resp.content)
+                    except ValueError as e:  # engine.safejson bounds size and depth: the reply is untrusted
                         raise GeneratorError(
-                            f"{url}: answer is not JSON: {resp.text[:_DETAIL_CHARS]!r}"
+                            f"{url}: answer is not acceptable JSON ({getattr(e, 'msg', e)}): "
+                            f"{resp.text[:_DETAIL_CHARS]!r}"
                         ) from None
                     if not isinstance(body, dict):
                         raise GeneratorError(f"{url}: unexpected answer {str(body)[:_DETAIL_CHARS]}")

@@ -21,7 +21,7 @@ from typing import Any
 
 from engine.actions import CompositeAction, FormatError, normalize_command, parse
 from engine.config import SearchConfig
-from engine.envs.base import Env, Step, SupportsSnapshot, TaskSpec, close_env
+from engine.envs.base import Env, Step, SupportsSnapshot, TaskSpec, checked_step, close_env, env_label
 from engine.llm.base import Completion, Generator, GeneratorError, SampleRequest, SamplingParams
 from engine.prompts import HistoryStep, actor_prompt
 from engine.search.critic import rank_candidates, rank_to_score
@@ -62,6 +62,7 @@ class EnvSession:
         self.task_id = task_id
         self.snapshots: dict[int, Any] | None = {} if isinstance(env, SupportsSnapshot) else None
         self.current: int | None = None
+        self.depth = 0  # steps from the task's start to the env's current state
         self.replays = 0
         self.restores = 0
         self.env_s = 0.0
@@ -69,7 +70,7 @@ class EnvSession:
     def reset(self) -> str:
         t = time.perf_counter()
         obs = self.env.reset(self.task_id)
-        self.current = 0
+        self.current, self.depth = 0, 0
         if self.snapshots is not None:
             self.snapshots[0] = self.env.snapshot()  # type: ignore[attr-defined]
         self.env_s += time.perf_counter() - t
@@ -89,15 +90,17 @@ class EnvSession:
             self.replays += 1
             if self.snapshots is not None:
                 self.snapshots[node.id] = self.env.snapshot()  # type: ignore[attr-defined]
-        self.current = node.id
+        self.current, self.depth = node.id, node.depth
         self.env_s += time.perf_counter() - t
 
     def step(self, command: str) -> Step:
+        """One env step, its reward and progress validated (`checked_step`: a NaN is a clear error)."""
         t = time.perf_counter()
         out = self.env.step(command)
         self.current = None
+        self.depth += 1
         self.env_s += time.perf_counter() - t
-        return out
+        return checked_step(out, env_label(self.env), self.task_id, self.depth, command)
 
     def screenshot(self) -> bytes | None:
         """An image of the env's current state, where the env can take one (the web env: a JPEG)."""
@@ -401,9 +404,12 @@ class MCTS:
                 valid[0].critic_rank = 0
                 valid[0].Q_critic = 1.0
                 valid[0].critic_reason = "(only valid candidate)"
-            for e in errors:  # unreadable candidates tie for last place
-                e.critic_rank = len(valid)
-                e.Q_critic = 0.0
+            # Unreadable candidates tie for last place, rank K-1 of the K candidates, and score what
+            # the mapping gives that rank (docs/decisions.md "Format-error candidates and the critic"),
+            # so any consumer recomputing Q^ from the rank agrees with the stored value.
+            for e in errors:
+                e.critic_rank = total - 1
+                e.Q_critic = rank_to_score(total - 1, total, cfg.critic_mapping)
                 e.critic_reason = "(format error: not shown to the critic)"
 
     def _rollout(

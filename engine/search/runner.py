@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 
 from engine.config import SearchConfig, from_dict
-from engine.envs.base import Env, TaskSpec, close_env, close_envs
+from engine.envs.base import Env, EnvError, TaskSpec, close_env, close_envs
 from engine.envs.registry import env_factory
 from engine.llm.base import Generator
 from engine.search.mcts import MCTS, SearchStats, TreeJob, start_tree
@@ -35,8 +35,14 @@ def _run(store: Store, run_id: str, jobs: list[TreeJob], generator: Generator, c
     try:
         try:
             stats = mcts.run(jobs)
-        except BaseException:
-            store.set_run_status(run_id, "interrupted", mcts.stats.to_dict())
+        except BaseException as e:
+            # Resumable once the cause is fixed; the reason is kept with the run (one line).
+            reason = " ".join(str(e).split())[:500]
+            store.set_run_status(run_id, "interrupted",
+                                 {**mcts.stats.to_dict(), **({"error": reason} if isinstance(e, Exception) else {})})
+            if isinstance(e, EnvError):  # a broken env (e.g. a NaN reward): say how to go on once it is fixed
+                raise EnvError(f"{reason}; run {run_id} is left interrupted: fix the env, then "
+                               f"`orchard search --resume {run_id}`") from None
             raise
         store.set_run_status(run_id, "finished", stats.to_dict())
     finally:

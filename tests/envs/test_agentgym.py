@@ -14,14 +14,19 @@ from pathlib import Path
 
 import httpx
 import pytest
-from doubles import LineEnv
+from canned_http import canned_server
+from doubles import LineEnv, ScriptedGenerator
 from envtools import check_search, stored_search
+from fuzz_data import model_outputs
 
+from engine.config import SearchConfig
 from engine.envs.agentgym import AgentGymEnv
 from engine.envs.base import EnvError, Step
 from engine.envs.check import check_env
 from engine.envs.serve import EnvService, make_server
 from engine.envs.textcraft_expert import solve
+from engine.search.runner import new_run
+from engine.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -154,6 +159,46 @@ def test_timeouts_and_unreachable_servers_fail_fast() -> None:
         AgentGymEnv(f"http://127.0.0.1:{port}/textcraft?timeout=2&n=2").reset("0")  # nothing listens now
     with pytest.raises(EnvError, match="not an http"):
         AgentGymEnv("ftp://example/x")
+
+
+@pytest.mark.parametrize("body", model_outputs())
+def test_hostile_reply_bodies_are_one_line_env_errors(body: str) -> None:
+    """Server replies are untrusted (tests/data/fuzz/model_outputs.json): deep nesting, huge numbers
+    and lone surrogates are an EnvError naming the server, never a RecursionError traceback."""
+    with canned_server(lambda method, path, data: (200, body.encode("utf-8", "surrogatepass"))) as url:
+        env = AgentGymEnv(f"{url}/textcraft?timeout=5&n=2")
+        with pytest.raises(EnvError) as err:
+            env.reset("0")
+    msg = str(err.value)
+    assert msg.startswith(f"AgentGym server {url}/textcraft: ") and "\n" not in msg.strip()
+
+
+class _NaNLine(LineEnv):
+    """A simulator behind an AgentGym server that reports NaN as the reward of one step."""
+
+    def step(self, command: str) -> Step:
+        s = super().step(command)
+        return Step(s.observation, float("nan"), s.done, s.progress) if self.pos == 1 else s
+
+
+def test_nan_reward_from_the_server_is_a_clear_search_error(tmp_path) -> None:
+    """A NaN reward (JSON `NaN`, as Python servers write it) used to pass the client's clamp and end
+    the search with an IntegrityError traceback from the store; now one EnvError naming server, task
+    and step, the run interrupted with that reason and nothing stored for the bad step."""
+    url, srv = _thread_server(EnvService(_NaNLine, "line", idle_s=3600))
+    try:
+        make_env = lambda: AgentGymEnv(url + "?timeout=5")
+        tasks = [make_env().task("goal-2")]
+        with Store(tmp_path / "o.db") as store:
+            with pytest.raises(EnvError, match=re.escape(f"env agentgym at {url}: task 'goal-2', step 1 ('right'): "
+                                                          "reward nan is not a finite number")):
+                new_run(store, f"agentgym:{url}", tasks, ScriptedGenerator(p_right=1.0),
+                        SearchConfig(simulations=4, k=2, depth_limit=3), "nan", make_env=make_env)
+            (info,) = store.runs()
+            assert info.status == "interrupted" and "reward nan" in info.stats["error"]
+    finally:
+        srv.shutdown()
+        srv.server_close()
 
 
 def test_cli_errors_are_one_line() -> None:

@@ -1,0 +1,23 @@
+"""Untrusted text inside Streamlit elements that render Markdown.
+
+WHY: st.markdown, st.caption, st.error / warning / info / success, expander and tab labels,
+widget labels and help, radio options, st.progress text and st.metric labels all render Markdown
+(GitHub-flavoured, plus Streamlit's `:red[...]` directives and `$math$`); an image link in such
+text makes every viewer's browser fetch a URL. Text from a model, an env, a server, a job log or an
+imported file is shown with st.code / st.text / tables where it can be long; where a short piece of
+it sits inside one of those elements, it goes through `md()`.
+"""
+
+from __future__ import annotations
+
+import re
+
+# Every ASCII punctuation character (CommonMark lets each be backslash-escaped to stand for itself):
+# this covers emphasis, links and images, code spans, raw HTML (<), entities (&), directives ([),
+# math ($), tables (|) and headings / lists (#, -, +, digits followed by '.' or ')').
+_PUNCT = re.compile(r"""([!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~])""")
+
+
+def md(text: object) -> str:
+    """`text` as one line of Markdown that renders as exactly that text (whitespace runs collapsed)."""
+    return _PUNCT.sub(r"\\\1", " ".join(str(text).split()))

@@ -1,0 +1,112 @@
+"""Bounded JSON parsing for untrusted text: model answers and server replies.
+
+WHY: the `json` module recurses once per nesting level, so `[[[[...` a few thousand levels deep
+raises RecursionError, and a 5000-digit number raises a plain ValueError; callers that catch only
+`JSONDecodeError` let both through as a traceback that ends the run. A reply can also be large
+enough to cost real time before any check runs, or hold a lone surrogate (`"\\ud800"`) that parses
+fine and then breaks every later UTF-8 write (files, SQLite). Here size and depth are checked
+BEFORE the parser runs (a linear scan that stops at the first level too deep), and every problem is
+a `JSONLimitError`, a `json.JSONDecodeError` subclass, so existing `except json.JSONDecodeError` /
+`except ValueError` handlers treat it as one more malformed answer.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+MAX_DEPTH = 64  # OpenAI / AgentGym replies nest < 10 levels, refinement scripts < 6
+MAX_CHARS = 16 * 2**20  # a reply with many long completions and logprobs stays far below this
+
+_SPECIAL = re.compile(r'[\[\]{}"\\]')
+_MAYBE_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")
+_DECODER = json.JSONDecoder()
+
+
+class JSONLimitError(json.JSONDecodeError):
+    """Untrusted JSON past a limit (size, depth, digits) or not valid text."""
+
+
+def check_depth(text: str, pos: int = 0, max_depth: int = MAX_DEPTH) -> None:
+    """Raise JSONLimitError when the JSON value starting at `pos` nests deeper than `max_depth`.
+    Scans only that value (up to its closing bracket); a scalar at `pos` has no depth to check."""
+    if pos >= len(text) or text[pos] not in "[{":
+        return
+    depth, in_string, skip = 0, False, -1
+    for m in _SPECIAL.finditer(text, pos):
+        i, c = m.start(), m.group()
+        if i == skip:  # the character after a backslash inside a string
+            continue
+        if in_string:
+            if c == "\\":
+                skip = i + 1
+            elif c == '"':
+                in_string = False
+        elif c == '"':
+            in_string = True
+        elif c in "[{":
+            depth += 1
+            if depth > max_depth:
+                raise JSONLimitError(f"nesting deeper than {max_depth} levels", text, i)
+        elif c in "]}":
+            depth -= 1
+            if depth <= 0:
+                return
+
+
+def _check_text(value: Any, doc: str) -> None:
+    """Every string (keys included) must be valid Unicode: no lone surrogates. Iterative: the
+    depth is already bounded, but a stack is cheaper than recursion and cannot overflow."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            items = [v]
+        elif isinstance(v, dict):
+            items = list(v)
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+            continue
+        else:
+            continue
+        for s in items:
+            try:
+                s.encode("utf-8")
+            except UnicodeEncodeError:
+                raise JSONLimitError("a string holds a lone surrogate (not valid text)", doc, 0) from None
+
+
+def raw_decode(text: str, pos: int = 0, max_depth: int = MAX_DEPTH) -> tuple[Any, int]:
+    """`json.JSONDecoder().raw_decode(text, pos)` with the depth bound and no error other than
+    `json.JSONDecodeError` (JSONLimitError for the limits)."""
+    check_depth(text, pos, max_depth)
+    try:
+        value, end = _DECODER.raw_decode(text, pos)
+    except json.JSONDecodeError:
+        raise
+    except RecursionError:  # only when called from an already deep stack
+        raise JSONLimitError("nesting too deep to parse", text, pos) from None
+    except ValueError as e:  # e.g. an integer with more digits than Python converts
+        raise JSONLimitError(str(e).split(";")[0], text, pos) from None
+    if _MAYBE_SURROGATE.search(text, pos, end):
+        _check_text(value, text)
+    return value, end
+
+
+def loads(data: str | bytes, max_chars: int = MAX_CHARS, max_depth: int = MAX_DEPTH) -> Any:
+    """`json.loads` for untrusted replies: at most `max_chars` characters (bytes for bytes input,
+    decoded as `json.loads` does), at most `max_depth` levels, valid text only."""
+    if len(data) > max_chars:
+        raise JSONLimitError(f"reply of {len(data)} characters is longer than {max_chars}", "", 0)
+    if isinstance(data, bytes | bytearray):
+        try:
+            data = data.decode(json.detect_encoding(data), "strict")
+        except UnicodeDecodeError as e:
+            raise JSONLimitError(f"not valid text ({e.reason} at byte {e.start})", "", 0) from None
+    text = data.lstrip(" \t\n\r\ufeff")
+    value, end = raw_decode(text, 0, max_depth)
+    if text[end:].strip(" \t\n\r"):
+        raise JSONLimitError("extra data after the JSON value", text, end)
+    return value
