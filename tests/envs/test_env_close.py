@@ -194,7 +194,7 @@ def test_orchard_search_closes_its_probe_env(tmp_path, monkeypatch) -> None:
 
     rec = Recorder()
     monkeypatch.setattr("engine.envs.registry.env_factory", lambda spec: rec)
-    monkeypatch.setattr("engine.llm.registry.load_generator", lambda spec, log=None: ScriptedGenerator())
+    monkeypatch.setattr("engine.llm.registry.load_generator", lambda spec, log=None, **_kw: ScriptedGenerator())
     assert cli.main(["search", "--env", "line", "--tasks", "0:2", "--simulations", "2", "--db",
                      str(tmp_path / "o.db")]) == 0
     assert len(rec.made) == 3 and rec.unclosed() == []  # the probe and one env per tree
