@@ -12,8 +12,9 @@ import random
 import re
 import threading
 from collections.abc import Sequence
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -35,8 +36,60 @@ pytestmark = pytest.mark.skipif(not Path(web.CHROMIUM).exists(),
 JPEG = b"\xff\xd8\xff"
 
 
+class _Site(BaseHTTPRequestHandler):
+    """A loopback site that records every request it gets. /to-NAME redirects (302) to the URL in
+    `targets[NAME]`; /links is a page with an image and a link that redirect; anything else is a page
+    naming the site."""
+
+    name = ""
+    targets: ClassVar[dict[str, str]] = {}
+    hits: ClassVar[list[str]] = []
+
+    def log_message(self, *args) -> None:
+        return
+
+    def do_GET(self) -> None:
+        self.hits.append(self.path)
+        path = self.path.partition("?")[0]
+        if path.startswith("/to-"):
+            self.send_response(302)
+            self.send_header("Location", self.targets[path[4:]])
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        inner = ('<img src="/to-b?img" alt="pic"><a href="/to-b">to b</a>' if path == "/links" else "")
+        body = f"<html><head><title>Site {self.name}</title></head><body><p>page {self.name}</p>{inner}</body></html>"
+        data = body.encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+def _site(name: str, targets: dict[str, str] | None = None):
+    handler = type(f"Site{name}", (_Site,), {"name": name, "targets": targets or {}, "hits": []})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, handler, f"http://127.0.0.1:{server.server_address[1]}"
+
+
 @pytest.fixture(scope="module")
-def env():
+def outside():
+    """The 'outside world': this module's browser resolves every host name to this loopback server, so
+    a test that lets a request escape shows up as a hit here (and never leaves the machine)."""
+    server, handler, _ = _site("outside")
+    web.shutdown()  # a browser started by another module would not have the rule
+    rule = f"--host-resolver-rules=MAP * 127.0.0.1:{server.server_address[1]}, EXCLUDE localhost, EXCLUDE 127.0.0.1"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(web, "CHROMIUM_ARGS", [*web.CHROMIUM_ARGS, rule])
+        yield handler
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture(scope="module")
+def env(outside):
     e = WebEnv()
     yield e
     web.shutdown()
@@ -108,7 +161,7 @@ def test_progress_is_latched_and_bad_commands_are_clear_observations(env):
         (f"CLICK [{ids['Date']}]", "is a select"),
         (f"TYPE [{ids['Date']}] [July 4]", "No single option"),
         (f"TYPE [{ids['Tablefinder']}] [x]", "not a text field"),
-        ("GOTO [https://example.com/]", "GOTO refused: host 'example.com' is not loopback"),
+        ("GOTO [https://example.com/]", "GOTO refused: https://example.com is not the site's origin"),
         ("GOTO [file:///etc/passwd]", "GOTO refused: the file scheme"),
     ]:
         step = env.step(command)
@@ -179,10 +232,13 @@ def hostile_site(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def hostile_step(env, hostile_site):
-    """The step that opened the hostile page, and a screenshot of it (loading 5 MB once)."""
-    env.reset(booking.tasks()[0].id)
-    step = env.step(f"GOTO [{hostile_site[0]}/hostile.html]")
-    return step, env.screenshot()
+    """The step that opened the hostile page (its origin allow-listed), and a screenshot of it (loading
+    5 MB once)."""
+    listed = WebEnv(allow=hostile_site[0])
+    listed.reset(booking.tasks()[0].id)
+    step = listed.step(f"GOTO [{hostile_site[0]}/hostile.html]")
+    yield step, listed.screenshot()
+    listed.close()
 
 
 def test_hostile_page_is_bounded_text(hostile_site, hostile_step):
@@ -197,6 +253,44 @@ def test_hostile_page_is_bounded_text(hostile_site, hostile_step):
     assert 'Literal: <script>alert("xss")</script> **bold** [link](http://example.com)' in obs
     assert "(page truncated" in obs
     assert "example.com" in step.info["blocked"]  # the tracker image was never fetched
+
+
+def test_redirects_and_other_origins_are_blocked(env, outside):
+    """Two real loopback sites: A is allow-listed, B is not. A redirects to itself (fine), to B and to
+    an outside host name (blocked: hop by hop, not only the first request). Neither B nor the outside
+    world (every host name resolves to `outside` in this module) ever gets a request."""
+    b_server, b, b_url = _site("B")
+    a_server, a, a_url = _site("A")
+    a.targets = {"self": "/plain", "b": f"{b_url}/secret", "out": "http://outside.example/steal", "a-then-b": "/to-b"}
+    listed = WebEnv(allow=a_url)
+    try:
+        listed.reset(booking.tasks()[0].id)
+        step = listed.step(f"GOTO [{a_url}/to-self]")
+        assert step.info["ok"] and "page A" in step.observation and step.info["url"] == f"{a_url}/plain"
+        assert "blocked" not in step.info
+        for path, refused in (("/to-b", b_url), ("/to-a-then-b", b_url), ("/to-out", "outside.example")):
+            step = listed.step(f"GOTO [{a_url}{path}]")
+            assert not step.info["ok"] and step.observation.startswith(f"GOTO blocked: {a_url}{path} redirects")
+            assert step.info["blocked"] == [refused], (path, step.info)
+            assert "page B" not in step.observation and "page outside" not in step.observation
+        step = listed.step(f"GOTO [{a_url}/links]")  # an image on A that redirects to B
+        assert step.info["ok"] and "page A" in step.observation and step.info["blocked"] == [b_url]
+        link = next(i for i, kind, label, _ in elements(step.observation) if label == "to b")
+        step = listed.step(f"CLICK [{link}]")  # a link on A that redirects to B
+        assert step.info["blocked"] == [b_url] and "page B" not in step.observation
+        assert f"Blocked (not the site's origin, not allow-listed): {b_url}." in step.observation
+        step = listed.step(f"GOTO [{b_url}/secret]")  # another loopback port: refused before any request
+        assert not step.info["ok"] and f"GOTO refused: {b_url} is not the site's origin" in step.observation
+        env.reset(booking.tasks()[0].id)
+        step = env.step(f"GOTO [{a_url}/plain]")  # the default env allows its own site only
+        assert not step.info["ok"] and f"GOTO refused: {a_url} is not the site's origin" in step.observation
+        assert b.hits == [] and outside.hits == []
+        assert "/to-b?img" in a.hits and "/plain" in a.hits
+    finally:
+        listed.close()
+        for server in (a_server, b_server):
+            server.shutdown()
+            server.server_close()
 
 
 def test_hostile_observation_and_screenshot_are_shown_as_text_and_image(env, hostile_step, tmp_path, monkeypatch):
