@@ -9,6 +9,10 @@ answers. Step answers carry both "observation" and "state". Orchard extensions: 
 GET /describe, GET /valid_commands?id=N, and "task_id" in /reset. Endpoints are also served under
 /<env name>/ so `agentgym:http://HOST:PORT/textcraft` works.
 
+Connections are served in threads. An env whose objects belong to the thread that made them (the
+web env: Playwright's sync API) says so with `thread_bound = True`; its service then runs every call
+on one worker thread that owns all its instances (requests queue for it).
+
 Errors are JSON {"error": message}: 400 bad request or env error, 404 unknown path or instance,
 503 too many instances, 500 an unexpected env failure (message only, never a traceback); http.server's
 own errors (a bad request line, too many headers, an unknown method) are JSON 4xx too. Bodies are JSON
@@ -27,6 +31,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -72,10 +77,32 @@ class EnvService:
         self._instances: dict[int, _Instance] = {}
         self._next = 0
         self._lock = threading.Lock()
+        # one worker thread, kept for the service's life: every env call of a thread-bound env runs on it
+        self._worker = (ThreadPoolExecutor(1, thread_name_prefix=f"serve-{name}")
+                        if getattr(self._probe, "thread_bound", False) else None)
 
     # -- endpoints ------------------------------------------------------------------------------------
 
     def handle(self, method: str, path: str, query: dict[str, str], body: Any) -> Any:
+        """Answer one request (on the worker thread for a thread-bound env; its errors re-raise here)."""
+        if self._worker is None:
+            return self._handle(method, path, query, body)
+        return self._worker.submit(self._handle, method, path, query, body).result()
+
+    def close_all(self) -> None:
+        """Close every instance (on the thread that owns them) and stop the worker."""
+        def close() -> None:
+            with self._lock:
+                instances, self._instances = list(self._instances.values()), {}
+            for inst in instances:
+                _close_env(inst.env)
+        if self._worker is None:
+            close()
+        else:
+            self._worker.submit(close).result()
+            self._worker.shutdown()
+
+    def _handle(self, method: str, path: str, query: dict[str, str], body: Any) -> Any:
         route = {("GET", "/"): self.hello, ("GET", "/describe"): self.describe, ("GET", "/tasks"): self.tasks,
                  ("POST", "/create"): self.create, ("POST", "/reset"): self.reset, ("POST", "/step"): self.step,
                  ("GET", "/observation"): self.observation, ("GET", "/valid_commands"): self.valid_commands,
@@ -316,3 +343,4 @@ def serve(spec: str, host: str, port: int, split: str, style: str, max_envs: int
         server.serve_forever()
     finally:
         server.server_close()
+        service.close_all()

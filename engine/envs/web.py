@@ -250,6 +250,7 @@ class ReplayWebEnv:
     """The web env without snapshots: search restores a state by replaying its commands from reset."""
 
     name = "web"
+    thread_bound = True  # Playwright's sync API: the browser belongs to the thread that started it
 
     def __init__(self, allow: str | Sequence[str] = (), *, max_chars: int = MAX_OBS_CHARS,
                  javascript: bool = False) -> None:

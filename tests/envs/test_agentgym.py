@@ -3,8 +3,6 @@ AgentGym client env (id and env_idx styles), server errors, timeouts, and a stor
 
 from __future__ import annotations
 
-import os
-import re
 import socket
 import subprocess
 import sys
@@ -15,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 from doubles import LineEnv
-from envtools import check_search, stored_search
+from envtools import check_search, start_serve_env, stored_search
 
 from engine.envs.agentgym import AgentGymEnv
 from engine.envs.base import EnvError, Step
@@ -25,20 +23,9 @@ from engine.envs.textcraft_expert import solve
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _start(*args: str) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "serve-env", *args, "--port", "0"], cwd=ROOT,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    line = proc.stderr.readline()  # "serving ... on http://127.0.0.1:PORT/NAME"
-    match = re.search(r"(http://127\.0\.0\.1:\d+/\S+)", line)
-    if not match:
-        proc.kill()
-        raise AssertionError(f"serve-env did not start: {line}{proc.stderr.read()}")
-    return proc, match[1]
-
-
 @pytest.fixture(scope="module")
 def server():
-    proc, url = _start("textcraft")
+    proc, url = start_serve_env("textcraft")
     yield url
     proc.terminate()
     proc.wait(timeout=10)

@@ -16,7 +16,9 @@ from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler, Thread
 from pathlib import Path
 from typing import ClassVar
 
+import httpx
 import pytest
+from envtools import start_serve_env
 
 from engine.actions import CompositeAction
 from engine.config import SearchConfig
@@ -353,6 +355,32 @@ def test_mcts_run_stores_dom_observations_and_the_final_screenshot(tmp_path):
         assert {n.terminal for n in leaves} - {"success", "failure"}, "the small search should hit its depth limit"
         assert all(store.node_screenshot(small_id, n.id).startswith(JPEG) for n in leaves)
         assert all(store.node_screenshot(small_id, n.id) is None for n in small_tree.nodes if n.terminal is None)
+
+
+def test_serve_env_web_answers_every_request_from_the_browser_thread():
+    """`orchard serve-env web`: Playwright's browser belongs to the thread that started it, and each
+    connection is served in a new thread; requests on two connections (and on a third, after the
+    first instance is closed) all reach a working page."""
+    proc, url = start_serve_env("web")
+    try:
+        with httpx.Client(timeout=60) as first:
+            idx = first.post(f"{url}/create").json()["id"]
+            reset = first.post(f"{url}/reset", json={"id": idx, "data_idx": 0}).json()
+            assert reset["observation"].startswith("Page: Home · Tablefinder")
+        with httpx.Client(timeout=60) as second:  # a new connection: a new server thread
+            for command in ("GOTO [/]", "SCROLL [DOWN]"):
+                step = second.post(f"{url}/step", json={"id": idx, "action": command})
+                assert step.status_code == 200 and step.json()["info"]["ok"], step.text[:300]
+                assert "Page: Home · Tablefinder" in step.json()["observation"]
+            assert second.get(f"{url}/observation", params={"id": idx}).json() == step.json()["observation"]
+            assert second.post(f"{url}/close", json={"id": idx}).json() == {"closed": True}
+        with httpx.Client(timeout=60) as third:
+            again = third.post(f"{url}/create").json()["id"]
+            reset = third.post(f"{url}/reset", json={"id": again, "data_idx": 1}).json()
+            assert reset["observation"].startswith("Page: Home · Tablefinder"), reset
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
 
 
 def test_registry_builds_the_web_env_without_starting_a_browser():
