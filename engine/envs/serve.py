@@ -9,6 +9,11 @@ answers. Step answers carry both "observation" and "state". Orchard extensions: 
 GET /describe, GET /valid_commands?id=N, and "task_id" in /reset. Endpoints are also served under
 /<env name>/ so `agentgym:http://HOST:PORT/textcraft` works.
 
+The first observation (the /reset answer's, and /observation until the first step) carries the task's
+goal and context the way AgentGym's own server for that env phrases it (`agentgym_format`): AgentGym
+clients read nothing else. The env's own reset text is also in "env_observation" (an Orchard
+extension; Orchard's client prompts show goal and context separately).
+
 Connections are served in threads. An env whose objects belong to the thread that made them (the
 web env: Playwright's sync API) says so with `thread_bound = True`; its service then runs every call
 on one worker thread that owns all its instances (requests queue for it).
@@ -38,6 +43,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from engine.envs.agentgym_format import first_observation
 from engine.envs.base import Env, EnvError, SupportsValidCommands
 
 MAX_BODY = 1 << 20
@@ -144,12 +150,17 @@ class EnvService:
         else:
             task = self._probe.task(str(task_id))
         with inst.lock:
-            inst.observation = inst.env.reset(task.id)
+            plain = inst.env.reset(task.id)
+            valid = inst.env.valid_commands if isinstance(inst.env, SupportsValidCommands) else None
+            inst.observation, extra = first_observation(self.name, task, plain, valid)
             inst.reward, inst.done = 0.0, False
         if self.style == "env_idx":
             return [inst.observation, None]
-        return {"id": idx, "task_id": task.id, "goal": task.goal, "observation": inst.observation,
-                "reward": 0.0, "score": 0.0, "done": False}
+        answer = {"id": idx, "task_id": task.id, "goal": task.goal, "observation": inst.observation, **extra,
+                  "reward": 0.0, "score": 0.0, "done": False}
+        if self.extensions:
+            answer["env_observation"] = plain
+        return answer
 
     def step(self, body: dict[str, Any]) -> dict[str, Any]:
         _, inst = self._instance(body)

@@ -104,7 +104,8 @@ def test_env_idx_style_and_env_failures_in_process() -> None:
         with pytest.raises(EnvError, match="HTTP 503: too many environments"):
             env.reset("0")  # max_envs=1 and that one is in use
         httpx.post(url + "/close", json={"env_idx": 0}, timeout=5)
-        assert env.reset("1").startswith("You are at 0. The goal is 2")  # [observation, null] answer
+        # [observation, null] answer; with no /tasks the goal is known only from the first observation
+        assert env.reset("1") == "Your goal: reach position 2\ncommands: left, right, wait\nYou are at 0. The goal is 2."
         assert env.style == "env_idx"
         assert env.step("right").observation == "You are at 1."
         assert env.step("right").reward == 1.0

@@ -18,6 +18,7 @@ from engine.envs import serve
 from engine.envs.serve import EnvService, make_server
 
 CORPUS = runpy.run_path(str(Path(__file__).resolve().parents[1] / "data" / "fuzz" / "http_requests.py"))
+FIRST = "Your goal: reach position 4\ncommands: left, right, wait\nYou are at 0. The goal is 4."  # after reset
 
 
 @pytest.fixture
@@ -67,9 +68,9 @@ def test_hostile_request_gets_one_json_4xx(server, case):
         else:  # the connection is still in step: the next request on it is answered as itself
             sock.sendall(b"GET /observation?id=1 HTTP/1.1\r\nHost: t\r\n\r\n")
             status, _, body = read_response(f)
-            assert status == 200 and json.loads(body) == "You are at 0. The goal is 4."
+            assert status == 200 and json.loads(body) == FIRST
     assert sorted(service._instances) == [0, 1], "a request hidden in a body was executed"
-    assert [service._instances[i].observation for i in (0, 1)] == ["You are at 0. The goal is 4."] * 2
+    assert [service._instances[i].observation for i in (0, 1)] == [FIRST] * 2
 
 
 def test_valid_requests_still_work_on_one_keep_alive_connection(server):
@@ -78,7 +79,7 @@ def test_valid_requests_still_work_on_one_keep_alive_connection(server):
         for raw, want in [
             (CORPUS["step"](b'{"id": 1, "action": "right"}'), "You are at 1."),
             (CORPUS["step"](b'{"env_idx": "1", "action": "right"}'), "You are at 2."),
-            (CORPUS["request"]("GET", "/observation?id=1"), "You are at 2."),
+            (CORPUS["request"]("GET", "/observation?id=1"), "You are at 2."),  # after two steps
             (CORPUS["request"]("POST", "/close", b'{"id": 0}'), None),
         ]:
             sock.sendall(raw)
