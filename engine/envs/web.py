@@ -77,6 +77,7 @@ Commands (one per step):
 The task is done when a reservation is confirmed; it must match the request exactly (restaurant, date,
 time, party size, and the user's name, email and phone)."""
 
+NO_PAGE = "No page: the last navigation failed or was blocked. GOTO [/] opens the site's home page."
 _ORIGIN = re.compile(r"https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(:\d{1,5})?/?", re.IGNORECASE)
 _ID = re.compile(r"^\[?\s*(\d+)\s*\]?\s*(.*)$", re.DOTALL)
 _ASK = re.compile(r"^ask[_ ]?user[_ ]?help\b", re.IGNORECASE)
@@ -396,9 +397,11 @@ class ReplayWebEnv:
                 "maxText": MAX_TEXT, "maxOptions": MAX_OPTIONS, "maxControls": MAX_CONTROLS}
         data: dict[str, Any] = {}
         here = self._page.url
-        if url_problem(here, self.allowed()) is not None and here.startswith(("http:", "https:")):
+        if not here.startswith(("http:", "https:")):  # Chromium's error page (a blocked or failed load)
+            data = {"title": "(no page)", "url": "", "items": [{"id": None, "kind": "text", "label": NO_PAGE}]}
+        elif url_problem(here, self.allowed()) is not None:
             self._block(here)  # the last line of defence: a page of another origin is never read
-            data = {"title": "(blocked page)", "url": here, "items": [
+            data = {"title": "(blocked page)", "url": "", "items": [
                 {"id": None, "kind": "text", "label": "This page is outside the allowed origins; it was not read."}]}
         for attempt in range(0 if data else 3):  # a navigation in flight destroys the context: wait and look again
             try:
@@ -495,7 +498,8 @@ class ReplayWebEnv:
     def _goto_command(self, target: str) -> tuple[str, bool]:
         if not target:
             return "Could not go: say GOTO [url].", False
-        url = urllib.parse.urljoin(self._page.url, target)
+        here = self._page.url
+        url = urllib.parse.urljoin(here if here.startswith(("http:", "https:")) else self.start_url, target)
         problem = url_problem(url, self.allowed())
         if problem:
             return f"GOTO refused: {problem}.", False
@@ -556,7 +560,7 @@ class WebEnv(ReplayWebEnv):
         task = self.task(state.task_id)
         page = self._ensure_page()
         runtime().server.sessions.put(self.sid, json.loads(state.session))
-        self._goto(page, state.url)
+        self._goto(page, state.url or "about:blank")  # no URL: the error page of a blocked or failed load
         page.evaluate(SET_CONTROLS_JS, [json.loads(state.controls), state.scroll_y])
         self._task, self._progress, self._done = task, state.progress, state.done
         self.blocked.clear()

@@ -276,11 +276,18 @@ def test_redirects_and_other_origins_are_blocked(env, outside):
             assert step.info["blocked"] == [refused], (path, step.info)
             assert "page B" not in step.observation and "page outside" not in step.observation
         step = listed.step(f"GOTO [{a_url}/links]")  # an image on A that redirects to B
-        assert step.info["ok"] and "page A" in step.observation and step.info["blocked"] == [b_url]
+        assert step.info["ok"] and "page A" in step.observation and step.info["blocked"] == [b_url], step
         link = next(i for i, kind, label, _ in elements(step.observation) if label == "to b")
         step = listed.step(f"CLICK [{link}]")  # a link on A that redirects to B
         assert step.info["blocked"] == [b_url] and "page B" not in step.observation
         assert f"Blocked (not the site's origin, not allow-listed): {b_url}." in step.observation
+        assert step.observation.endswith(f"Page: (no page)\nURL: \ntext \"{web.NO_PAGE}\"")
+        shown = step.observation.split("\n\n", 1)[1]
+        snap = listed.snapshot()  # the error page restores (a search may return to this node)
+        listed.step("GOTO [/to-self]")
+        listed.restore(snap)
+        assert listed._observe() == shown
+        assert listed.step("GOTO [/]").info["url"] == listed.start_url  # relative to the site, not the error page
         step = listed.step(f"GOTO [{b_url}/secret]")  # another loopback port: refused before any request
         assert not step.info["ok"] and f"GOTO refused: {b_url} is not the site's origin" in step.observation
         env.reset(booking.tasks()[0].id)
