@@ -373,7 +373,8 @@ def test_serve_env_web_answers_every_request_from_the_browser_thread():
         with httpx.Client(timeout=60) as first:
             idx = first.post(f"{url}/create").json()["id"]
             reset = first.post(f"{url}/reset", json={"id": idx, "data_idx": 0}).json()
-            assert reset["observation"].startswith("Page: Home · Tablefinder")
+            assert reset["env_observation"].startswith("Page: Home · Tablefinder")
+            assert reset["observation"] == f"Your goal: {reset['goal'].rstrip('.')}\n{reset['env_observation']}"
         with httpx.Client(timeout=60) as second:  # a new connection: a new server thread
             for command in ("GOTO [/]", "SCROLL [DOWN]"):
                 step = second.post(f"{url}/step", json={"id": idx, "action": command})
@@ -384,7 +385,7 @@ def test_serve_env_web_answers_every_request_from_the_browser_thread():
         with httpx.Client(timeout=60) as third:
             again = third.post(f"{url}/create").json()["id"]
             reset = third.post(f"{url}/reset", json={"id": again, "data_idx": 1}).json()
-            assert reset["observation"].startswith("Page: Home · Tablefinder"), reset
+            assert reset["env_observation"].startswith("Page: Home · Tablefinder"), reset
     finally:
         proc.terminate()
         proc.wait(timeout=10)
