@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import sys
 import threading
 import time
@@ -48,6 +49,7 @@ from engine.envs.base import Env, EnvError, SupportsValidCommands
 
 MAX_BODY = 1 << 20
 BODY_TIMEOUT_S = 30.0
+LINGER_S = 1.0
 _DIGITS = re.compile(r"[0-9]{1,18}")
 STYLES = ("id", "env_idx")
 
@@ -257,6 +259,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.request_version = "HTTP/1.1"
         self.close_connection = True
         self._answer(code, {"error": message or HTTPStatus(code).phrase})
+        self._linger()
 
     def _serve(self, method: str) -> None:
         url = urlsplit(self.path)
@@ -275,6 +278,25 @@ class _Handler(BaseHTTPRequestHandler):
         except Exception as e:  # noqa: BLE001 - an env bug must answer, not kill the connection
             status, payload = 500, {"error": f"{type(e).__name__}: {e}"}
         self._answer(status, payload)
+        if self.close_connection:
+            self._linger()
+
+    def _linger(self) -> None:
+        """Before closing on unread bytes: send FIN, then read and drop what the client still sends
+        (at most LINGER_S and MAX_BODY + 64 KiB), so closing does not reset the connection and destroy
+        the answer in flight."""
+        try:
+            self.wfile.flush()
+            self.connection.shutdown(socket.SHUT_WR)
+            deadline, left = time.monotonic() + LINGER_S, MAX_BODY + (1 << 16)
+            while left > 0 and (wait := deadline - time.monotonic()) > 0:
+                self.connection.settimeout(wait)
+                chunk = self.connection.recv(min(left, 1 << 16))
+                if not chunk:
+                    break
+                left -= len(chunk)
+        except OSError:  # the client went away first: nothing to protect
+            pass
 
     def _answer(self, status: int, payload: Any) -> None:
         data = json.dumps(payload).encode()

@@ -56,6 +56,8 @@ REQUESTS = [
          408, True),
     Case("garbage-request-line", b"HELLO\r\n\r\n" + HIDDEN, 400, True),
     Case("unknown-method", request("PUT", "/step", b'{"id": 0}'), 405, True),
+    Case("request-line-too-long", b"GET /" + b"a" * 70_000 + b" HTTP/1.1\r\nHost: t\r\n\r\n", 414, True),
+    Case("header-line-too-long", request("GET", "/", headers=("X-Big: " + "y" * 70_000,)), 431, True),
     Case("too-many-headers", request("GET", "/", headers=tuple(f"X-{i}: y" for i in range(120))), 431, True),
     # bodies read whole: a JSON 4xx, and the connection stays in step (the next request on it works)
     Case("get-with-a-body", request("GET", "/nothing", HIDDEN), 404, False),
