@@ -11,8 +11,9 @@ reachable, plus origins or hosts listed explicitly (`web:http://127.0.0.1:8000,e
 layers, because Playwright's route never sees the hops of a redirect the browser follows: (1) the
 route checks every request it sees; (2) the context's proxy is a local refuser that answers 403 to
 everything, and only the allowed origins bypass it, so a redirect hop (or anything else) to another
-origin fails in the network stack, outside hosts are never resolved or contacted; (3) redirect hops
-and the page's URL are checked after each navigation. What was refused is in `info["blocked"]`.
+origin fails in the network stack, outside hosts are never resolved or contacted; the browser's own
+background traffic (update checks, accounts) goes to the refuser too; (3) redirect hops and the
+page's URL are checked after each navigation. What was refused is in `info["blocked"]`.
 One Chromium, one site server and one refuser are shared by every env of the process; each env has
 its own browser context (cookies, proxy rules) and site session.
 
@@ -175,7 +176,8 @@ class _Runtime:
         self.refuser = _Refuser()
         self.pw = sync_playwright().start()
         try:
-            self.browser = self.pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            self.browser = self.pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS,
+                                                   proxy={"server": self.refuser.url, "bypass": "<-loopback>"})
         except Exception as e:  # noqa: BLE001 - any launch failure becomes one clear EnvError
             self.pw.stop()
             self.server.close()
@@ -390,7 +392,16 @@ class ReplayWebEnv:
             self.blocked.append(shown)
 
     def _goto(self, page: Any, url: str) -> None:
-        page.goto(url, wait_until="load", timeout=2 * TIMEOUT_MS)
+        """page.goto. Leaving Chromium's error page (after a blocked or failed load), Chromium sometimes
+        restarts the navigation and Playwright reports 'interrupted by another navigation': try again."""
+        for attempt in range(3):
+            try:
+                page.goto(url, wait_until="load", timeout=2 * TIMEOUT_MS)
+                return
+            except Exception as e:
+                if attempt == 2 or "interrupted by another navigation" not in str(e):
+                    raise
+                _quiet(lambda: page.wait_for_load_state("load", timeout=TIMEOUT_MS))
 
     def _observe(self) -> str:
         args = {"attr": self.attr, "budget": self.max_chars, "maxVisit": MAX_VISIT, "maxLabel": MAX_LABEL,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import random
 import re
+import socket
 import threading
 from collections.abc import Sequence
 from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -76,18 +77,41 @@ def _site(name: str, targets: dict[str, str] | None = None):
     return server, handler, f"http://127.0.0.1:{server.server_address[1]}"
 
 
+class _Sink:
+    """A loopback socket that records the first bytes of every connection made to it."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.hits: list[bytes] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                conn.settimeout(2)
+                try:
+                    self.hits.append(conn.recv(300))
+                except OSError:
+                    self.hits.append(b"(connected)")
+
+
 @pytest.fixture(scope="module")
 def outside():
-    """The 'outside world': this module's browser resolves every host name to this loopback server, so
-    a test that lets a request escape shows up as a hit here (and never leaves the machine)."""
-    server, handler, _ = _site("outside")
+    """The 'outside world': this module's browser resolves every host name to this loopback sink, so
+    any connection to an outside host (a page's, a redirect's, or the browser's own background
+    traffic) shows up here, and never leaves the machine."""
+    sink = _Sink()
     web.shutdown()  # a browser started by another module would not have the rule
-    rule = f"--host-resolver-rules=MAP * 127.0.0.1:{server.server_address[1]}, EXCLUDE localhost, EXCLUDE 127.0.0.1"
+    rule = f"--host-resolver-rules=MAP * 127.0.0.1:{sink.port}, EXCLUDE localhost, EXCLUDE 127.0.0.1"
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(web, "CHROMIUM_ARGS", [*web.CHROMIUM_ARGS, rule])
-        yield handler
-    server.shutdown()
-    server.server_close()
+        yield sink
+    sink.sock.close()
 
 
 @pytest.fixture(scope="module")
@@ -260,7 +284,8 @@ def test_hostile_page_is_bounded_text(hostile_site, hostile_step):
 def test_redirects_and_other_origins_are_blocked(env, outside):
     """Two real loopback sites: A is allow-listed, B is not. A redirects to itself (fine), to B and to
     an outside host name (blocked: hop by hop, not only the first request). Neither B nor the outside
-    world (every host name resolves to `outside` in this module) ever gets a request."""
+    world (every host name resolves to `outside` in this module) ever gets a connection, from a page
+    or from the browser itself."""
     b_server, b, b_url = _site("B")
     a_server, a, a_url = _site("A")
     a.targets = {"self": "/plain", "b": f"{b_url}/secret", "out": "http://outside.example/steal", "a-then-b": "/to-b"}
