@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import ClassVar
 
 import httpx
 import pytest
@@ -111,6 +112,40 @@ def test_env_idx_style_and_env_failures_in_process() -> None:
         assert env.step("right").reward == 1.0
         with pytest.raises(EnvError, match="HTTP 500: RuntimeError: the simulator crashed"):
             env.step("boom")
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+class _ThreadBound(LineEnv):
+    """An env whose objects belong to one thread (like the web env's browser): records every call's thread."""
+
+    thread_bound = True
+    threads: ClassVar[set[int]] = set()
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads.add(threading.get_ident())
+
+    def reset(self, task_id: str) -> str:
+        self.threads.add(threading.get_ident())
+        return super().reset(task_id)
+
+    def step(self, command: str) -> Step:
+        self.threads.add(threading.get_ident())
+        return super().step(command)
+
+
+def test_thread_bound_env_is_served_from_one_thread() -> None:
+    url, srv = _thread_server(EnvService(_ThreadBound, "line"))
+    _ThreadBound.threads.clear()  # the service's probe was made on this thread
+    try:
+        for _ in range(3):  # a new connection (a new server thread) each time
+            with httpx.Client(timeout=5) as client:
+                idx = client.post(f"{url}/create").json()["id"]
+                client.post(f"{url}/reset", json={"id": idx, "data_idx": 1})
+                assert client.post(f"{url}/step", json={"id": idx, "action": "right"}).json()["reward"] == 0.0
+        assert len(_ThreadBound.threads) == 1 and threading.get_ident() not in _ThreadBound.threads
     finally:
         srv.shutdown()
         srv.server_close()
