@@ -121,18 +121,18 @@ class _ThreadBound(LineEnv):
     """An env whose objects belong to one thread (like the web env's browser): records every call's thread."""
 
     thread_bound = True
-    threads: ClassVar[set[int]] = set()
+    threads: ClassVar[set[str]] = set()  # names: unlike idents, never reused
 
     def __init__(self) -> None:
         super().__init__()
-        self.threads.add(threading.get_ident())
+        self.threads.add(threading.current_thread().name)
 
     def reset(self, task_id: str) -> str:
-        self.threads.add(threading.get_ident())
+        self.threads.add(threading.current_thread().name)
         return super().reset(task_id)
 
     def step(self, command: str) -> Step:
-        self.threads.add(threading.get_ident())
+        self.threads.add(threading.current_thread().name)
         return super().step(command)
 
 
@@ -145,7 +145,7 @@ def test_thread_bound_env_is_served_from_one_thread() -> None:
                 idx = client.post(f"{url}/create").json()["id"]
                 client.post(f"{url}/reset", json={"id": idx, "data_idx": 1})
                 assert client.post(f"{url}/step", json={"id": idx, "action": "right"}).json()["reward"] == 0.0
-        assert len(_ThreadBound.threads) == 1 and threading.get_ident() not in _ThreadBound.threads
+        assert len(_ThreadBound.threads) == 1 and threading.current_thread().name not in _ThreadBound.threads
     finally:
         srv.shutdown()
         srv.server_close()
