@@ -183,6 +183,8 @@ class AgentGymEnv(EnvBase):
         if isinstance(answer, str):
             return answer
         if isinstance(answer, dict):
+            if self._orchard and isinstance(answer.get("env_observation"), str):
+                return answer["env_observation"]  # goal and context are in the task (from /tasks), not repeated
             observation = str(answer.get("observation", answer.get("state", "")))
             if answer.get("task_description"):
                 observation = f"{answer['task_description']}\n{observation}"

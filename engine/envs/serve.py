@@ -9,26 +9,48 @@ answers. Step answers carry both "observation" and "state". Orchard extensions: 
 GET /describe, GET /valid_commands?id=N, and "task_id" in /reset. Endpoints are also served under
 /<env name>/ so `agentgym:http://HOST:PORT/textcraft` works.
 
+The first observation (the /reset answer's, and /observation until the first step) carries the task's
+goal and context the way AgentGym's own server for that env phrases it (`agentgym_format`): AgentGym
+clients read nothing else. The env's own reset text is also in "env_observation" (an Orchard
+extension; Orchard's client prompts show goal and context separately).
+
+Connections are served in threads. An env whose objects belong to the thread that made them (the
+web env: Playwright's sync API) says so with `thread_bound = True`; its service then runs every call
+on one worker thread that owns all its instances (requests queue for it).
+
 Errors are JSON {"error": message}: 400 bad request or env error, 404 unknown path or instance,
-503 too many instances, 500 an unexpected env failure (message only, never a traceback). Bodies are
-JSON only (nothing is unpickled or executed), capped at MAX_BODY bytes.
+503 too many instances, 500 an unexpected env failure (message only, never a traceback); http.server's
+own errors (a bad request line, too many headers, an unknown method) are JSON 4xx too. Bodies are JSON
+only (nothing is unpickled or executed), framed by one decimal Content-Length (no chunked encoding),
+capped at MAX_BODY bytes and read within BODY_TIMEOUT_S. A request whose body is not read whole
+(bad or missing length, too large, too slow) is answered and its connection closed: the unread bytes
+are never parsed as another request. Instance ids are whole numbers (JSON integers or digit strings;
+not true, 1.9 or 1e400).
 """
 
 from __future__ import annotations
 
 import json
+import re
+import socket
 import sys
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from engine.envs.agentgym_format import first_observation
 from engine.envs.base import Env, EnvError, SupportsValidCommands, close_env, close_envs
 
 MAX_BODY = 1 << 20
+BODY_TIMEOUT_S = 30.0
+LINGER_S = 1.0
+_DIGITS = re.compile(r"[0-9]{1,18}")
 STYLES = ("id", "env_idx")
 
 
@@ -63,10 +85,32 @@ class EnvService:
         self._instances: dict[int, _Instance] = {}
         self._next = 0
         self._lock = threading.Lock()
+        # one worker thread, kept for the service's life: every env call of a thread-bound env runs on it
+        self._worker = (ThreadPoolExecutor(1, thread_name_prefix=f"serve-{name}")
+                        if getattr(self._probe, "thread_bound", False) else None)
 
     # -- endpoints ------------------------------------------------------------------------------------
 
     def handle(self, method: str, path: str, query: dict[str, str], body: Any) -> Any:
+        """Answer one request (on the worker thread for a thread-bound env; its errors re-raise here)."""
+        if self._worker is None:
+            return self._handle(method, path, query, body)
+        return self._worker.submit(self._handle, method, path, query, body).result()
+
+    def close_all(self) -> None:
+        """Close every instance and the probe env (on the thread that owns them) and stop the
+        worker: the server is stopping."""
+        def close() -> None:
+            with self._lock:
+                envs, self._instances = [i.env for i in self._instances.values()], {}
+            close_envs([*envs, self._probe])
+        if self._worker is None:
+            close()
+        else:
+            self._worker.submit(close).result()
+            self._worker.shutdown()
+
+    def _handle(self, method: str, path: str, query: dict[str, str], body: Any) -> Any:
         route = {("GET", "/"): self.hello, ("GET", "/describe"): self.describe, ("GET", "/tasks"): self.tasks,
                  ("POST", "/create"): self.create, ("POST", "/reset"): self.reset, ("POST", "/step"): self.step,
                  ("GET", "/observation"): self.observation, ("GET", "/valid_commands"): self.valid_commands,
@@ -108,12 +152,17 @@ class EnvService:
         else:
             task = self._probe.task(str(task_id))
         with inst.lock:
-            inst.observation = inst.env.reset(task.id)
+            plain = inst.env.reset(task.id)
+            valid = inst.env.valid_commands if isinstance(inst.env, SupportsValidCommands) else None
+            inst.observation, extra = first_observation(self.name, task, plain, valid)
             inst.reward, inst.done = 0.0, False
         if self.style == "env_idx":
             return [inst.observation, None]
-        return {"id": idx, "task_id": task.id, "goal": task.goal, "observation": inst.observation,
-                "reward": 0.0, "score": 0.0, "done": False}
+        answer = {"id": idx, "task_id": task.id, "goal": task.goal, "observation": inst.observation, **extra,
+                  "reward": 0.0, "score": 0.0, "done": False}
+        if self.extensions:
+            answer["env_observation"] = plain
+        return answer
 
     def step(self, body: dict[str, Any]) -> dict[str, Any]:
         _, inst = self._instance(body)
@@ -145,10 +194,8 @@ class EnvService:
         return {"closed": True}
 
     def shutdown(self) -> None:
-        """Close every instance and the probe env (the server is stopping)."""
-        with self._lock:
-            envs, self._instances = [i.env for i in self._instances.values()], {}
-        close_envs([*envs, self._probe])
+        """The server is stopping: `close_all`."""
+        self.close_all()
 
     # -- helpers --------------------------------------------------------------------------------------
 
@@ -156,14 +203,13 @@ class EnvService:
         raw = args.get("id", args.get("env_idx"))
         if raw is None:
             raise HttpError(400, "missing environment 'id' (or 'env_idx')")
-        try:
-            idx = int(raw)
-        except (TypeError, ValueError):
-            raise HttpError(400, f"environment id must be a whole number, not {raw!r}") from None
+        idx = _whole(raw)
+        if idx is None:
+            raise HttpError(400, f"environment id must be a whole number, not {str(raw)[:40]!r}")
         with self._lock:
             inst = self._instances.get(idx)
         if inst is None:
-            raise HttpError(404, f"no environment with id {idx} (create one with POST /create)")
+            raise HttpError(404, f"no environment with id {str(idx)[:40]} (create one with POST /create)")
         inst.last_used = time.monotonic()
         return idx, inst
 
@@ -173,6 +219,20 @@ class EnvService:
         if idle:
             _, key = min(idle)
             close_env(self._instances.pop(key).env)
+
+
+def _whole(raw: Any) -> int | None:
+    """A JSON integer or a string of digits as an int; None for anything else (booleans, floats)."""
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        return raw
+    if isinstance(raw, str) and _DIGITS.fullmatch(raw.strip()):
+        return int(raw)
+    return None
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -189,6 +249,17 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         self._serve("POST")
 
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """http.server's own refusals (bad request line, long or many headers, unknown method) as JSON
+        4xx; the request was not read whole, so the connection closes."""
+        if code == HTTPStatus.NOT_IMPLEMENTED:  # an unknown method is the client's error
+            code, message = HTTPStatus.METHOD_NOT_ALLOWED, f"method {str(self.command)[:20]!r} is not allowed (GET or POST)"
+        if self.request_version == "HTTP/0.9":  # a garbled request line: still answer with a status line
+            self.request_version = "HTTP/1.1"
+        self.close_connection = True
+        self._answer(code, {"error": message or HTTPStatus(code).phrase})
+        self._linger()
+
     def _serve(self, method: str) -> None:
         url = urlsplit(self.path)
         path = url.path.rstrip("/") or "/"
@@ -196,7 +267,7 @@ class _Handler(BaseHTTPRequestHandler):
         if path == prefix or path.startswith(prefix + "/"):
             path = path[len(prefix):] or "/"
         try:
-            body = self._body() if method == "POST" else None
+            body = self._body(parse=method == "POST")  # a GET's body is read (and ignored), never left over
             query = {k: v[0] for k, v in parse_qs(url.query).items()}
             status, payload = 200, self.service.handle(method, path, query, body)
         except HttpError as e:
@@ -205,24 +276,76 @@ class _Handler(BaseHTTPRequestHandler):
             status, payload = 400, {"error": str(e)}
         except Exception as e:  # noqa: BLE001 - an env bug must answer, not kill the connection
             status, payload = 500, {"error": f"{type(e).__name__}: {e}"}
+        self._answer(status, payload)
+        if self.close_connection:
+            self._linger()
+
+    def _linger(self) -> None:
+        """Before closing on unread bytes: send FIN, then read and drop what the client still sends
+        (at most LINGER_S and MAX_BODY + 64 KiB), so closing does not reset the connection and destroy
+        the answer in flight."""
+        try:
+            self.wfile.flush()
+            self.connection.shutdown(socket.SHUT_WR)
+            deadline, left = time.monotonic() + LINGER_S, MAX_BODY + (1 << 16)
+            while left > 0 and (wait := deadline - time.monotonic()) > 0:
+                self.connection.settimeout(wait)
+                chunk = self.connection.recv(min(left, 1 << 16))
+                if not chunk:
+                    break
+                left -= len(chunk)
+        except OSError:  # the client went away first: nothing to protect
+            pass
+
+    def _answer(self, status: int, payload: Any) -> None:
         data = json.dumps(payload).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
+        if self.close_connection:
+            self.send_header("Connection", "close")
         self.end_headers()
-        self.wfile.write(data)
+        if self.command != "HEAD":
+            self.wfile.write(data)
 
-    def _body(self) -> Any:
-        length = int(self.headers.get("Content-Length") or 0)
+    def _refuse(self, status: int, message: str) -> HttpError:
+        """An error for a body that was not read: the connection closes after the answer."""
+        self.close_connection = True
+        return HttpError(status, message)
+
+    def _body(self, parse: bool = True) -> Any:
+        if "Transfer-Encoding" in self.headers:
+            raise self._refuse(411, "Transfer-Encoding (chunked) bodies are not accepted; send a Content-Length")
+        lengths = {v.strip() for v in self.headers.get_all("Content-Length") or []}
+        if len(lengths) > 1:
+            raise self._refuse(400, "conflicting Content-Length headers")
+        text = lengths.pop() if lengths else "0"
+        if not text.isascii() or not text.isdigit():
+            raise self._refuse(400, f"Content-Length must be a whole number of bytes, not {text[:40]!r}")
+        length = int(text) if len(text) < 20 else MAX_BODY + 1
         if length > MAX_BODY:
-            raise HttpError(413, f"request body over {MAX_BODY} bytes")
-        raw = self.rfile.read(length) if length else b""
+            raise self._refuse(413, f"request body over {MAX_BODY} bytes")
+        if not length:
+            return {} if parse else None
+        self.connection.settimeout(BODY_TIMEOUT_S)
+        try:
+            raw = self.rfile.read(length)
+        except TimeoutError:
+            raise self._refuse(408, f"request body not received within {BODY_TIMEOUT_S:g} s") from None
+        finally:
+            self.connection.settimeout(None)
+        if len(raw) < length:
+            raise self._refuse(400, f"request body ended after {len(raw)} of {length} bytes")
+        if not parse:
+            return None
         if not raw.strip():
             return {}
         try:
-            body = json.loads(raw)
+            body = json.loads(raw, parse_constant=_no_constant)
         except ValueError as e:
-            raise HttpError(400, f"request body is not JSON: {e}") from None
+            raise HttpError(400, f"request body is not JSON: {str(e)[:200]}") from None
+        except RecursionError:
+            raise HttpError(400, "request body is not JSON: nested too deeply") from None
         if not isinstance(body, dict):
             raise HttpError(400, "request body must be a JSON object")
         return body

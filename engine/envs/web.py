@@ -6,9 +6,16 @@ GOTO [url], ASK_USER_HELP. A bad command is an observation saying why (`info["ok
 exception: a search must survive anything a model writes.
 
 Safety: page JavaScript is off by default (our site needs none; a hostile page's scripts never run,
-cannot loop forever or open dialogs); every request the browser makes is checked, and only loopback
-hosts (plus an explicit allow-list) are reachable. One Chromium and one site server are shared by
-every env of the process; each env has its own browser context (cookies) and site session.
+cannot loop forever or open dialogs). Only the env's own site origin (scheme, host and port) is
+reachable, plus origins or hosts listed explicitly (`web:http://127.0.0.1:8000,example.org`). Three
+layers, because Playwright's route never sees the hops of a redirect the browser follows: (1) the
+route checks every request it sees; (2) the context's proxy is a local refuser that answers 403 to
+everything, and only the allowed origins bypass it, so a redirect hop (or anything else) to another
+origin fails in the network stack, outside hosts are never resolved or contacted; the browser's own
+background traffic (update checks, accounts) goes to the refuser too; (3) redirect hops and the
+page's URL are checked after each navigation. What was refused is in `info["blocked"]`.
+One Chromium, one site server and one refuser are shared by every env of the process; each env has
+its own browser context (cookies, proxy rules) and site session.
 
 The episode ends when a reservation is confirmed; the grader scores it on Agent Q's four criteria
 (reward 1 only when all hold). Progress is the latched share of criteria met so far (the draft in the
@@ -20,11 +27,11 @@ reservations (a page here is a function of those); `ReplayWebEnv` has no snapsho
 from __future__ import annotations
 
 import atexit
-import ipaddress
 import json
 import os
 import re
 import secrets
+import socket
 import threading
 import urllib.parse
 import weakref
@@ -54,6 +61,7 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
 VIEWPORT = {"width": 800, "height": 600}
 MAX_OBS_CHARS = 6000
 TIMEOUT_MS = 5000
+DEFAULT_PORTS = {"http": 80, "https": 443}
 JPEG_QUALITY = 50
 
 DESCRIPTION = """Web: a real browser on Tablefinder, a restaurant-booking site. Each observation lists the page's
@@ -70,30 +78,85 @@ Commands (one per step):
 The task is done when a reservation is confirmed; it must match the request exactly (restaurant, date,
 time, party size, and the user's name, email and phone)."""
 
+NO_PAGE = "No page: the last navigation failed or was blocked. GOTO [/] opens the site's home page."
+_ORIGIN = re.compile(r"https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(:\d{1,5})?/?", re.IGNORECASE)
 _ID = re.compile(r"^\[?\s*(\d+)\s*\]?\s*(.*)$", re.DOTALL)
 _ASK = re.compile(r"^ask[_ ]?user[_ ]?help\b", re.IGNORECASE)
 
 
-def url_problem(url: str, allow: Sequence[str] = ()) -> str | None:
-    """Why the browser may not open `url` (None: allowed). Loopback hosts are allowed; anything else
-    only when its host is in `allow`. Only http(s)."""
+def origin(url: str) -> str | None:
+    """'HTTP://Host:80/x' -> 'http://host' (scheme://host[:port], default ports dropped); None if not http(s)."""
+    try:
+        parts = urllib.parse.urlsplit(url.strip())
+        host, port = (parts.hostname or "").lower(), parts.port
+    except ValueError:
+        return None
+    if parts.scheme.lower() not in ("http", "https") or not host:
+        return None
+    scheme = parts.scheme.lower()
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{scheme}://{host}" if port in (None, DEFAULT_PORTS[scheme]) else f"{scheme}://{host}:{port}"
+
+
+def url_problem(url: str, allowed: Sequence[str] = ()) -> str | None:
+    """Why the browser may not open `url` (None: allowed). `allowed` holds origins
+    ('http://127.0.0.1:8000': that scheme, host and port) and host names ('example.org': any port);
+    nothing else is allowed, loopback included. Only http(s)."""
     try:
         parts = urllib.parse.urlsplit(url)
         host = (parts.hostname or "").lower()
+        parts.port  # noqa: B018 - raises ValueError on a bad port
     except ValueError:
         return f"{clean(url, 80)!r} is not a valid URL"
     if parts.scheme not in ("http", "https"):
         return f"the {parts.scheme or 'missing'} scheme is not allowed (only http and https)"
     if not host:
         return "the URL has no host"
-    if host == "localhost" or host in {h.lower() for h in allow}:
-        return None
-    try:
-        if ipaddress.ip_address(host).is_loopback:
+    here = origin(url)
+    for entry in allowed:
+        entry = entry.lower()
+        if (here == origin(entry)) if "://" in entry else (host == entry.strip("[]")):
             return None
-    except ValueError:
-        pass
-    return f"host {clean(host, 80)!r} is not loopback and not in the allow-list"
+    return f"{clean(here, 80)} is not the site's origin and not in the allow-list"
+
+
+def bypass_rule(entry: str) -> str:
+    """An allow-list entry as a Chromium proxy-bypass rule ('http://h:p' stays an origin, 'h' any port)."""
+    if "://" not in entry:
+        return entry.lower()
+    here = origin(entry) or entry
+    scheme = here.partition("://")[0]
+    return here if re.search(r":\d+$", here.partition("://")[2]) else f"{here}:{DEFAULT_PORTS[scheme]}"
+
+
+class _Refuser:
+    """A loopback 'proxy' that answers 403 to every connection: the browser's proxy for every origin
+    that is not allowed, so those requests fail in the network stack (redirect hops included)."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.refused = 0
+        threading.Thread(target=self._serve, name="web-refuser", daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:  # closed
+                return
+            with conn:
+                try:
+                    conn.settimeout(1.0)
+                    conn.recv(4096)
+                    conn.sendall(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                except OSError:
+                    pass
+            self.refused += 1
+
+    def close(self) -> None:
+        _quiet(self.sock.close)
 
 
 class _Runtime:
@@ -110,22 +173,26 @@ class _Runtime:
                            "download: it drives the system Chromium)") from None
         self.thread = threading.get_ident()
         self.server = BookingServer()
+        self.refuser = _Refuser()
         self.pw = sync_playwright().start()
         try:
-            self.browser = self.pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            self.browser = self.pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS,
+                                                   proxy={"server": self.refuser.url, "bypass": "<-loopback>"})
         except Exception as e:  # noqa: BLE001 - any launch failure becomes one clear EnvError
             self.pw.stop()
             self.server.close()
+            self.refuser.close()
             raise EnvError(f"could not start Chromium at {CHROMIUM}: {clean(e, 300)}") from None
         self.contexts: list[tuple[weakref.ref, Any]] = []
 
-    def new_context(self, owner: WebEnv, javascript: bool) -> Any:
+    def new_context(self, owner: ReplayWebEnv, javascript: bool, allowed: Sequence[str]) -> Any:
         if threading.get_ident() != self.thread:
             raise EnvError("the web env's browser belongs to the thread that started it; use envs from one thread")
         for ref, ctx in [c for c in self.contexts if c[0]() is None]:  # envs garbage-collected since
             self.contexts.remove((ref, ctx))
             _quiet(ctx.close)
-        ctx = self.browser.new_context(viewport=VIEWPORT, java_script_enabled=javascript,
+        proxy = {"server": self.refuser.url, "bypass": ",".join(bypass_rule(a) for a in allowed)}
+        ctx = self.browser.new_context(viewport=VIEWPORT, java_script_enabled=javascript, proxy=proxy,
                                        service_workers="block", accept_downloads=False)
         self.contexts.append((weakref.ref(owner), ctx))
         return ctx
@@ -140,6 +207,7 @@ class _Runtime:
         _quiet(self.browser.close)
         _quiet(self.pw.stop)
         self.server.close()
+        self.refuser.close()
 
 
 _RUNTIME: _Runtime | None = None
@@ -185,13 +253,15 @@ class ReplayWebEnv(EnvBase):
     """The web env without snapshots: search restores a state by replaying its commands from reset."""
 
     name = "web"
+    thread_bound = True  # Playwright's sync API: the browser belongs to the thread that started it
 
     def __init__(self, allow: str | Sequence[str] = (), *, max_chars: int = MAX_OBS_CHARS,
                  javascript: bool = False) -> None:
         self.allow = tuple(h.strip() for h in (allow.split(",") if isinstance(allow, str) else allow) if h.strip())
-        for host in self.allow:
-            if not re.fullmatch(r"[A-Za-z0-9.-]+", host):
-                raise EnvError(f"web allow-list entry {host!r} is not a host name")
+        for entry in self.allow:
+            if not (re.fullmatch(r"[A-Za-z0-9.-]+", entry) or _ORIGIN.fullmatch(entry)):
+                raise EnvError(f"web allow-list entry {entry!r} is not a host name or an origin "
+                               "(scheme://host[:port], no path)")
         self.max_chars = max_chars
         self.javascript = javascript
         self.attr = f"data-o{secrets.token_hex(4)}"
@@ -221,6 +291,10 @@ class ReplayWebEnv(EnvBase):
     def start_url(self) -> str:
         return runtime().server.url + "/"
 
+    def allowed(self) -> tuple[str, ...]:
+        """What the browser may open: the site's origin, then the allow-list."""
+        return (runtime().server.url, *self.allow)
+
     def reset(self, task_id: str) -> str:
         task = self.task(task_id)
         page = self._ensure_page()
@@ -249,6 +323,9 @@ class ReplayWebEnv(EnvBase):
             self._done = True
             reward = 1.0 if all(criteria.values()) else 0.0
             info["screenshot"] = self.screenshot()
+        if self.blocked:
+            feedback = (f"{feedback} " if feedback else "") + (
+                f"Blocked (not the site's origin, not allow-listed): {', '.join(self.blocked[:5])}.")
         observation = f"{clean(feedback, 400)}\n\n{page_text}" if feedback else page_text
         return Step(observation, reward, done, self._progress, info)
 
@@ -282,9 +359,10 @@ class ReplayWebEnv(EnvBase):
         rt = runtime()
         if self._page is None or self._rt is not rt:  # first use, or the shared browser was restarted
             self._rt = rt
-            self._ctx = rt.new_context(self, self.javascript)
+            self._ctx = rt.new_context(self, self.javascript, self.allowed())
             self._ctx.add_cookies([{"name": "sid", "value": self.sid, "url": rt.server.url}])
             self._ctx.route("**/*", self._route)
+            self._ctx.on("request", self._on_request)
             self._page = self._ctx.new_page()
             self._page.set_default_timeout(TIMEOUT_MS)
             self._page.on("dialog", lambda d: _quiet(d.dismiss))
@@ -293,20 +371,49 @@ class ReplayWebEnv(EnvBase):
 
     def _route(self, route: Any) -> None:
         url = route.request.url
-        if url_problem(url, self.allow) is None:
+        if url_problem(url, self.allowed()) is None:
             route.continue_()
         else:
-            self.blocked.append(clean(urllib.parse.urlsplit(url).hostname or url, 80))
+            self._block(url)
             route.abort("blockedbyclient")
 
+    def _on_request(self, request: Any) -> None:
+        """Redirect hops never reach the route: report a refused one (the refuser proxy fails it)."""
+        if request.redirected_from is not None and url_problem(request.url, self.allowed()) is not None:
+            self._block(request.url)
+
+    def _block(self, url: str) -> None:
+        """Note a refused URL for info["blocked"]: its host, or its origin when the host is allowed."""
+        host = urllib.parse.urlsplit(url).hostname or url
+        shown = clean(origin(url) if host in (urllib.parse.urlsplit(a).hostname for a in self.allowed())
+                      else host, 80)
+        if shown not in self.blocked:
+            self.blocked.append(shown)
+
     def _goto(self, page: Any, url: str) -> None:
-        page.goto(url, wait_until="load", timeout=2 * TIMEOUT_MS)
+        """page.goto. Leaving Chromium's error page (after a blocked or failed load), Chromium sometimes
+        restarts the navigation and Playwright reports 'interrupted by another navigation': try again."""
+        for attempt in range(3):
+            try:
+                page.goto(url, wait_until="load", timeout=2 * TIMEOUT_MS)
+                return
+            except Exception as e:
+                if attempt == 2 or "interrupted by another navigation" not in str(e):
+                    raise
+                _quiet(lambda: page.wait_for_load_state("load", timeout=TIMEOUT_MS))
 
     def _observe(self) -> str:
         args = {"attr": self.attr, "budget": self.max_chars, "maxVisit": MAX_VISIT, "maxLabel": MAX_LABEL,
                 "maxText": MAX_TEXT, "maxOptions": MAX_OPTIONS, "maxControls": MAX_CONTROLS}
         data: dict[str, Any] = {}
-        for attempt in range(3):  # a navigation in flight destroys the context: wait and look again
+        here = self._page.url
+        if not here.startswith(("http:", "https:")):  # Chromium's error page (a blocked or failed load)
+            data = {"title": "(no page)", "url": "", "items": [{"id": None, "kind": "text", "label": NO_PAGE}]}
+        elif url_problem(here, self.allowed()) is not None:
+            self._block(here)  # the last line of defence: a page of another origin is never read
+            data = {"title": "(blocked page)", "url": "", "items": [
+                {"id": None, "kind": "text", "label": "This page is outside the allowed origins; it was not read."}]}
+        for attempt in range(0 if data else 3):  # a navigation in flight destroys the context: wait and look again
             try:
                 self._page.wait_for_load_state("load", timeout=2 * TIMEOUT_MS)
                 data = self._page.evaluate(OBSERVE_JS, args)
@@ -401,13 +508,16 @@ class ReplayWebEnv(EnvBase):
     def _goto_command(self, target: str) -> tuple[str, bool]:
         if not target:
             return "Could not go: say GOTO [url].", False
-        url = urllib.parse.urljoin(self._page.url, target)
-        problem = url_problem(url, self.allow)
+        here = self._page.url
+        url = urllib.parse.urljoin(here if here.startswith(("http:", "https:")) else self.start_url, target)
+        problem = url_problem(url, self.allowed())
         if problem:
             return f"GOTO refused: {problem}.", False
         try:
             self._goto(self._page, url)
         except Exception as e:  # noqa: BLE001 - a failed navigation is feedback
+            if self.blocked:
+                return f"GOTO blocked: {clean(url, 200)} redirects to a URL that is not allowed.", False
             return f"GOTO failed: {clean(str(e).splitlines()[0], 200)}", False
         return f"Opened {clean(url, 200)}.", True
 
@@ -460,7 +570,7 @@ class WebEnv(ReplayWebEnv):
         task = self.task(state.task_id)
         page = self._ensure_page()
         runtime().server.sessions.put(self.sid, json.loads(state.session))
-        self._goto(page, state.url)
+        self._goto(page, state.url or "about:blank")  # no URL: the error page of a blocked or failed load
         page.evaluate(SET_CONTROLS_JS, [json.loads(state.controls), state.scroll_y])
         self._task, self._progress, self._done = task, state.progress, state.done
         self.blocked.clear()

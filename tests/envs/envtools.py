@@ -1,10 +1,15 @@
-"""Shared helpers for the env adapter tests: a command-pool generator and one small stored MCTS run."""
+"""Shared helpers for the env adapter tests: a command-pool generator, one small stored MCTS run, and
+`orchard serve-env` in a subprocess."""
 
 from __future__ import annotations
 
+import os
 import random
 import re
+import subprocess
+import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from doubles import action_text
 
@@ -62,3 +67,16 @@ def check_search(stats, trees, n_tasks: int, simulations: int = 3) -> None:
         assert len(tree.simulations) == simulations
         assert len(tree.nodes) > 1, "the root must have been expanded"
         assert all(n.observation for n in tree.nodes)
+
+
+def start_serve_env(*args: str) -> tuple[subprocess.Popen, str]:
+    """`orchard serve-env ARGS --port 0` in a subprocess; returns it and its URL (…/NAME)."""
+    proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "serve-env", *args, "--port", "0"],
+                            cwd=Path(__file__).resolve().parents[2], stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    line = proc.stderr.readline()  # "serving ... on http://127.0.0.1:PORT/NAME"
+    match = re.search(r"(http://127\.0\.0\.1:\d+/\S+)", line)
+    if not match:
+        proc.kill()
+        raise AssertionError(f"serve-env did not start: {line}{proc.stderr.read()}")
+    return proc, match[1]

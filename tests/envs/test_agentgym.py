@@ -3,7 +3,6 @@ AgentGym client env (id and env_idx styles), server errors, timeouts, and a stor
 
 from __future__ import annotations
 
-import os
 import re
 import socket
 import subprocess
@@ -11,12 +10,13 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import ClassVar
 
 import httpx
 import pytest
 from canned_http import canned_server
 from doubles import LineEnv, ScriptedGenerator
-from envtools import check_search, stored_search
+from envtools import check_search, start_serve_env, stored_search
 from fuzz_data import model_outputs
 
 from engine.config import SearchConfig
@@ -31,20 +31,9 @@ from engine.store import Store
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _start(*args: str) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "serve-env", *args, "--port", "0"], cwd=ROOT,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    line = proc.stderr.readline()  # "serving ... on http://127.0.0.1:PORT/NAME"
-    match = re.search(r"(http://127\.0\.0\.1:\d+/\S+)", line)
-    if not match:
-        proc.kill()
-        raise AssertionError(f"serve-env did not start: {line}{proc.stderr.read()}")
-    return proc, match[1]
-
-
 @pytest.fixture(scope="module")
 def server():
-    proc, url = _start("textcraft")
+    proc, url = start_serve_env("textcraft")
     yield url
     proc.terminate()
     proc.wait(timeout=10)
@@ -131,12 +120,47 @@ def test_env_idx_style_and_env_failures_in_process() -> None:
         with pytest.raises(EnvError, match="HTTP 503: too many environments"):
             env.reset("0")  # max_envs=1 and that one is in use
         httpx.post(url + "/close", json={"env_idx": 0}, timeout=5)
-        assert env.reset("1").startswith("You are at 0. The goal is 2")  # [observation, null] answer
+        # [observation, null] answer; with no /tasks the goal is known only from the first observation
+        assert env.reset("1") == "Your goal: reach position 2\ncommands: left, right, wait\nYou are at 0. The goal is 2."
         assert env.style == "env_idx"
         assert env.step("right").observation == "You are at 1."
         assert env.step("right").reward == 1.0
         with pytest.raises(EnvError, match="HTTP 500: RuntimeError: the simulator crashed"):
             env.step("boom")
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+class _ThreadBound(LineEnv):
+    """An env whose objects belong to one thread (like the web env's browser): records every call's thread."""
+
+    thread_bound = True
+    threads: ClassVar[set[str]] = set()  # names: unlike idents, never reused
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads.add(threading.current_thread().name)
+
+    def reset(self, task_id: str) -> str:
+        self.threads.add(threading.current_thread().name)
+        return super().reset(task_id)
+
+    def step(self, command: str) -> Step:
+        self.threads.add(threading.current_thread().name)
+        return super().step(command)
+
+
+def test_thread_bound_env_is_served_from_one_thread() -> None:
+    url, srv = _thread_server(EnvService(_ThreadBound, "line"))
+    _ThreadBound.threads.clear()  # the service's probe was made on this thread
+    try:
+        for _ in range(3):  # a new connection (a new server thread) each time
+            with httpx.Client(timeout=5) as client:
+                idx = client.post(f"{url}/create").json()["id"]
+                client.post(f"{url}/reset", json={"id": idx, "data_idx": 1})
+                assert client.post(f"{url}/step", json={"id": idx, "action": "right"}).json()["reward"] == 0.0
+        assert len(_ThreadBound.threads) == 1 and threading.current_thread().name not in _ThreadBound.threads
     finally:
         srv.shutdown()
         srv.server_close()

@@ -10,12 +10,16 @@ from __future__ import annotations
 import functools
 import random
 import re
+import socket
 import threading
 from collections.abc import Sequence
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import ClassVar
 
+import httpx
 import pytest
+from envtools import start_serve_env
 
 from engine.actions import CompositeAction
 from engine.config import SearchConfig
@@ -35,8 +39,83 @@ pytestmark = pytest.mark.skipif(not Path(web.CHROMIUM).exists(),
 JPEG = b"\xff\xd8\xff"
 
 
+class _Site(BaseHTTPRequestHandler):
+    """A loopback site that records every request it gets. /to-NAME redirects (302) to the URL in
+    `targets[NAME]`; /links is a page with an image and a link that redirect; anything else is a page
+    naming the site."""
+
+    name = ""
+    targets: ClassVar[dict[str, str]] = {}
+    hits: ClassVar[list[str]] = []
+
+    def log_message(self, *args) -> None:
+        return
+
+    def do_GET(self) -> None:
+        self.hits.append(self.path)
+        path = self.path.partition("?")[0]
+        if path.startswith("/to-"):
+            self.send_response(302)
+            self.send_header("Location", self.targets[path[4:]])
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        inner = ('<img src="/to-b?img" alt="pic"><a href="/to-b">to b</a>' if path == "/links" else "")
+        body = f"<html><head><title>Site {self.name}</title></head><body><p>page {self.name}</p>{inner}</body></html>"
+        data = body.encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+def _site(name: str, targets: dict[str, str] | None = None):
+    handler = type(f"Site{name}", (_Site,), {"name": name, "targets": targets or {}, "hits": []})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, handler, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+class _Sink:
+    """A loopback socket that records the first bytes of every connection made to it."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.hits: list[bytes] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                conn.settimeout(2)
+                try:
+                    self.hits.append(conn.recv(300))
+                except OSError:
+                    self.hits.append(b"(connected)")
+
+
 @pytest.fixture(scope="module")
-def env():
+def outside():
+    """The 'outside world': this module's browser resolves every host name to this loopback sink, so
+    any connection to an outside host (a page's, a redirect's, or the browser's own background
+    traffic) shows up here, and never leaves the machine."""
+    sink = _Sink()
+    web.shutdown()  # a browser started by another module would not have the rule
+    rule = f"--host-resolver-rules=MAP * 127.0.0.1:{sink.port}, EXCLUDE localhost, EXCLUDE 127.0.0.1"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(web, "CHROMIUM_ARGS", [*web.CHROMIUM_ARGS, rule])
+        yield sink
+    sink.sock.close()
+
+
+@pytest.fixture(scope="module")
+def env(outside):
     e = WebEnv()
     yield e
     web.shutdown()
@@ -104,7 +183,7 @@ def test_progress_is_latched_and_bad_commands_are_clear_observations(env):
         (f"CLICK [{ids['Date']}]", "is a select"),
         (f"TYPE [{ids['Date']}] [July 4]", "No single option"),
         (f"TYPE [{ids['Tablefinder']}] [x]", "not a text field"),
-        ("GOTO [https://example.com/]", "GOTO refused: host 'example.com' is not loopback"),
+        ("GOTO [https://example.com/]", "GOTO refused: https://example.com is not the site's origin"),
         ("GOTO [file:///etc/passwd]", "GOTO refused: the file scheme"),
     ]:
         step = env.step(command)
@@ -186,10 +265,13 @@ def hostile_site(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def hostile_step(env, hostile_site):
-    """The step that opened the hostile page, and a screenshot of it (loading 5 MB once)."""
-    env.reset(booking.tasks()[0].id)
-    step = env.step(f"GOTO [{hostile_site[0]}/hostile.html]")
-    return step, env.screenshot()
+    """The step that opened the hostile page (its origin allow-listed), and a screenshot of it (loading
+    5 MB once)."""
+    listed = WebEnv(allow=hostile_site[0])
+    listed.reset(booking.tasks()[0].id)
+    step = listed.step(f"GOTO [{hostile_site[0]}/hostile.html]")
+    yield step, listed.screenshot()
+    listed.close()
 
 
 def test_hostile_page_is_bounded_text(hostile_site, hostile_step):
@@ -204,6 +286,52 @@ def test_hostile_page_is_bounded_text(hostile_site, hostile_step):
     assert 'Literal: <script>alert("xss")</script> **bold** [link](http://example.com)' in obs
     assert "(page truncated" in obs
     assert "example.com" in step.info["blocked"]  # the tracker image was never fetched
+
+
+def test_redirects_and_other_origins_are_blocked(env, outside):
+    """Two real loopback sites: A is allow-listed, B is not. A redirects to itself (fine), to B and to
+    an outside host name (blocked: hop by hop, not only the first request). Neither B nor the outside
+    world (every host name resolves to `outside` in this module) ever gets a connection, from a page
+    or from the browser itself."""
+    b_server, b, b_url = _site("B")
+    a_server, a, a_url = _site("A")
+    a.targets = {"self": "/plain", "b": f"{b_url}/secret", "out": "http://outside.example/steal", "a-then-b": "/to-b"}
+    listed = WebEnv(allow=a_url)
+    try:
+        listed.reset(booking.tasks()[0].id)
+        step = listed.step(f"GOTO [{a_url}/to-self]")
+        assert step.info["ok"] and "page A" in step.observation and step.info["url"] == f"{a_url}/plain"
+        assert "blocked" not in step.info
+        for path, refused in (("/to-b", b_url), ("/to-a-then-b", b_url), ("/to-out", "outside.example")):
+            step = listed.step(f"GOTO [{a_url}{path}]")
+            assert not step.info["ok"] and step.observation.startswith(f"GOTO blocked: {a_url}{path} redirects")
+            assert step.info["blocked"] == [refused], (path, step.info)
+            assert "page B" not in step.observation and "page outside" not in step.observation
+        step = listed.step(f"GOTO [{a_url}/links]")  # an image on A that redirects to B
+        assert step.info["ok"] and "page A" in step.observation and step.info["blocked"] == [b_url], step
+        link = next(i for i, kind, label, _ in elements(step.observation) if label == "to b")
+        step = listed.step(f"CLICK [{link}]")  # a link on A that redirects to B
+        assert step.info["blocked"] == [b_url] and "page B" not in step.observation
+        assert f"Blocked (not the site's origin, not allow-listed): {b_url}." in step.observation
+        assert step.observation.endswith(f"Page: (no page)\nURL: \ntext \"{web.NO_PAGE}\"")
+        shown = step.observation.split("\n\n", 1)[1]
+        snap = listed.snapshot()  # the error page restores (a search may return to this node)
+        listed.step("GOTO [/to-self]")
+        listed.restore(snap)
+        assert listed._observe() == shown
+        assert listed.step("GOTO [/]").info["url"] == listed.start_url  # relative to the site, not the error page
+        step = listed.step(f"GOTO [{b_url}/secret]")  # another loopback port: refused before any request
+        assert not step.info["ok"] and f"GOTO refused: {b_url} is not the site's origin" in step.observation
+        env.reset(booking.tasks()[0].id)
+        step = env.step(f"GOTO [{a_url}/plain]")  # the default env allows its own site only
+        assert not step.info["ok"] and f"GOTO refused: {a_url} is not the site's origin" in step.observation
+        assert b.hits == [] and outside.hits == []
+        assert "/to-b?img" in a.hits and "/plain" in a.hits
+    finally:
+        listed.close()
+        for server in (a_server, b_server):
+            server.shutdown()
+            server.server_close()
 
 
 def test_hostile_observation_and_screenshot_are_shown_as_text_and_image(env, hostile_step, tmp_path, monkeypatch):
@@ -266,6 +394,33 @@ def test_mcts_run_stores_dom_observations_and_the_final_screenshot(tmp_path):
         assert {n.terminal for n in leaves} - {"success", "failure"}, "the small search should hit its depth limit"
         assert all(store.node_screenshot(small_id, n.id).startswith(JPEG) for n in leaves)
         assert all(store.node_screenshot(small_id, n.id) is None for n in small_tree.nodes if n.terminal is None)
+
+
+def test_serve_env_web_answers_every_request_from_the_browser_thread():
+    """`orchard serve-env web`: Playwright's browser belongs to the thread that started it, and each
+    connection is served in a new thread; requests on two connections (and on a third, after the
+    first instance is closed) all reach a working page."""
+    proc, url = start_serve_env("web")
+    try:
+        with httpx.Client(timeout=60) as first:
+            idx = first.post(f"{url}/create").json()["id"]
+            reset = first.post(f"{url}/reset", json={"id": idx, "data_idx": 0}).json()
+            assert reset["env_observation"].startswith("Page: Home · Tablefinder")
+            assert reset["observation"] == f"Your goal: {reset['goal'].rstrip('.')}\n{reset['env_observation']}"
+        with httpx.Client(timeout=60) as second:  # a new connection: a new server thread
+            for command in ("GOTO [/]", "SCROLL [DOWN]"):
+                step = second.post(f"{url}/step", json={"id": idx, "action": command})
+                assert step.status_code == 200 and step.json()["info"]["ok"], step.text[:300]
+                assert "Page: Home · Tablefinder" in step.json()["observation"]
+            assert second.get(f"{url}/observation", params={"id": idx}).json() == step.json()["observation"]
+            assert second.post(f"{url}/close", json={"id": idx}).json() == {"closed": True}
+        with httpx.Client(timeout=60) as third:
+            again = third.post(f"{url}/create").json()["id"]
+            reset = third.post(f"{url}/reset", json={"id": again, "data_idx": 1}).json()
+            assert reset["env_observation"].startswith("Page: Home · Tablefinder"), reset
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
 
 
 def test_registry_builds_the_web_env_without_starting_a_browser():

@@ -11,7 +11,7 @@ import urllib.request
 import pytest
 
 from engine.envs.base import EnvError
-from engine.envs.web import WebEnv, _match_option, url_problem
+from engine.envs.web import WebEnv, _match_option, bypass_rule, url_problem
 from engine.envs.web_dom import render
 from engine.envs.web_site import booking
 from engine.envs.web_site.server import BookingServer
@@ -78,18 +78,31 @@ def test_select_options_match_by_label_words():
     assert _match_option("", party) is None
 
 
-def test_only_loopback_urls_unless_allow_listed():
-    for ok in ("http://127.0.0.1:8080/x", "http://localhost/", "https://127.3.4.5/", "http://[::1]:9/"):
-        assert url_problem(ok) is None, ok
-    assert "not loopback" in url_problem("https://example.com/")
-    assert "not loopback" in url_problem("http://10.0.0.1/")
-    assert "scheme" in url_problem("file:///etc/passwd")
-    assert "scheme" in url_problem("javascript:alert(1)")
-    assert url_problem("https://Example.COM/a", allow=["example.com"]) is None
-    assert "not loopback" in url_problem("https://evil.example.com.attacker.net/", allow=["example.com"])
+def test_only_the_site_origin_unless_allow_listed():
+    site = "http://127.0.0.1:8080"
+    for ok in ("http://127.0.0.1:8080/x", "HTTP://127.0.0.1:8080", "http://127.0.0.1:8080/a?b#c"):
+        assert url_problem(ok, [site]) is None, ok
+    # other loopback ports (the dashboard, serve-env, a model server) and other schemes of the same host
+    for bad in ("http://127.0.0.1:8081/", "https://127.0.0.1:8080/", "http://localhost:8080/", "http://[::1]:8080/",
+                "http://127.0.0.1/", "https://example.com/", "http://10.0.0.1/"):
+        assert "is not the site's origin and not in the allow-list" in url_problem(bad, [site]), bad
+    assert "http://127.0.0.1:8081 is not the site's origin" in url_problem("http://127.0.0.1:8081/", [site])
+    assert "scheme" in url_problem("file:///etc/passwd", [site])
+    assert "scheme" in url_problem("javascript:alert(1)", [site])
+    assert "not a valid URL" in url_problem("http://127.0.0.1:99999/", [site])
+    assert url_problem("https://Example.COM/a", [site, "example.com"]) is None  # a host: any port
+    assert url_problem("http://example.com:8443/", [site, "example.com"]) is None
+    assert "not the site's origin" in url_problem("https://evil.example.com.attacker.net/", [site, "example.com"])
+    assert url_problem("http://[::1]:9/", [site, "http://[::1]:9"]) is None  # an origin: that port only
+    assert "not the site's origin" in url_problem("http://[::1]:10/", [site, "http://[::1]:9"])
+    assert url_problem("https://shop.test/x", ["https://shop.test:443/"]) is None
     assert WebEnv("example.com, shop.test").allow == ("example.com", "shop.test")
-    with pytest.raises(EnvError, match="not a host name"):
-        WebEnv("http://example.com/path")
+    assert WebEnv("http://127.0.0.1:9000,example.org").allow == ("http://127.0.0.1:9000", "example.org")
+    assert [bypass_rule(a) for a in ("Example.org", "http://127.0.0.1:9000", "https://shop.test/")] == [
+        "example.org", "http://127.0.0.1:9000", "https://shop.test:443"]
+    for bad in ("http://example.com/path", "ftp://example.com", "example.com:80", "a b"):
+        with pytest.raises(EnvError, match="is not a host name or an origin"):
+            WebEnv(bad)
 
 
 def test_render_bounds_hostile_observation_data():
