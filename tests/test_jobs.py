@@ -194,3 +194,61 @@ def test_a_store_opened_by_a_relative_path_runs_its_jobs(tmp_path: Path, monkeyp
         assert done.state == "succeeded", Path(done.log_path or "").read_text()
         assert Path(done.log_path or "").is_absolute() and Path(done.log_path or "").parent.parent == tmp_path
     assert not (REPO_ROOT / "relative.db").exists()
+
+
+def _approved_step_pairs(store: Store, n: int = 2) -> str:
+    """A run with `n` approved step pairs (enough for a DPO job); returns its id."""
+    from doubles import action_text
+
+    from engine.datasets.pairs import Pair
+    from engine.prompts import actor_prompt
+
+    run_id = store.create_run("r", "line", "m", {}, [TaskSpec(id=f"goal-{i}", goal="g") for i in range(n)])
+    store.save_pairs(run_id, [
+        Pair(id=f"p{i}", kind="step", run_id=run_id, tree_id=None, task_id=f"goal-{i}", node_id=0, chosen_node=1,
+             rejected_node=2, prompt=actor_prompt("Commands: left, right.", "reach 3", "", [], f"at {i}"),
+             chosen=action_text("right"), rejected=action_text("left"), q_chosen=1.0, q_rejected=0.0,
+             logprob_chosen=None, logprob_rejected=None, depth=0)
+        for i in range(n)
+    ])
+    store.bulk_set_pair_status("approved", "test", run_id=run_id)
+    return run_id
+
+
+TINY_TRAIN = {"max_steps": 1, "batch_size": 2, "learning_rate": 1e-3, "device": "cpu", "precision": "fp32",
+              "num_threads": 1}
+
+
+def test_relative_paths_of_a_job_resolve_where_it_was_submitted(store: Store, tmp_path: Path, monkeypatch) -> None:
+    """`orchard train sft --model ./mymodel` typed in another folder: the worker (in the repository
+    root) must train that folder's model, into that folder's --out."""
+    from tiny_model_fixture import build_tiny_model
+
+    work = tmp_path / "work"
+    build_tiny_model(work / "mymodel")
+    _approved_step_pairs(store)
+    monkeypatch.chdir(work)
+    job = JobRunner(store).submit("dpo", {"model": "./mymodel", "output": "trained", "train": TINY_TRAIN},
+                                  device="cpu")
+    assert job.config["model"] == str(work / "mymodel") and job.config["output"] == str(work / "trained")
+    done = JobRunner(store).wait(job.id, timeout=120)
+    assert done.state == "succeeded", Path(done.log_path or "").read_text()[-2000:]
+    assert done.output_path == str(work / "trained") and (work / "trained" / "config.json").is_file()
+    assert not (REPO_ROOT / "trained").exists()
+
+
+def test_resolve_job_paths_makes_every_path_absolute_and_keeps_specs() -> None:
+    from engine.train.jobs import resolve_job_paths
+
+    cwd = "/somewhere/else"
+    assert resolve_job_paths("sft", {"model": "m", "output": "~/out", "runs": ["r"]}, cwd) == {
+        "model": "/somewhere/else/m", "output": str(Path("~/out").expanduser()), "runs": ["r"]}
+    assert resolve_job_paths("eval", {"model": "hf:../m"}, cwd)["model"] == "hf:/somewhere/m"
+    assert resolve_job_paths("eval", {"model": "vllm:m"}, cwd)["model"] == "vllm:/somewhere/else/m"
+    for spec in ("tiny", "openai:http://127.0.0.1:9/v1#m"):
+        assert resolve_job_paths("eval", {"model": spec}, cwd)["model"] == spec
+    config = {"iterate": {"model": "./m", "output_root": "loops", "iterations": 2}}
+    assert resolve_job_paths("iterate", config, cwd) == {
+        "iterate": {"model": "/somewhere/else/m", "output_root": "/somewhere/else/loops", "iterations": 2}}
+    assert config["iterate"]["model"] == "./m"  # the caller's config is not changed
+    assert resolve_job_paths("dpo", {"model": "/abs/m", "output": None}, cwd) == {"model": "/abs/m", "output": None}

@@ -98,9 +98,10 @@ def _train_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from engine.store import Store
-    from engine.train.jobs import JobRunner, train_config, validate_job
+    from engine.train.jobs import JobRunner, resolve_job_paths, train_config, validate_job
 
-    config = {"model": args.model, "output": args.out, "runs": args.run or [], "train": _train_overrides(args)}
+    config = resolve_job_paths(args.what, {"model": args.model, "output": args.out, "runs": args.run or [],
+                                           "train": _train_overrides(args)})
     validate_job(args.what, config)
     with Store(args.db, must_exist=True) as store:
         for run in config["runs"]:

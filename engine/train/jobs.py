@@ -23,6 +23,8 @@ Job kinds and their config (JSON):
 - iterate: {"iterate": {IterateConfig fields}};
 - probe: {"steps": N, "seconds": S, "fail": bool} — the runner's own check: no ML imports, sleeps
   with progress (tests and `orchard jobs` smoke checks use it).
+Every path in a config (model folders, outputs) is made absolute when the job is submitted
+(`resolve_job_paths`): the worker runs in the repository root, not where the job was typed.
 """
 
 from __future__ import annotations
@@ -86,6 +88,48 @@ def validate_job(kind: str, config: dict[str, Any]) -> None:
         unknown = set(config) - {"steps", "seconds", "fail"}
         if unknown:
             raise ConfigError(f"probe job: unknown field(s) {', '.join(sorted(unknown))}")
+
+
+def absolute_path(text: str, cwd: str | Path | None = None) -> str:
+    """`text` as an absolute, normalised path (`~` expanded), relative to `cwd` (default: ours)."""
+    return os.path.normpath(os.path.join(cwd or os.getcwd(), os.path.expanduser(text)))
+
+
+def _model_spec_path(spec: str, cwd: str | Path | None) -> str:
+    """A model spec with its folder made absolute (`tiny` and server specs unchanged)."""
+    text = spec.strip()
+    if text == "tiny" or text.startswith("openai:"):
+        return spec
+    for prefix in ("hf:", "vllm:"):
+        if text.startswith(prefix):
+            return prefix + absolute_path(text[len(prefix):], cwd)
+    return absolute_path(text, cwd)
+
+
+def resolve_job_paths(kind: str, config: dict[str, Any], cwd: str | Path | None = None) -> dict[str, Any]:
+    """A copy of a job config with every path in it absolute, relative to `cwd` (default: the
+    submitting process's). WHY here, once, at submission: the worker runs in the repository root
+    and may be started by another process (the dashboard, a finishing worker) with another cwd, so
+    a path kept as typed would name a different file there. The store's path is absolute already
+    (Store.path); model specs keep their `hf:` / `vllm:` prefix."""
+    if not isinstance(config, dict):
+        return config
+    out = dict(config)
+
+    def fix(table: dict[str, Any], key: str, model: bool = False) -> None:
+        value = table.get(key)
+        if isinstance(value, str) and value.strip():
+            table[key] = _model_spec_path(value, cwd) if model else absolute_path(value, cwd)
+
+    if kind in ("dpo", "sft", "rft", "eval"):
+        fix(out, "model", model=True)
+    if kind in ("dpo", "sft", "rft"):
+        fix(out, "output")
+    if kind == "iterate" and isinstance(out.get("iterate"), dict):
+        out["iterate"] = dict(out["iterate"])
+        fix(out["iterate"], "model", model=True)
+        fix(out["iterate"], "output_root")
+    return out
 
 
 def check_device(device: str) -> None:
@@ -171,7 +215,8 @@ class JobRunner:
 
     def submit(self, kind: str, config: dict[str, Any], device: str | None = None, name: str | None = None,
                start: bool = True, validate: bool = True) -> JobInfo:
-        """Queue a job (validated first) and start it if its device is idle."""
+        """Queue a job (its paths made absolute, then validated) and start it if its device is idle."""
+        config = resolve_job_paths(kind, config)
         if validate:
             validate_job(kind, config)
         device = device or default_device()
