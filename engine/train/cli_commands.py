@@ -108,8 +108,10 @@ def cmd_train(args: argparse.Namespace) -> int:
             store.find_run(run)
         if args.foreground:
             from engine.train.common import default_output_dir, resolve_model_path
+            from engine.train.jobs import refuse_shared_output
             from engine.train.worker import _register_model
 
+            refuse_shared_output(store, args.what, config)
             reporter = _PrintReporter()
             train = train_config(args.what, config["train"])
             base = resolve_model_path(args.model, log=_log)

@@ -66,10 +66,12 @@ def validate_job(kind: str, config: dict[str, Any]) -> None:
             raise ConfigError(f"{kind} job: unknown field(s) {', '.join(sorted(unknown))}")
         if not isinstance(config.get("model"), str) or not config["model"]:
             raise ConfigError(f"{kind} job: 'model' (tiny | PATH) is required")
-        from engine.train.common import local_model_folder
+        from engine.train.common import check_output_folder, local_model_folder
 
         try:
             local_model_folder(config["model"])
+            if config.get("output"):
+                check_output_folder(config["output"])
         except ConfigError as e:
             raise ConfigError(f"{kind} job: {e}") from None
         train_config(kind, config.get("train") or {})
@@ -81,9 +83,13 @@ def validate_job(kind: str, config: dict[str, Any]) -> None:
             raise ConfigError(f"eval job: unknown field(s) {', '.join(sorted(unknown))}")
         eval_config(config.get("eval") or {}, EvalConfig)
     elif kind == "iterate":
+        from engine.train.common import check_output_folder
         from engine.train.iterate import IterateConfig
 
-        IterateConfig.from_dict(config.get("iterate") or {})
+        loop = IterateConfig.from_dict(config.get("iterate") or {})
+        if loop.output_root:
+            for i in range(1, loop.iterations + 1):
+                check_output_folder(Path(loop.output_root) / f"iter-{i}")
     elif kind == "probe":
         unknown = set(config) - {"steps", "seconds", "fail"}
         if unknown:
@@ -130,6 +136,39 @@ def resolve_job_paths(kind: str, config: dict[str, Any], cwd: str | Path | None 
         fix(out["iterate"], "model", model=True)
         fix(out["iterate"], "output_root")
     return out
+
+
+def job_output(kind: str, config: dict[str, Any], job_id: str | None = None) -> Path | None:
+    """The folder a job writes its model(s) into (an iterate job: its output root); None for
+    kinds that write none, or when it is the per-job default and `job_id` is not known yet
+    (a default folder is named after its job, so no other job shares it)."""
+    from engine.train.common import default_output_dir
+
+    out: Any = None
+    if kind in ("dpo", "sft", "rft"):
+        out = config.get("output") or (default_output_dir(f"{kind}-{job_id}") if job_id else None)
+    elif kind == "iterate":
+        loop = config.get("iterate") or {}
+        out = loop.get("output_root") or (default_output_dir(loop["name"]) if loop.get("name") else None)
+    if not isinstance(out, str | Path) or not str(out):
+        return None
+    return Path(absolute_path(str(out), REPO_ROOT))  # a relative path (jobs of older versions): the worker's cwd
+
+
+def refuse_shared_output(store: Store, kind: str, config: dict[str, Any]) -> None:
+    """ConfigError when a live (queued or running) job writes to the same output folder, or to
+    one inside the other: two jobs on one folder would replace each other's model (and it is no
+    use to train twice into one place at once). JobRunner.submit runs it inside the insert's
+    transaction, so two racing submissions cannot both pass."""
+    mine = job_output(kind, config)
+    if mine is None:
+        return
+    for other in store.jobs(state=("queued", "running")):
+        theirs = job_output(other.kind, other.config, other.id)
+        if theirs is not None and (mine == theirs or mine in theirs.parents or theirs in mine.parents):
+            raise ConfigError(f"output folder {mine}: job {other.id} ({other.kind}, {other.state}) writes to "
+                              f"{theirs}; wait for it to end, cancel it (orchard jobs cancel {other.id}) or "
+                              f"choose another output folder")
 
 
 def check_device(device: str) -> None:
@@ -221,7 +260,8 @@ class JobRunner:
             validate_job(kind, config)
         device = device or default_device()
         check_device(device)
-        job = self.store.create_job(kind, config, device, name=name)
+        job = self.store.create_job(kind, config, device, name=name,
+                                    guard=lambda: refuse_shared_output(self.store, kind, config))
         if start:
             self.poll()
         return self.store.job(job.id)

@@ -83,6 +83,8 @@ def run_job(store: Store, job: JobInfo, reporter: StoreReporter) -> str | None:
             train = replace(train, device=job.device)
         base = resolve_model_path(cfg["model"], log=reporter.log)
         output = cfg.get("output") or str(default_output_dir(f"{job.kind}-{job.id}"))
+        if Path(output, "orchard_train.json").is_file():
+            reporter.log(f"{output} holds a model; a successful run replaces it (its record is kept, marked replaced)")
         runs = cfg.get("runs") or None
         if job.kind == "dpo":
             from engine.train.dpo import select_pairs, train_dpo
