@@ -946,6 +946,11 @@ class Store:
         with self.transaction() as con:
             con.execute("UPDATE jobs SET pid=?, heartbeat_at=? WHERE id=?", (pid, time.time(), job_id))
 
+    def beat_job(self, job_id: str) -> None:
+        """Beat a running job's heartbeat (its worker is alive and runs Python)."""
+        with self.transaction() as con:
+            con.execute("UPDATE jobs SET heartbeat_at=? WHERE id=? AND state='running'", (time.time(), job_id))
+
     def update_job_progress(self, job_id: str, progress: dict[str, Any]) -> None:
         """Replace the job's progress (step, total, eta_s, phase, ...) and beat its heartbeat."""
         with self.transaction() as con:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sqlite3
 import time
@@ -252,3 +253,58 @@ def test_resolve_job_paths_makes_every_path_absolute_and_keeps_specs() -> None:
         "iterate": {"model": "/somewhere/else/m", "output_root": "/somewhere/else/loops", "iterations": 2}}
     assert config["iterate"]["model"] == "./m"  # the caller's config is not changed
     assert resolve_job_paths("dpo", {"model": "/abs/m", "output": None}, cwd) == {"model": "/abs/m", "output": None}
+
+
+def test_a_hung_worker_is_failed_by_its_stale_heartbeat_and_its_device_freed(store: Store, monkeypatch) -> None:
+    monkeypatch.setenv("ORCHARD_JOB_HEARTBEAT_S", "0.2")
+    runner = JobRunner(store, heartbeat_timeout_s=2.0)
+    hung = runner.submit("probe", {"steps": 2000, "seconds": 0.05}, device="cpu")
+    waiting = runner.submit("probe", {"steps": 2, "seconds": 0.01}, device="cpu")
+    _until(lambda: store.job(hung.id).progress.get("step", 0) >= 2)
+    pid = store.job(hung.id).pid
+    assert pid is not None
+    os.killpg(pid, signal.SIGSTOP)  # alive (so no "died"), but it runs nothing: a hang
+    try:
+        def final():
+            runner.poll()
+            return store.job(hung.id) if store.job(hung.id).final else None
+
+        failed = _until(final, timeout=30)
+    finally:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert failed.state == "failed" and re.match(r"no heartbeat for \d+ s", failed.error or ""), failed.error
+    assert not process_alive(pid, hung.id)  # killed, not left holding its device's memory
+    assert JobRunner(store).wait(waiting.id, timeout=60).state == "succeeded"  # the device was freed
+
+
+def test_a_job_silent_for_longer_than_the_heartbeat_timeout_is_not_hung(store: Store, monkeypatch) -> None:
+    """The heartbeat thread beats while a phase reports nothing (a model loading, an evaluation)."""
+    monkeypatch.setenv("ORCHARD_JOB_HEARTBEAT_S", "0.2")
+    runner = JobRunner(store, heartbeat_timeout_s=2.0)
+    job = runner.submit("probe", {"steps": 1, "seconds": 5.0}, device="cpu")
+    done = runner.wait(job.id, timeout=60)
+    assert done.state == "succeeded", done.error
+
+
+def test_cancelling_a_running_eval_job_ends_well_under_the_grace_period(store: Store, tmp_path: Path) -> None:
+    """Evaluation never asks `should_stop`: SIGTERM must stop it at once, not after 30 s and a SIGKILL."""
+    from tiny_model_fixture import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "m")
+    runner = JobRunner(store)
+    # Every test task, 6 seeds, 256 tokens: one long batched generation (~a minute on two cores).
+    job = runner.submit("eval", {"model": str(model), "env": "textcraft", "split": "test", "tasks": "",
+                                 "eval": {"mode": "sampled", "seeds": list(range(6)), "max_tokens": 256}},
+                        device="cpu")
+    log = Path(job.log_path or "")
+    _until(lambda: log.is_file() and f"job {job.id} (eval)" in log.read_text(), timeout=60)
+    time.sleep(3.0)  # into the model loading / generation
+    began = time.monotonic()
+    cancelled = runner.cancel(job.id, grace_s=30.0)
+    took = time.monotonic() - began
+    assert cancelled.state == "cancelled" and took < 10.0, (took, log.read_text()[-2000:])
+    assert "signal 15: stopped at once" in log.read_text() and "Traceback" not in log.read_text()
+    assert store.evaluations() == []

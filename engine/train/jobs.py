@@ -5,15 +5,20 @@ One job runs per device at a time; the others wait in the queue, oldest first. N
 the process that submitted a job staying alive:
 
 - `JobRunner.poll()` is the whole scheduler: it marks running jobs whose process has died as failed
-  (a crash, an OOM kill, a reboot), then starts the oldest queued job of every idle device. The
+  (a crash, an OOM kill, a reboot), and those whose heartbeat is older than `heartbeat_timeout_s` as
+  failed ("no heartbeat for N s"), killing their process group (a hung worker: stopped, frozen, or
+  stuck in native code holding the GIL), then starts the oldest queued job of every idle device. The
   CLI, the dashboard and every finishing worker call it, so a queue drains without a daemon and a
   dashboard restart finds every job where it was.
 - A worker (`python -m engine.train.worker JOB_ID --db PATH`) is started in its own session with
   its output in the job's log file; it writes progress, the metric stream and its outcome through
   its own store connection, in short transactions (SQLite WAL), so a worker killed at any moment
-  leaves the store consistent.
-- `cancel()` flags the job in the store and sends SIGTERM: the worker stops at the next training
-  step, records `cancelled` and exits; one that does not within `grace_s` is killed (SIGKILL to its
+  leaves the store consistent. A thread of the worker beats the job's heartbeat every few seconds
+  whatever the job is doing (loading a model, a long evaluation), so a stale heartbeat means the
+  process no longer runs Python, not that a phase is slow.
+- `cancel()` flags the job in the store and sends SIGTERM: a training worker stops at the next
+  training step, an eval or iterate worker at once (its loops have no step-end check), records
+  `cancelled` and exits; one that does not within `grace_s` is killed (SIGKILL to its
   process group) and marked cancelled.
 
 Job kinds and their config (JSON):
@@ -44,6 +49,8 @@ from engine.store import JobInfo, Store
 JOB_KINDS = ("dpo", "sft", "rft", "eval", "iterate", "probe")
 WORKER_MODULE = "engine.train.worker"
 STARTUP_GRACE_S = 60.0  # a claimed job with no pid yet is presumed starting for this long
+HEARTBEAT_EVERY_S = 5.0  # a worker's heartbeat thread beats this often (ORCHARD_JOB_HEARTBEAT_S overrides)
+HEARTBEAT_TIMEOUT_S = 120.0  # a running job whose last beat is older than this has hung: failed, killed
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -246,6 +253,7 @@ class JobRunner:
 
     store: Store
     python: str = sys.executable
+    heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S
 
     def __post_init__(self) -> None:
         self._children: dict[str, subprocess.Popen] = {}
@@ -273,6 +281,8 @@ class JobRunner:
                 del self._children[job_id]
         now = time.time()
         for job in self.store.jobs(state="running"):
+            if self._hung(job, now):
+                continue
             if job.id in self._children:  # our own child and not reaped above: alive, maybe still starting
                 continue
             if job.pid is None:
@@ -292,6 +302,19 @@ class JobRunner:
                 self._launch(job)
                 started.append(job.id)
         return started
+
+    def _hung(self, job: JobInfo, now: float) -> bool:
+        """Fail and kill a running job whose worker has stopped beating (True when it did so). Its
+        device is free at once: the job is no longer `running`, and its process is gone."""
+        last = job.heartbeat_at or job.started_at
+        if job.pid is None or last is None or now - last <= self.heartbeat_timeout_s:
+            return False
+        error = f"no heartbeat for {now - last:.0f} s: the worker (pid {job.pid}) hung and was killed; see {job.log_path}"
+        # Only the poller that records the failure kills (the pid is checked to be this job's worker).
+        if self.store.finish_job(job.id, "failed", error=error) and process_alive(job.pid, job.id):
+            _signal_group(job.pid, signal.SIGKILL)
+            self._wait_exit(job.id, job.pid, 10.0)
+        return True
 
     def _launch(self, job: JobInfo) -> None:
         log_path = Path(job.log_path or self.store.path.parent / "jobs" / f"{job.id}.log")
