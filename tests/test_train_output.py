@@ -132,3 +132,14 @@ def test_migration_5_keeps_the_model_records_of_a_version_4_database(tmp_path: P
         assert (record.job_id, record.parent, record.data_ids, record.replaced_at) == ("job1", "/base", ["p1"], None)
         new.save_model(ModelRecord(path="/m", name="m", kind="sft", job_id="job2"))
         assert [m.replaced_by for m in new.models(include_replaced=True)] == ["job2", None]
+
+
+def test_a_library_training_call_refuses_the_folder_before_it_trains(tmp_path: Path) -> None:
+    from engine.train.sft import SFTTrainConfig, train_sft
+
+    mine = tmp_path / "data"
+    mine.mkdir()
+    (mine / "corpus.txt").write_text("keep me")
+    with pytest.raises(TrainError, match="not an Orchard model folder"):  # no model, no samples: never reached
+        train_sft(tmp_path / "no-model", [], SFTTrainConfig.for_cpu(), mine)
+    assert (mine / "corpus.txt").read_text() == "keep me"
