@@ -213,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as e:  # noqa: BLE001 - every outcome must be recorded
         from engine.cli import user_errors
 
+        if store.con.in_transaction:  # interrupted between BEGIN and the transaction's own handler
+            store.con.rollback()
         if isinstance(e, JobCancelled):
             reporter.log(f"{e}: stopped at once")
         elif isinstance(e, user_errors()):  # a bad config, no data, a missing model: the reason is the whole story
