@@ -17,7 +17,7 @@ import sqlite3
 import time
 import urllib.parse
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -236,6 +236,33 @@ MIGRATIONS: list[tuple[int, str]] = [
             data BLOB NOT NULL,
             PRIMARY KEY (tree_id, node_id, kind)
         );
+        """,
+    ),
+    (
+        5,
+        # One model record per job: a path holds one model at a time (the current record); an
+        # earlier job's record for the same folder is kept, marked replaced (docs/decisions.md).
+        """
+        ALTER TABLE models RENAME TO models_v4;
+        CREATE TABLE models (
+            id INTEGER PRIMARY KEY,
+            path TEXT NOT NULL,
+            name TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            parent TEXT,
+            job_id TEXT,
+            data_ids TEXT NOT NULL,
+            config TEXT NOT NULL,
+            metrics TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            replaced_at REAL,
+            replaced_by TEXT
+        );
+        INSERT INTO models (path, name, kind, parent, job_id, data_ids, config, metrics, created_at)
+            SELECT path, name, kind, parent, job_id, data_ids, config, metrics, created_at FROM models_v4
+            ORDER BY created_at;
+        DROP TABLE models_v4;
+        CREATE UNIQUE INDEX models_current ON models (path) WHERE replaced_at IS NULL;
         """,
     ),
 ]
@@ -888,12 +915,16 @@ class Store:
     # nothing, and a job whose process died is detected by its runner (engine.train.jobs).
 
     def create_job(self, kind: str, config: dict[str, Any], device: str, name: str | None = None,
-                   log_dir: str | Path | None = None) -> JobInfo:
-        """A new queued job; its log file goes to `log_dir` (default: `jobs/` beside the database)."""
+                   log_dir: str | Path | None = None, guard: Callable[[], None] | None = None) -> JobInfo:
+        """A new queued job; its log file goes to `log_dir` (default: `jobs/` beside the database).
+        `guard` runs inside the insert's (write-locked) transaction and may raise to refuse the job
+        (the job runner refuses a second live job on one output folder with it)."""
         job_id = uuid.uuid4().hex[:10]
         logs = Path(log_dir) if log_dir is not None else self.path.parent / "jobs"
         now = time.time()
         with self.transaction() as con:
+            if guard is not None:
+                guard()
             con.execute(
                 "INSERT INTO jobs (id, kind, name, config, state, device, created_at, progress, log_path) "
                 "VALUES (?,?,?,?,?,?,?,?,?)",
@@ -955,6 +986,11 @@ class Store:
         with self.transaction() as con:
             con.execute("UPDATE jobs SET pid=?, heartbeat_at=? WHERE id=?", (pid, time.time(), job_id))
 
+    def beat_job(self, job_id: str) -> None:
+        """Beat a running job's heartbeat (its worker is alive and runs Python)."""
+        with self.transaction() as con:
+            con.execute("UPDATE jobs SET heartbeat_at=? WHERE id=? AND state='running'", (time.time(), job_id))
+
     def update_job_progress(self, job_id: str, progress: dict[str, Any]) -> None:
         """Replace the job's progress (step, total, eta_s, phase, ...) and beat its heartbeat."""
         with self.transaction() as con:
@@ -1000,20 +1036,34 @@ class Store:
         return self.job(job_id)
 
     def save_model(self, record: ModelRecord) -> None:
-        """Record (or replace) a trained model folder's lineage, data ids and metrics."""
+        """Record a trained model folder's lineage, data ids and metrics as the folder's current
+        model. The record of a model it replaces (another job's, saved to the same folder) is kept,
+        marked replaced by this record's job; the same job saving again replaces its own record."""
+        now = time.time()
         with self.transaction() as con:
+            if record.job_id is not None:
+                con.execute("DELETE FROM models WHERE path=? AND job_id=? AND replaced_at IS NULL",
+                            (record.path, record.job_id))
+            con.execute("UPDATE models SET replaced_at=?, replaced_by=? WHERE path=? AND replaced_at IS NULL",
+                        (now, record.job_id, record.path))
             con.execute(
-                "INSERT OR REPLACE INTO models VALUES (?,?,?,?,?,?,?,?,?)",
+                "INSERT INTO models (path, name, kind, parent, job_id, data_ids, config, metrics, created_at) "
+                "VALUES (?,?,?,?,?,?,?,?,?)",
                 (record.path, record.name, record.kind, record.parent, record.job_id, json.dumps(record.data_ids),
-                 json.dumps(record.config), json.dumps(record.metrics), record.created_at or time.time()),
+                 json.dumps(record.config), json.dumps(record.metrics), record.created_at or now),
             )
 
-    def models(self) -> list[ModelRecord]:
-        rows = self.con.execute(f"SELECT {_MODEL_COLUMNS} FROM models ORDER BY created_at").fetchall()
+    def models(self, include_replaced: bool = False) -> list[ModelRecord]:
+        """The models in their folders now, oldest first; with `include_replaced`, every job's
+        record, those of models later replaced in their folder too (`replaced_at` set)."""
+        where = "" if include_replaced else "WHERE replaced_at IS NULL"
+        rows = self.con.execute(f"SELECT {_MODEL_COLUMNS} FROM models {where} ORDER BY created_at, id").fetchall()
         return [_model_from_row(r) for r in rows]
 
     def model_record(self, path: str) -> ModelRecord:
-        row = self.con.execute(f"SELECT {_MODEL_COLUMNS} FROM models WHERE path=?", (path,)).fetchone()
+        """The record of the model now in folder `path`."""
+        row = self.con.execute(f"SELECT {_MODEL_COLUMNS} FROM models WHERE path=? AND replaced_at IS NULL",
+                               (path,)).fetchone()
         if row is None:
             raise StoreError(f"no model {path!r} in {self.path}")
         return _model_from_row(row)
@@ -1230,7 +1280,7 @@ JOB_STATES = ("queued", "running", "succeeded", "failed", "cancelled")
 FINAL_JOB_STATES = ("succeeded", "failed", "cancelled")
 _JOB_COLUMNS = ("id, kind, name, config, state, device, pid, created_at, started_at, finished_at, heartbeat_at, "
                 "progress, log_path, output_path, error, cancel_requested")
-_MODEL_COLUMNS = "path, name, kind, parent, job_id, data_ids, config, metrics, created_at"
+_MODEL_COLUMNS = "path, name, kind, parent, job_id, data_ids, config, metrics, created_at, replaced_at, replaced_by"
 
 
 @dataclass(frozen=True)
@@ -1264,7 +1314,8 @@ class JobInfo:
 
 @dataclass(frozen=True)
 class ModelRecord:
-    """A trained model folder: where it came from (parent model, job, data ids) and its metrics."""
+    """A trained model folder: where it came from (parent model, job, data ids) and its metrics.
+    One record per job; a folder's current record is the one with no `replaced_at`."""
 
     path: str
     name: str
@@ -1275,6 +1326,8 @@ class ModelRecord:
     config: dict[str, Any] = field(default_factory=dict)
     metrics: dict[str, Any] = field(default_factory=dict)
     created_at: float | None = None
+    replaced_at: float | None = None  # set when a later job saved another model into `path`
+    replaced_by: str | None = None  # that job's id
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -1289,4 +1342,5 @@ def _job_from_row(r: tuple) -> JobInfo:
 
 def _model_from_row(r: tuple) -> ModelRecord:
     return ModelRecord(path=r[0], name=r[1], kind=r[2], parent=r[3], job_id=r[4], data_ids=json.loads(r[5]),
-                       config=json.loads(r[6]), metrics=json.loads(r[7]), created_at=r[8])
+                       config=json.loads(r[6]), metrics=json.loads(r[7]), created_at=r[8],
+                       replaced_at=r[9], replaced_by=r[10])

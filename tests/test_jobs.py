@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sqlite3
 import time
@@ -194,3 +195,116 @@ def test_a_store_opened_by_a_relative_path_runs_its_jobs(tmp_path: Path, monkeyp
         assert done.state == "succeeded", Path(done.log_path or "").read_text()
         assert Path(done.log_path or "").is_absolute() and Path(done.log_path or "").parent.parent == tmp_path
     assert not (REPO_ROOT / "relative.db").exists()
+
+
+def _approved_step_pairs(store: Store, n: int = 2) -> str:
+    """A run with `n` approved step pairs (enough for a DPO job); returns its id."""
+    from doubles import action_text
+
+    from engine.datasets.pairs import Pair
+    from engine.prompts import actor_prompt
+
+    run_id = store.create_run("r", "line", "m", {}, [TaskSpec(id=f"goal-{i}", goal="g") for i in range(n)])
+    store.save_pairs(run_id, [
+        Pair(id=f"p{i}", kind="step", run_id=run_id, tree_id=None, task_id=f"goal-{i}", node_id=0, chosen_node=1,
+             rejected_node=2, prompt=actor_prompt("Commands: left, right.", "reach 3", "", [], f"at {i}"),
+             chosen=action_text("right"), rejected=action_text("left"), q_chosen=1.0, q_rejected=0.0,
+             logprob_chosen=None, logprob_rejected=None, depth=0)
+        for i in range(n)
+    ])
+    store.bulk_set_pair_status("approved", "test", run_id=run_id)
+    return run_id
+
+
+TINY_TRAIN = {"max_steps": 1, "batch_size": 2, "learning_rate": 1e-3, "device": "cpu", "precision": "fp32",
+              "num_threads": 1}
+
+
+def test_relative_paths_of_a_job_resolve_where_it_was_submitted(store: Store, tmp_path: Path, monkeypatch) -> None:
+    """`orchard train sft --model ./mymodel` typed in another folder: the worker (in the repository
+    root) must train that folder's model, into that folder's --out."""
+    from tiny_model_fixture import build_tiny_model
+
+    work = tmp_path / "work"
+    build_tiny_model(work / "mymodel")
+    _approved_step_pairs(store)
+    monkeypatch.chdir(work)
+    job = JobRunner(store).submit("dpo", {"model": "./mymodel", "output": "trained", "train": TINY_TRAIN},
+                                  device="cpu")
+    assert job.config["model"] == str(work / "mymodel") and job.config["output"] == str(work / "trained")
+    done = JobRunner(store).wait(job.id, timeout=120)
+    assert done.state == "succeeded", Path(done.log_path or "").read_text()[-2000:]
+    assert done.output_path == str(work / "trained") and (work / "trained" / "config.json").is_file()
+    assert not (REPO_ROOT / "trained").exists()
+
+
+def test_resolve_job_paths_makes_every_path_absolute_and_keeps_specs() -> None:
+    from engine.train.jobs import resolve_job_paths
+
+    cwd = "/somewhere/else"
+    assert resolve_job_paths("sft", {"model": "m", "output": "~/out", "runs": ["r"]}, cwd) == {
+        "model": "/somewhere/else/m", "output": str(Path("~/out").expanduser()), "runs": ["r"]}
+    assert resolve_job_paths("eval", {"model": "hf:../m"}, cwd)["model"] == "hf:/somewhere/m"
+    assert resolve_job_paths("eval", {"model": "vllm:m"}, cwd)["model"] == "vllm:/somewhere/else/m"
+    for spec in ("tiny", "openai:http://127.0.0.1:9/v1#m"):
+        assert resolve_job_paths("eval", {"model": spec}, cwd)["model"] == spec
+    config = {"iterate": {"model": "./m", "output_root": "loops", "iterations": 2}}
+    assert resolve_job_paths("iterate", config, cwd) == {
+        "iterate": {"model": "/somewhere/else/m", "output_root": "/somewhere/else/loops", "iterations": 2}}
+    assert config["iterate"]["model"] == "./m"  # the caller's config is not changed
+    assert resolve_job_paths("dpo", {"model": "/abs/m", "output": None}, cwd) == {"model": "/abs/m", "output": None}
+
+
+def test_a_hung_worker_is_failed_by_its_stale_heartbeat_and_its_device_freed(store: Store, monkeypatch) -> None:
+    monkeypatch.setenv("ORCHARD_JOB_HEARTBEAT_S", "0.2")
+    runner = JobRunner(store, heartbeat_timeout_s=2.0)
+    hung = runner.submit("probe", {"steps": 2000, "seconds": 0.05}, device="cpu")
+    waiting = runner.submit("probe", {"steps": 2, "seconds": 0.01}, device="cpu")
+    _until(lambda: store.job(hung.id).progress.get("step", 0) >= 2)
+    pid = store.job(hung.id).pid
+    assert pid is not None
+    os.killpg(pid, signal.SIGSTOP)  # alive (so no "died"), but it runs nothing: a hang
+    try:
+        def final():
+            runner.poll()
+            return store.job(hung.id) if store.job(hung.id).final else None
+
+        failed = _until(final, timeout=30)
+    finally:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert failed.state == "failed" and re.match(r"no heartbeat for \d+ s", failed.error or ""), failed.error
+    assert not process_alive(pid, hung.id)  # killed, not left holding its device's memory
+    assert JobRunner(store).wait(waiting.id, timeout=60).state == "succeeded"  # the device was freed
+
+
+def test_a_job_silent_for_longer_than_the_heartbeat_timeout_is_not_hung(store: Store, monkeypatch) -> None:
+    """The heartbeat thread beats while a phase reports nothing (a model loading, an evaluation)."""
+    monkeypatch.setenv("ORCHARD_JOB_HEARTBEAT_S", "0.2")
+    runner = JobRunner(store, heartbeat_timeout_s=2.0)
+    job = runner.submit("probe", {"steps": 1, "seconds": 5.0}, device="cpu")
+    done = runner.wait(job.id, timeout=60)
+    assert done.state == "succeeded", done.error
+
+
+def test_cancelling_a_running_eval_job_ends_well_under_the_grace_period(store: Store, tmp_path: Path) -> None:
+    """Evaluation never asks `should_stop`: SIGTERM must stop it at once, not after 30 s and a SIGKILL."""
+    from tiny_model_fixture import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "m")
+    runner = JobRunner(store)
+    # Every test task, 6 seeds, 256 tokens: one long batched generation (~a minute on two cores).
+    job = runner.submit("eval", {"model": str(model), "env": "textcraft", "split": "test", "tasks": "",
+                                 "eval": {"mode": "sampled", "seeds": list(range(6)), "max_tokens": 256}},
+                        device="cpu")
+    log = Path(job.log_path or "")
+    _until(lambda: log.is_file() and f"job {job.id} (eval)" in log.read_text(), timeout=60)
+    time.sleep(3.0)  # into the model loading / generation
+    began = time.monotonic()
+    cancelled = runner.cancel(job.id, grace_s=30.0)
+    took = time.monotonic() - began
+    assert cancelled.state == "cancelled" and took < 10.0, (took, log.read_text()[-2000:])
+    assert "signal 15: stopped at once" in log.read_text() and "Traceback" not in log.read_text()
+    assert store.evaluations() == []

@@ -92,3 +92,20 @@ def test_eval_command_stores_an_evaluation(tmp_path: Path, model: Path, capsys) 
     assert row["mode"] == "sampled" and row["metrics"]["episodes"] == 4 and row["task_ids"] == ["test-0", "test-1"]
     with Store(db) as store:
         assert [e["id"] for e in store.evaluations(model=str(model))] == [row["id"]]
+
+
+def test_train_refuses_an_out_folder_holding_other_files_before_queueing(tmp_path: Path, model: Path) -> None:
+    from engine.config import ConfigError
+
+    db = tmp_path / "o.db"
+    _db_with_pairs(db)
+    mine = tmp_path / "my-files"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    for extra in ([], ["--foreground"]):
+        with pytest.raises(ConfigError, match=f"output folder {mine} is not empty and is not an Orchard model folder"):
+            _run(["train", "sft", "--model", str(model), "--db", str(db), "--device", "cpu", "--out", str(mine),
+                  *extra])
+    assert (mine / "notes.txt").read_text() == "keep me"
+    with Store(db) as store:
+        assert store.jobs() == []

@@ -49,10 +49,11 @@ def _poll() -> None:
         state[ERROR] = f"Could not update the job queue: {md(e)}"
 
 
-def _launch(data_key: str, preset: str, model: str, runs: list[str], include_pending: bool) -> None:
+def _launch(data_key: str, preset: str, model: str, runs: list[str], include_pending: bool,
+            output: str = "") -> None:
     state.pop(ERROR, None)
     try:
-        kind, config = job_config(data_key, preset, model, runs, include_pending)
+        kind, config = job_config(data_key, preset, model, runs, include_pending, output=output.strip() or None)
         with Store(db) as store:
             if rows_to_train(store, kind, config) == 0:
                 statuses = "approved, edited" + (" or pending" if include_pending else "")
@@ -81,8 +82,9 @@ def _cancel(job_id: str) -> None:
 
 
 def read_jobs() -> tuple[list[JobInfo], list]:
+    """Jobs and every job's model record (those replaced in their folder by a later job too)."""
     with Store(db, readonly=True) as store:
-        return store.jobs(), store.models()
+        return store.jobs(), store.models(include_replaced=True)
 
 
 def log_tail(log_path: str | None, lines: int = LOG_TAIL_LINES) -> str:
@@ -109,7 +111,7 @@ with st.form("tr_launch", border=True):
                               key="tr_data", help="\n\n".join(f"**{c.label}**: {c.help}" for c in DATA_CHOICES.values()))
     preset = right.selectbox("Preset", list(PRESETS), format_func=lambda k: PRESETS[k].label, key="tr_preset",
                              help="\n\n".join(f"**{p.label}**: {p.help}" for p in PRESETS.values()))
-    model_choices = ["tiny"] + [m.path for m in reversed(models)]
+    model_choices = ["tiny"] + [m.path for m in reversed(models) if m.replaced_at is None]
     model = left.selectbox("Start from model", model_choices, key="tr_model",
                            format_func=lambda p: "tiny (the embedded default)" if p == "tiny" else
                            f"{Path(p).name} ({p})")
@@ -117,9 +119,12 @@ with st.form("tr_launch", border=True):
                                 format_func=lambda i: next(f"{r.name} · {i}" for r in runs if r.id == i))
     include_pending = st.checkbox("Include pending (uncurated) rows", key="tr_pending",
                                   help="By default only approved and edited rows are trained on.")
+    output = st.text_input("Output folder (empty: a new folder named after the job)", key="tr_out",
+                           help="A new or empty folder, or an earlier model's folder (its model is replaced; "
+                                "its record is kept). A folder holding other files is refused.")
     submitted = st.form_submit_button("Launch", type="primary")
 if submitted:
-    _launch(data_key, preset, model, run_ids, include_pending)
+    _launch(data_key, preset, model, run_ids, include_pending, output)
     jobs, models = read_jobs()
 
 if ERROR in state:
@@ -203,6 +208,7 @@ if models:
         "name": m.name, "kind": m.kind, "path": m.path, "parent": m.parent or "", "job": m.job_id or "",
         "rows": len(m.data_ids), "train loss": m.metrics.get("train_loss"), "steps": m.metrics.get("steps"),
         "created": pd.Timestamp(m.created_at, unit="s").floor("s") if m.created_at else None,
+        "replaced by job": m.replaced_by or ("(no job)" if m.replaced_at else ""),
     } for m in reversed(models)]), hide_index=True, key="tr_models_table")
 else:
     st.caption("No trained models yet.")

@@ -98,17 +98,20 @@ def _train_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from engine.store import Store
-    from engine.train.jobs import JobRunner, train_config, validate_job
+    from engine.train.jobs import JobRunner, resolve_job_paths, train_config, validate_job
 
-    config = {"model": args.model, "output": args.out, "runs": args.run or [], "train": _train_overrides(args)}
+    config = resolve_job_paths(args.what, {"model": args.model, "output": args.out, "runs": args.run or [],
+                                           "train": _train_overrides(args)})
     validate_job(args.what, config)
     with Store(args.db, must_exist=True) as store:
         for run in config["runs"]:
             store.find_run(run)
         if args.foreground:
             from engine.train.common import default_output_dir, resolve_model_path
+            from engine.train.jobs import refuse_shared_output
             from engine.train.worker import _register_model
 
+            refuse_shared_output(store, args.what, config)
             reporter = _PrintReporter()
             train = train_config(args.what, config["train"])
             base = resolve_model_path(args.model, log=_log)

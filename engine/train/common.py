@@ -200,10 +200,33 @@ def lora_config(config: TrainConfig) -> Any:
                       target_modules=targets, task_type="CAUSAL_LM")
 
 
+def check_output_folder(out_dir: str | Path) -> Path:
+    """The absolute output folder, or TrainError where saving a model there would destroy something.
+
+    A model may go to a new folder, an empty one, or an Orchard model folder: one holding
+    `orchard_train.json` (TRAIN_META), which `save_model` writes into every model it saves, so
+    replacing such a folder replaces only a model Orchard made. Anything else (a file, a folder
+    with other files: a home folder, a dataset, the repository) is refused. Cheap: checked when a
+    job is submitted, when its worker starts and again just before the folder is replaced."""
+    out = Path(out_dir).expanduser().resolve()
+    try:
+        if out.exists() and not out.is_dir():
+            raise TrainError(f"output {out}: is a file, not a folder")
+        if out.is_dir() and not (out / TRAIN_META).is_file() and any(out.iterdir()):
+            raise TrainError(f"output folder {out} is not empty and is not an Orchard model folder (no {TRAIN_META}); "
+                             f"choose a new or empty folder")
+    except OSError as e:
+        raise TrainError(f"output folder {out}: cannot be checked ({e.strerror or e})") from None
+    return out
+
+
 def save_model(model: Any, tokenizer: Any, out_dir: str | Path, meta: dict[str, Any]) -> Path:
     """Write the model (LoRA merged), tokenizer and `orchard_train.json` to `out_dir`, atomically:
-    the folder appears complete or not at all (a sibling temp folder is renamed into place)."""
-    out = Path(out_dir).resolve()
+    the folder appears complete or not at all (a sibling temp folder is renamed into place; an
+    Orchard model already there is first renamed aside and deleted only once the new one is in
+    place, so a crash at any point leaves the old model or the new one, never a half folder).
+    `out_dir` must pass `check_output_folder`."""
+    out = check_output_folder(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
         from peft import PeftModel
@@ -213,17 +236,26 @@ def save_model(model: Any, tokenizer: Any, out_dir: str | Path, meta: dict[str, 
     except ImportError:  # pragma: no cover - peft is a dependency
         pass
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.saving-"))
+    old: Path | None = None
     try:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         record = {"format": TRAIN_FORMAT, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **meta}
         (tmp / TRAIN_META).write_text(json.dumps(record, indent=2, default=str))
+        check_output_folder(out)  # it may have been filled while training
         if out.exists():
-            shutil.rmtree(out)
+            old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.replaced-"))
+            os.replace(out, old)  # onto an empty folder: allowed, atomic
         os.replace(tmp, out)
     except BaseException:
+        if old is not None and not out.exists():
+            os.replace(old, out)  # put the previous model back
+            old = None
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
     return out
 
 

@@ -46,6 +46,7 @@ from engine.train.common import (
     TrainConfig,
     TrainError,
     TrainResult,
+    check_output_folder,
     load_model,
     lora_config,
     progress_callback,
@@ -364,6 +365,8 @@ def train_dpo(
 ) -> TrainResult:
     """DPO-train the model at `model_path` on `pairs` and save it to `output_dir` (None: don't save)."""
     reporter = reporter or MemoryReporter()
+    if output_dir is not None:
+        check_output_folder(output_dir)  # refused before training, not after
     with with_threads(config), tempfile.TemporaryDirectory(prefix="orchard-dpo-") as scratch:
         trainer, tokenizer, rows = build_trainer(model_path, pairs, config, reporter, node_tokens, scratch)
         reporter.log(f"DPO: reference {trainer.ref_stats}")

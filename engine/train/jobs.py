@@ -5,15 +5,20 @@ One job runs per device at a time; the others wait in the queue, oldest first. N
 the process that submitted a job staying alive:
 
 - `JobRunner.poll()` is the whole scheduler: it marks running jobs whose process has died as failed
-  (a crash, an OOM kill, a reboot), then starts the oldest queued job of every idle device. The
+  (a crash, an OOM kill, a reboot), and those whose heartbeat is older than `heartbeat_timeout_s` as
+  failed ("no heartbeat for N s"), killing their process group (a hung worker: stopped, frozen, or
+  stuck in native code holding the GIL), then starts the oldest queued job of every idle device. The
   CLI, the dashboard and every finishing worker call it, so a queue drains without a daemon and a
   dashboard restart finds every job where it was.
 - A worker (`python -m engine.train.worker JOB_ID --db PATH`) is started in its own session with
   its output in the job's log file; it writes progress, the metric stream and its outcome through
   its own store connection, in short transactions (SQLite WAL), so a worker killed at any moment
-  leaves the store consistent.
-- `cancel()` flags the job in the store and sends SIGTERM: the worker stops at the next training
-  step, records `cancelled` and exits; one that does not within `grace_s` is killed (SIGKILL to its
+  leaves the store consistent. A thread of the worker beats the job's heartbeat every few seconds
+  whatever the job is doing (loading a model, a long evaluation), so a stale heartbeat means the
+  process no longer runs Python, not that a phase is slow.
+- `cancel()` flags the job in the store and sends SIGTERM: a training worker stops at the next
+  training step, an eval or iterate worker at once (its loops have no step-end check), records
+  `cancelled` and exits; one that does not within `grace_s` is killed (SIGKILL to its
   process group) and marked cancelled.
 
 Job kinds and their config (JSON):
@@ -23,6 +28,8 @@ Job kinds and their config (JSON):
 - iterate: {"iterate": {IterateConfig fields}};
 - probe: {"steps": N, "seconds": S, "fail": bool} — the runner's own check: no ML imports, sleeps
   with progress (tests and `orchard jobs` smoke checks use it).
+Every path in a config (model folders, outputs) is made absolute when the job is submitted
+(`resolve_job_paths`): the worker runs in the repository root, not where the job was typed.
 """
 
 from __future__ import annotations
@@ -42,6 +49,8 @@ from engine.store import JobInfo, Store
 JOB_KINDS = ("dpo", "sft", "rft", "eval", "iterate", "probe")
 WORKER_MODULE = "engine.train.worker"
 STARTUP_GRACE_S = 60.0  # a claimed job with no pid yet is presumed starting for this long
+HEARTBEAT_EVERY_S = 5.0  # a worker's heartbeat thread beats this often (ORCHARD_JOB_HEARTBEAT_S overrides)
+HEARTBEAT_TIMEOUT_S = 120.0  # a running job whose last beat is older than this has hung: failed, killed
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -64,10 +73,12 @@ def validate_job(kind: str, config: dict[str, Any]) -> None:
             raise ConfigError(f"{kind} job: unknown field(s) {', '.join(sorted(unknown))}")
         if not isinstance(config.get("model"), str) or not config["model"]:
             raise ConfigError(f"{kind} job: 'model' (tiny | PATH) is required")
-        from engine.train.common import local_model_folder
+        from engine.train.common import check_output_folder, local_model_folder
 
         try:
             local_model_folder(config["model"])
+            if config.get("output"):
+                check_output_folder(config["output"])
         except ConfigError as e:
             raise ConfigError(f"{kind} job: {e}") from None
         train_config(kind, config.get("train") or {})
@@ -79,13 +90,92 @@ def validate_job(kind: str, config: dict[str, Any]) -> None:
             raise ConfigError(f"eval job: unknown field(s) {', '.join(sorted(unknown))}")
         eval_config(config.get("eval") or {}, EvalConfig)
     elif kind == "iterate":
+        from engine.train.common import check_output_folder
         from engine.train.iterate import IterateConfig
 
-        IterateConfig.from_dict(config.get("iterate") or {})
+        loop = IterateConfig.from_dict(config.get("iterate") or {})
+        if loop.output_root:
+            for i in range(1, loop.iterations + 1):
+                check_output_folder(Path(loop.output_root) / f"iter-{i}")
     elif kind == "probe":
         unknown = set(config) - {"steps", "seconds", "fail"}
         if unknown:
             raise ConfigError(f"probe job: unknown field(s) {', '.join(sorted(unknown))}")
+
+
+def absolute_path(text: str, cwd: str | Path | None = None) -> str:
+    """`text` as an absolute, normalised path (`~` expanded), relative to `cwd` (default: ours)."""
+    return os.path.normpath(os.path.join(cwd or os.getcwd(), os.path.expanduser(text)))
+
+
+def _model_spec_path(spec: str, cwd: str | Path | None) -> str:
+    """A model spec with its folder made absolute (`tiny` and server specs unchanged)."""
+    text = spec.strip()
+    if text == "tiny" or text.startswith("openai:"):
+        return spec
+    for prefix in ("hf:", "vllm:"):
+        if text.startswith(prefix):
+            return prefix + absolute_path(text[len(prefix):], cwd)
+    return absolute_path(text, cwd)
+
+
+def resolve_job_paths(kind: str, config: dict[str, Any], cwd: str | Path | None = None) -> dict[str, Any]:
+    """A copy of a job config with every path in it absolute, relative to `cwd` (default: the
+    submitting process's). WHY here, once, at submission: the worker runs in the repository root
+    and may be started by another process (the dashboard, a finishing worker) with another cwd, so
+    a path kept as typed would name a different file there. The store's path is absolute already
+    (Store.path); model specs keep their `hf:` / `vllm:` prefix."""
+    if not isinstance(config, dict):
+        return config
+    out = dict(config)
+
+    def fix(table: dict[str, Any], key: str, model: bool = False) -> None:
+        value = table.get(key)
+        if isinstance(value, str) and value.strip():
+            table[key] = _model_spec_path(value, cwd) if model else absolute_path(value, cwd)
+
+    if kind in ("dpo", "sft", "rft", "eval"):
+        fix(out, "model", model=True)
+    if kind in ("dpo", "sft", "rft"):
+        fix(out, "output")
+    if kind == "iterate" and isinstance(out.get("iterate"), dict):
+        out["iterate"] = dict(out["iterate"])
+        fix(out["iterate"], "model", model=True)
+        fix(out["iterate"], "output_root")
+    return out
+
+
+def job_output(kind: str, config: dict[str, Any], job_id: str | None = None) -> Path | None:
+    """The folder a job writes its model(s) into (an iterate job: its output root); None for
+    kinds that write none, or when it is the per-job default and `job_id` is not known yet
+    (a default folder is named after its job, so no other job shares it)."""
+    from engine.train.common import default_output_dir
+
+    out: Any = None
+    if kind in ("dpo", "sft", "rft"):
+        out = config.get("output") or (default_output_dir(f"{kind}-{job_id}") if job_id else None)
+    elif kind == "iterate":
+        loop = config.get("iterate") or {}
+        out = loop.get("output_root") or (default_output_dir(loop["name"]) if loop.get("name") else None)
+    if not isinstance(out, str | Path) or not str(out):
+        return None
+    return Path(absolute_path(str(out), REPO_ROOT))  # a relative path (jobs of older versions): the worker's cwd
+
+
+def refuse_shared_output(store: Store, kind: str, config: dict[str, Any]) -> None:
+    """ConfigError when a live (queued or running) job writes to the same output folder, or to
+    one inside the other: two jobs on one folder would replace each other's model (and it is no
+    use to train twice into one place at once). JobRunner.submit runs it inside the insert's
+    transaction, so two racing submissions cannot both pass."""
+    mine = job_output(kind, config)
+    if mine is None:
+        return
+    for other in store.jobs(state=("queued", "running")):
+        theirs = job_output(other.kind, other.config, other.id)
+        if theirs is not None and (mine == theirs or mine in theirs.parents or theirs in mine.parents):
+            raise ConfigError(f"output folder {mine}: job {other.id} ({other.kind}, {other.state}) writes to "
+                              f"{theirs}; wait for it to end, cancel it (orchard jobs cancel {other.id}) or "
+                              f"choose another output folder")
 
 
 def check_device(device: str) -> None:
@@ -163,6 +253,7 @@ class JobRunner:
 
     store: Store
     python: str = sys.executable
+    heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S
 
     def __post_init__(self) -> None:
         self._children: dict[str, subprocess.Popen] = {}
@@ -171,12 +262,14 @@ class JobRunner:
 
     def submit(self, kind: str, config: dict[str, Any], device: str | None = None, name: str | None = None,
                start: bool = True, validate: bool = True) -> JobInfo:
-        """Queue a job (validated first) and start it if its device is idle."""
+        """Queue a job (its paths made absolute, then validated) and start it if its device is idle."""
+        config = resolve_job_paths(kind, config)
         if validate:
             validate_job(kind, config)
         device = device or default_device()
         check_device(device)
-        job = self.store.create_job(kind, config, device, name=name)
+        job = self.store.create_job(kind, config, device, name=name,
+                                    guard=lambda: refuse_shared_output(self.store, kind, config))
         if start:
             self.poll()
         return self.store.job(job.id)
@@ -188,6 +281,8 @@ class JobRunner:
                 del self._children[job_id]
         now = time.time()
         for job in self.store.jobs(state="running"):
+            if self._hung(job, now):
+                continue
             if job.id in self._children:  # our own child and not reaped above: alive, maybe still starting
                 continue
             if job.pid is None:
@@ -207,6 +302,19 @@ class JobRunner:
                 self._launch(job)
                 started.append(job.id)
         return started
+
+    def _hung(self, job: JobInfo, now: float) -> bool:
+        """Fail and kill a running job whose worker has stopped beating (True when it did so). Its
+        device is free at once: the job is no longer `running`, and its process is gone."""
+        last = job.heartbeat_at or job.started_at
+        if job.pid is None or last is None or now - last <= self.heartbeat_timeout_s:
+            return False
+        error = f"no heartbeat for {now - last:.0f} s: the worker (pid {job.pid}) hung and was killed; see {job.log_path}"
+        # Only the poller that records the failure kills (the pid is checked to be this job's worker).
+        if self.store.finish_job(job.id, "failed", error=error) and process_alive(job.pid, job.id):
+            _signal_group(job.pid, signal.SIGKILL)
+            self._wait_exit(job.id, job.pid, 10.0)
+        return True
 
     def _launch(self, job: JobInfo) -> None:
         log_path = Path(job.log_path or self.store.path.parent / "jobs" / f"{job.id}.log")

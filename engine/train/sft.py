@@ -35,6 +35,7 @@ from engine.train.common import (
     TrainConfig,
     TrainError,
     TrainResult,
+    check_output_folder,
     load_model,
     lora_config,
     progress_callback,
@@ -186,6 +187,8 @@ def train_sft(
 ) -> TrainResult:
     """SFT the model at `model_path` on `samples`; saved to `output_dir` unless None or stopped."""
     reporter = reporter or MemoryReporter()
+    if output_dir is not None:
+        check_output_folder(output_dir)  # refused before training, not after
     with with_threads(config), tempfile.TemporaryDirectory(prefix="orchard-sft-") as scratch:
         trainer, tokenizer, rows = build_trainer(model_path, samples, config, reporter, scratch)
         began = time.perf_counter()

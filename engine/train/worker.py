@@ -1,9 +1,11 @@
 """`python -m engine.train.worker JOB_ID --db PATH`: run one queued job in this process.
 
 Started by `JobRunner` (engine.train.jobs) with stdout/stderr in the job's log file. It records
-progress, metrics and the outcome in the store; SIGTERM (a cancel) stops training cleanly at the
-next step end. Whatever happens — success, an exception, a cancel — the job gets a final state,
-and the worker then starts the next queued job of its device before exiting.
+progress, metrics and the outcome in the store, and a thread beats the job's heartbeat every few
+seconds (a runner fails and kills a job whose heartbeat stops). SIGTERM (a cancel) stops training
+cleanly at the next step end, and an eval or iterate job at once. Whatever happens — success, an
+exception, a cancel — the job gets a final state, and the worker then starts the next queued job
+of its device before exiting.
 """
 
 from __future__ import annotations
@@ -11,7 +13,9 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import sqlite3
 import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -19,6 +23,48 @@ from pathlib import Path
 from typing import Any
 
 from engine.store import JobInfo, ModelRecord, Store
+
+
+class JobCancelled(BaseException):
+    """Raised in the main thread by SIGTERM in jobs whose loops never ask `should_stop` (eval;
+    iterate's search and evaluation phases), so a cancel takes effect at once instead of after the
+    runner's grace period. A BaseException: no `except Exception` in library code swallows it, and
+    the store's transactions roll back on it."""
+
+
+INTERRUPTED_KINDS = ("eval", "iterate")
+
+
+def start_heartbeat(db: str | Path, job_id: str, every_s: float, stop: threading.Event) -> threading.Thread:
+    """A daemon thread beating the job's heartbeat every `every_s` s on its own store connection
+    (a Store is not shared across threads) until `stop` is set. WHY a thread: a job's phases
+    (loading a model, an evaluation, a search) may report no progress for minutes; the beat says
+    the process still runs Python, whatever the phase."""
+
+    def beat() -> None:
+        try:
+            with Store(db) as store:
+                while not stop.wait(every_s):
+                    try:
+                        store.beat_job(job_id)
+                    except sqlite3.Error as e:  # e.g. locked past the busy timeout: beat again next time
+                        print(f"heartbeat: {e}", flush=True)
+        except Exception as e:  # noqa: BLE001 - the job itself goes on; a runner will see the silence
+            print(f"heartbeat thread stopped: {type(e).__name__}: {e}", flush=True)
+
+    thread = threading.Thread(target=beat, name="orchard-heartbeat", daemon=True)
+    thread.start()
+    return thread
+
+
+def _heartbeat_every_s() -> float:
+    from engine.train.jobs import HEARTBEAT_EVERY_S
+
+    try:
+        value = float(os.environ.get("ORCHARD_JOB_HEARTBEAT_S") or HEARTBEAT_EVERY_S)
+    except ValueError:
+        return HEARTBEAT_EVERY_S
+    return value if value > 0 else HEARTBEAT_EVERY_S
 
 
 @dataclass
@@ -83,6 +129,8 @@ def run_job(store: Store, job: JobInfo, reporter: StoreReporter) -> str | None:
             train = replace(train, device=job.device)
         base = resolve_model_path(cfg["model"], log=reporter.log)
         output = cfg.get("output") or str(default_output_dir(f"{job.kind}-{job.id}"))
+        if Path(output, "orchard_train.json").is_file():
+            reporter.log(f"{output} holds a model; a successful run replaces it (its record is kept, marked replaced)")
         runs = cfg.get("runs") or None
         if job.kind == "dpo":
             from engine.train.dpo import select_pairs, train_dpo
@@ -136,17 +184,26 @@ def main(argv: list[str] | None = None) -> int:
         print(f"job {job.id} is {job.state}, not running: nothing to do", flush=True)
         return 0
     store.set_job_pid(job.id, os.getpid())
+    stop_beating = threading.Event()
+    start_heartbeat(store.path, job.id, _heartbeat_every_s(), stop_beating)
     reporter = StoreReporter(store, job.id)
+    interrupt = {"armed": job.kind in INTERRUPTED_KINDS}
 
     def on_term(signum: int, frame: Any) -> None:
         reporter.cancelled = True
+        if interrupt["armed"]:
+            interrupt["armed"] = False
+            raise JobCancelled(f"signal {signum}")
         reporter.log(f"signal {signum}: stopping at the next step")
 
     signal.signal(signal.SIGTERM, on_term)
     reporter.log(f"job {job.id} ({job.kind}) on {job.device}, pid {os.getpid()}")
     code = 0
     try:
-        output = run_job(store, job, reporter)
+        try:
+            output = run_job(store, job, reporter)
+        finally:
+            interrupt["armed"] = False
         if reporter.cancelled or store.job(job.id).cancel_requested:
             store.finish_job(job.id, "cancelled", error="cancelled by request")
             reporter.log("cancelled")
@@ -156,7 +213,11 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as e:  # noqa: BLE001 - every outcome must be recorded
         from engine.cli import user_errors
 
-        if isinstance(e, user_errors()):  # a bad config, no data, a missing model: the reason is the whole story
+        if store.con.in_transaction:  # interrupted between BEGIN and the transaction's own handler
+            store.con.rollback()
+        if isinstance(e, JobCancelled):
+            reporter.log(f"{e}: stopped at once")
+        elif isinstance(e, user_errors()):  # a bad config, no data, a missing model: the reason is the whole story
             reporter.log(f"failed: {type(e).__name__}: {' '.join(str(e).split())}")
         else:
             traceback.print_exc()
@@ -168,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
             store.finish_job(job.id, "failed", error=message[:2000])
             code = 1
     finally:
+        stop_beating.set()
         try:
             from engine.train.jobs import JobRunner
 

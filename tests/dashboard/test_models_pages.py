@@ -161,3 +161,22 @@ def test_a_launch_with_nothing_to_train_on_is_refused_with_a_reason(db) -> None:
     assert any("Nothing to train on" in e.value and "include pending" in e.value for e in at.error)
     with Store(path, readonly=True) as store:
         assert store.jobs() == []
+
+
+def test_a_launch_into_a_folder_holding_other_files_is_refused(db, tmp_path: Path) -> None:
+    path, runs = db
+    mine = tmp_path / "my-files"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    at = open_page(TRAINING)
+    at.selectbox(key="tr_data").set_value("pairs")
+    at.multiselect(key="tr_runs").set_value([runs["main"]])
+    at.checkbox(key="tr_pending").check()
+    at.text_input(key="tr_out").input(str(mine))
+    at.button[0].click()
+    at.run()
+    assert not at.exception
+    assert any("not launched" in e.value and "not an Orchard model folder" in e.value for e in at.error), texts(at)
+    assert (mine / "notes.txt").read_text() == "keep me"
+    with Store(path, readonly=True) as store:
+        assert store.jobs() == []
