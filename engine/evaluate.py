@@ -33,13 +33,16 @@ import statistics
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.actions import FormatError, parse
 from engine.config import ConfigError, SearchConfig
 from engine.envs.base import Env, TaskSpec
 from engine.llm.base import Generator, GeneratorError, SampleRequest, SamplingParams
 from engine.prompts import HistoryStep, actor_prompt
+
+if TYPE_CHECKING:
+    from engine.store import Store
 
 MODES = ("greedy", "sampled", "mcts")
 
@@ -82,6 +85,14 @@ class EvalConfig:
         for name, ok in checks.items():
             if not ok:
                 raise ConfigError(f"EvalConfig.{name}: invalid value {getattr(self, name)!r}")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EvalConfig:
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"eval config: unknown field(s) {', '.join(unknown)}")
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
 
     @property
     def episode_seeds(self) -> tuple[int, ...]:
@@ -409,7 +420,7 @@ def evaluate(generator: Generator, make_env: Callable[[], Env], tasks: Sequence[
     return EvalResult(metrics=metrics, episodes=episodes, recovery=rec)
 
 
-def evaluate_and_store(store: Any, generator: Generator, env_spec: str, split: str, tasks: Sequence[TaskSpec],
+def evaluate_and_store(store: Store, generator: Generator, env_spec: str, split: str, tasks: Sequence[TaskSpec],
                        config: EvalConfig, recovery: Sequence[Start] = (), model: str | None = None,
                        job_id: str | None = None, make_env: Callable[[], Env] | None = None) -> EvalResult:
     """`evaluate` and record it in the store under `model` (default: the generator's name)."""
@@ -434,3 +445,36 @@ def format_metrics(metrics: dict[str, Any]) -> str:
     lines.append(f"episodes {metrics['episodes']} on {metrics['tasks']} tasks, mean steps {metrics['mean_steps']:.2f}, "
                  f"format errors {metrics['format_error_rate']:.3f} per step")
     return "\n".join(lines)
+
+
+def run_eval(store: Store, cfg: dict[str, Any], log: Callable[[str], None] = print, job_id: str | None = None,
+             selection: tuple[str, Callable[[], Env], str, list[TaskSpec]] | None = None) -> str:
+    """Evaluate per an eval job config (engine.train.jobs); returns the evaluation id. Used by
+    `orchard eval` and by the job worker. `selection`: `eval_tasks(cfg)` when the caller has it already."""
+    from engine.llm.registry import load_generator
+
+    config = EvalConfig.from_dict(cfg.get("eval") or {})
+    env_spec, make_env, split, tasks = selection or eval_tasks(cfg)
+    recovery = []
+    for run in cfg.get("recovery_runs") or []:
+        recovery.extend(recovery_starts(store.samples(run_id=store.find_run(run), kind="recovery")))
+    generator = load_generator(cfg["model"], log=log)
+    result = evaluate_and_store(store, generator, env_spec, split, tasks, config, recovery=recovery,
+                                model=cfg["model"], job_id=job_id, make_env=make_env)
+    log(f"evaluation {result.eval_id}: {cfg['model']} on {len(tasks)} {split} tasks, mode {config.mode}\n"
+        + format_metrics(result.metrics))
+    return str(result.eval_id)
+
+
+def eval_tasks(cfg: dict[str, Any]) -> tuple[str, Callable[[], Env], str, list[TaskSpec]]:
+    """(env spec, env factory, split, tasks) of an eval job config; EnvError for a bad selection."""
+    from engine.envs.registry import env_factory, select_tasks
+
+    env_spec = cfg.get("env") or "textcraft"
+    make_env = env_factory(env_spec)
+    env = make_env()
+    split, tasks_spec = cfg.get("split") or "test", cfg.get("tasks") or ""
+    if tasks_spec in ("train", "test"):
+        split, tasks_spec = tasks_spec, ""
+    tasks = select_tasks(env, tasks_spec, split) if tasks_spec else env.tasks(split)
+    return env_spec, make_env, split, tasks

@@ -35,7 +35,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.config import ConfigError
 from engine.datasets.pairs import Pair
@@ -54,6 +54,9 @@ from engine.train.common import (
     trl_common_args,
     with_threads,
 )
+
+if TYPE_CHECKING:
+    from engine.store import Store
 
 REF_SOURCES = ("auto", "stored", "precompute", "live")
 _REF_COLUMNS = ("ref_chosen_logps", "ref_rejected_logps")
@@ -95,7 +98,7 @@ class DPOTrainConfig(TrainConfig):
 # ------------------------------------------------------------------ data
 
 
-def select_pairs(store: Any, config: DPOTrainConfig, runs: Sequence[str] | None = None) -> list[Pair]:
+def select_pairs(store: Store, config: DPOTrainConfig, runs: Sequence[str] | None = None) -> list[Pair]:
     """The pairs a DPO job trains on, in a stable order."""
     out: list[Pair] = []
     for run in runs if runs else [None]:

@@ -22,10 +22,14 @@ import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.config import ConfigError, SearchConfig, from_dict
 from engine.train.common import MemoryReporter, Reporter, default_output_dir
+
+if TYPE_CHECKING:
+    from engine.evaluate import EvalConfig
+    from engine.store import Store
 
 METHODS = ("agentq", "agentr")
 
@@ -95,13 +99,13 @@ class IterateConfig:
         return SFTTrainConfig.from_dict({"include_pending": True, "seed": self.seed, **self.sft},
                                         where="iterate sft")
 
-    def eval_config(self) -> Any:
-        from engine.train.jobs import eval_config
+    def eval_config(self) -> EvalConfig:
+        from engine.evaluate import EvalConfig
 
-        return eval_config(self.eval)
+        return EvalConfig.from_dict(self.eval)
 
 
-def _trees(store: Any, run_id: str, description: str) -> list[Any]:
+def _trees(store: Store, run_id: str, description: str) -> list[Any]:
     from engine.datasets.samples import TreeRef
 
     refs = []
@@ -112,7 +116,7 @@ def _trees(store: Any, run_id: str, description: str) -> list[Any]:
     return refs
 
 
-def _evaluate(store: Any, model_path: Path, config: IterateConfig, eval_tasks: list[Any], make_env: Any,
+def _evaluate(store: Store, model_path: Path, config: IterateConfig, eval_tasks: list[Any], make_env: Any,
               reporter: Reporter, job_id: str | None, load: Callable[[Path], Any]) -> dict[str, Any]:
     from engine.evaluate import evaluate_and_store, format_metrics
 
@@ -138,7 +142,7 @@ def loop_tasks(config: IterateConfig, env: Any) -> tuple[list[Any], list[Any]]:
     return train_tasks, eval_tasks
 
 
-def run_loop(store: Any, config: IterateConfig, reporter: Reporter | None = None, job_id: str | None = None,
+def run_loop(store: Store, config: IterateConfig, reporter: Reporter | None = None, job_id: str | None = None,
              make_env: Callable[[], Any] | None = None, load: Callable[[Path], Any] | None = None) -> str:
     """Run the loop; returns its id (its iterations are in `store.iterations(loop_id)`).
     `make_env` / `load` (model folder -> Generator) replace the env registry and

@@ -77,7 +77,7 @@ def validate_job(kind: str, config: dict[str, Any]) -> None:
         unknown = set(config) - {"model", "env", "split", "tasks", "eval", "recovery_runs"}
         if unknown:
             raise ConfigError(f"eval job: unknown field(s) {', '.join(sorted(unknown))}")
-        eval_config(config.get("eval") or {}, EvalConfig)
+        EvalConfig.from_dict(config.get("eval") or {})
     elif kind == "iterate":
         from engine.train.iterate import IterateConfig
 
@@ -105,17 +105,6 @@ def train_config(kind: str, data: dict[str, Any]) -> Any:
     if kind == "rft":
         data = {"kinds": ["rft"], **data}
     return SFTTrainConfig.from_dict(data, where=f"{kind} job train config")
-
-
-def eval_config(data: dict[str, Any], cls: type | None = None) -> Any:
-    from engine.evaluate import EvalConfig
-
-    cls = cls or EvalConfig
-    known = set(cls.__dataclass_fields__)
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise ConfigError(f"eval config: unknown field(s) {', '.join(unknown)}")
-    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
 
 
 # ------------------------------------------------------------------ processes

@@ -23,7 +23,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.config import ConfigError
 from engine.datasets.samples import KINDS, Sample
@@ -43,6 +43,9 @@ from engine.train.common import (
     with_threads,
 )
 from engine.train.dpo import encode_completion, encode_prompt
+
+if TYPE_CHECKING:
+    from engine.store import Store
 
 SFT_FORMATS = ("steps", "chat")
 
@@ -80,7 +83,7 @@ def rft_config(**overrides: Any) -> SFTTrainConfig:
     return SFTTrainConfig(**{"kinds": ("rft",), **overrides})
 
 
-def select_samples(store: Any, config: SFTTrainConfig, runs: Sequence[str] | None = None) -> list[Sample]:
+def select_samples(store: Store, config: SFTTrainConfig, runs: Sequence[str] | None = None) -> list[Sample]:
     out: list[Sample] = []
     for run in runs if runs else [None]:
         run_id = store.find_run(run) if run is not None else None

@@ -1,6 +1,6 @@
 """`orchard pairs build`, `orchard revisions build`, `orchard export pairs|sft|agentgym`, `orchard import`.
 
-Wired into engine/cli.py by `add_parsers(sub, common)` (the `pairs`, `revisions` and `import`
+Wired into engine.cli by `add_parsers(sub, common)` (the `pairs`, `revisions` and `import`
 commands) and `add_export_parsers(export_sub, common)` (targets of the existing `export` group).
 Only argparse is imported at start-up; every command imports what it needs when it runs. User
 errors raise `DatasetError` (a ValueError), `ConfigError`, `EnvError`, `GeneratorError` or
@@ -13,7 +13,10 @@ from __future__ import annotations
 import argparse
 import getpass
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from engine.store import Store
 
 SAMPLE_KINDS = "revision,good,rft,recovery,refine,imported"
 EXPORT_STATUSES = "pending,approved,edited"
@@ -26,7 +29,7 @@ def _who() -> str:
         return "orchard"
 
 
-def _trees(store: Any, run_id: str) -> list[Any]:
+def _trees(store: Store, run_id: str) -> list[Any]:
     """The run's committed trees as TreeRefs, with the env description their prompts used."""
     from engine.datasets.samples import TreeRef
     from engine.envs.registry import env_factory

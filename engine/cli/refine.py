@@ -1,6 +1,6 @@
 """`orchard refine generate`: AgentRefine refinement data from a model (docs/algorithms.md §5) into JSONL.
 
-Wired by engine/cli.py (`add_parser(sub, common)`); heavy imports stay inside the command. User
+Wired by engine.cli (`add_parsers(sub, common)`); heavy imports stay inside the command. User
 errors (bad --n, personas file, config file, model spec) are ConfigError / GeneratorError, which
 the CLI prints as one line with exit code 2, before anything is written.
 """
@@ -10,13 +10,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from engine.cli.common import log as _log
 
-def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+
+def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     """Register `refine generate` on the top-level subparsers `sub`."""
     r = sub.add_parser("refine", help="AgentRefine refinement data (persona -> script -> trajectory)")
     rsub = r.add_subparsers(dest="refine_command", required=True)
@@ -116,5 +117,3 @@ def _runs_dir() -> Path:
     return Path(home) / "runs" if home else Path(__file__).resolve().parents[2] / "data" / "runs"
 
 
-def _log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
