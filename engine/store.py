@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
 
+from engine import paths
 from engine.actions import CompositeAction, FormatError, parse
 from engine.datasets.pairs import PAIR_KINDS, Pair
 from engine.datasets.samples import Sample
@@ -268,10 +269,8 @@ class RunInfo:
 
 
 def default_db_path() -> Path:
-    """`$ORCHARD_HOME/orchard.db`, else `data/orchard.db` in the repository."""
-    home = os.environ.get("ORCHARD_HOME")
-    base = Path(home) if home else Path(__file__).resolve().parent.parent / "data"
-    return base / "orchard.db"
+    """$ORCHARD_DB, else `$ORCHARD_HOME/orchard.db`, else `data/orchard.db` (engine.paths)."""
+    return paths.db_path()
 
 
 def _check_file(path: Path) -> int:
@@ -854,7 +853,7 @@ class Store:
                    log_dir: str | Path | None = None) -> JobInfo:
         """A new queued job; its log file goes to `log_dir` (default: `jobs/` beside the database)."""
         job_id = uuid.uuid4().hex[:10]
-        logs = Path(log_dir) if log_dir is not None else self.path.parent / "jobs"
+        logs = Path(log_dir) if log_dir is not None else paths.jobs_dir(self.path)
         now = time.time()
         with self.transaction() as con:
             con.execute(

@@ -27,7 +27,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = argparse.ArgumentParser(prog="orchard", description="MCTS over LLM-agent episodes -> training data.")
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--db", help="database file (default: $ORCHARD_HOME/orchard.db or data/orchard.db)")
+    common.add_argument(
+        "--db", help="database file (default: $ORCHARD_DB, else $ORCHARD_HOME/orchard.db, else data/orchard.db)"
+    )
     sub = p.add_subparsers(dest="command", required=True)
     export_sub = runs.add_parsers(sub, common)  # search, runs, export tree
     data.add_export_parsers(export_sub, common)  # export pairs | sft | agentgym

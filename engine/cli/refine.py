@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.cli.common import log as _log
+from engine.paths import runs_dir
 
 
 def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -53,7 +54,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     overrides = {"seed": args.seed} if args.seed is not None else {}
     config = from_dict(RefineConfig, {**asdict(base), **overrides}, where="command line")
     personas = sample_personas(load_personas(args.personas or DEFAULT_PERSONAS), args.n, config.seed)
-    out = Path(args.out) if args.out else _runs_dir() / f"refine-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
+    out = Path(args.out) if args.out else runs_dir() / f"refine-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
     if out.is_dir():
         raise ConfigError(f"--out {out} is a folder; give a file name")
     generator = load_generator(args.model, log=_log)
@@ -111,9 +112,5 @@ def summary(s: dict[str, Any]) -> list[str]:
     ]
 
 
-def _runs_dir() -> Path:
-    """`$ORCHARD_HOME/runs`, else `<repo>/data/runs` (git-ignored), as the store places its db."""
-    home = os.environ.get("ORCHARD_HOME")
-    return Path(home) / "runs" if home else Path(__file__).resolve().parents[2] / "data" / "runs"
 
 

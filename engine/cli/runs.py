@@ -81,9 +81,10 @@ def cmd_search(args: argparse.Namespace) -> int:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    from engine.store import Store, default_db_path
+    from engine.paths import db_path
+    from engine.store import Store
 
-    if not Path(args.db or default_db_path()).exists():
+    if not db_path(args.db).exists():
         runs = []
     else:
         with Store(args.db) as store:

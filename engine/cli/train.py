@@ -100,11 +100,12 @@ def _follow(runner: Any, job_id: str) -> int:
 def cmd_jobs(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from engine.store import Store, default_db_path
+    from engine.paths import db_path
+    from engine.store import Store
     from engine.train.jobs import JobRunner, job_summary
 
     action = getattr(args, "action", None)
-    if action is None and not Path(args.db or default_db_path()).exists():
+    if action is None and not db_path(args.db).exists():
         print("[]" if args.json else "no jobs yet")
         return 0
     with Store(args.db, must_exist=action is not None) as store:

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from engine import paths
 from engine.actions import parse
 from engine.llm.base import Generator, SampleRequest, SamplingParams
 from engine.llm.tiny_config import TinyConfig
@@ -60,10 +61,8 @@ CHAT_TEMPLATE = (
 
 
 def default_tiny_dir() -> Path:
-    """`$ORCHARD_HOME/models/tiny`, else `<repo>/data/models/tiny`."""
-    home = os.environ.get("ORCHARD_HOME")
-    root = Path(home) if home else Path(__file__).resolve().parents[2] / "data"
-    return root / "models" / "tiny"
+    """`$ORCHARD_HOME/models/tiny`, else `<repo>/data/models/tiny` (engine.paths)."""
+    return paths.tiny_model_dir()
 
 
 # ------------------------------------------------------------------ tokenizer and model

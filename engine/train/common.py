@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Protocol, Self
 
+from engine import paths
 from engine.config import ConfigError
 
 TRAIN_META = "orchard_train.json"
@@ -229,10 +230,8 @@ def read_train_meta(path: str | Path) -> dict[str, Any] | None:
 
 
 def default_output_dir(name: str) -> Path:
-    """`$ORCHARD_HOME/models/trained/NAME`, else `<repo>/data/models/trained/NAME`."""
-    home = os.environ.get("ORCHARD_HOME")
-    root = Path(home) if home else Path(__file__).resolve().parents[2] / "data"
-    return root / "models" / "trained" / name
+    """`$ORCHARD_HOME/models/trained/NAME`, else `<repo>/data/models/trained/NAME` (engine.paths)."""
+    return paths.trained_model_dir(name)
 
 
 # ------------------------------------------------------------------ progress

@@ -37,12 +37,12 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import ConfigError
+from engine.paths import REPO_ROOT, jobs_dir
 from engine.store import JobInfo, Store
 
 JOB_KINDS = ("dpo", "sft", "rft", "eval", "iterate", "probe")
 WORKER_MODULE = "engine.train.worker"
 STARTUP_GRACE_S = 60.0  # a claimed job with no pid yet is presumed starting for this long
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def default_device() -> str:
@@ -198,7 +198,7 @@ class JobRunner:
         return started
 
     def _launch(self, job: JobInfo) -> None:
-        log_path = Path(job.log_path or self.store.path.parent / "jobs" / f"{job.id}.log")
+        log_path = Path(job.log_path or jobs_dir(self.store.path) / f"{job.id}.log")
         try:
             log_path.parent.mkdir(parents=True, exist_ok=True)
             env = {**os.environ, "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1",
