@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from engine.actions import FormatError, parse
-from engine.config import ConfigError, SearchConfig
+from engine.config import ConfigError, SearchConfig, from_dict
 from engine.envs.base import Env, TaskSpec
 from engine.llm.base import Generator, GeneratorError, SampleRequest, SamplingParams
 from engine.prompts import HistoryStep, actor_prompt
@@ -51,21 +51,23 @@ MODES = ("greedy", "sampled", "mcts")
 class EvalConfig:
     """How to evaluate. `seeds`: episodes per task for sampled/mcts (greedy uses the first only)."""
 
-    mode: str = "greedy"
-    seeds: tuple[int, ...] = (0,)
-    max_steps: int = 15
-    temperature: float = 1.0
-    max_tokens: int = 256
+    mode: str = field(default="greedy", metadata={"help": "policy mode", "choices": MODES})
+    seeds: tuple[int, ...] = field(default=(0,), metadata={"help": "episodes per task for sampled/mcts, e.g. 0,1,2"})
+    max_steps: int = field(default=15, metadata={"help": "model steps per episode at most"})
+    temperature: float = field(default=1.0, metadata={"help": "sampled mode temperature"})
+    max_tokens: int = field(default=256, metadata={"help": "tokens per action"})
     success_threshold: float = 1.0
     loop_max_len: int = 4
     bootstrap: int = 1000
     confidence: float = 0.95
-    mcts_simulations: int = 8
+    mcts_simulations: int = field(default=8, metadata={"help": "mcts mode: simulations per real step"})
     mcts_k: int = 4
     mcts_critic: bool = True
     mcts_alpha: float = 0.5
     mcts_rollout_temperature: float = 1.0
-    mcts_backup: str = "reward"  # SearchConfig.backup: "reward" or "progress" (max(reward, latched progress))
+    mcts_backup: str = field(default="reward", metadata={  # SearchConfig.backup
+        "help": "mcts mode: value backed up, the terminal reward or max(reward, latched progress)",
+        "choices": ("reward", "progress")})
 
     def __post_init__(self) -> None:
         checks = {
@@ -87,12 +89,9 @@ class EvalConfig:
                 raise ConfigError(f"EvalConfig.{name}: invalid value {getattr(self, name)!r}")
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> EvalConfig:
-        known = set(cls.__dataclass_fields__)
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigError(f"eval config: unknown field(s) {', '.join(unknown)}")
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
+    def from_dict(cls, data: dict[str, Any], where: str = "eval config") -> EvalConfig:
+        """engine.config.from_dict for this class (types checked, unknown keys named)."""
+        return from_dict(cls, data, where=where)
 
     @property
     def episode_seeds(self) -> tuple[int, ...]:

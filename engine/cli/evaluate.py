@@ -13,7 +13,15 @@ from typing import Any
 from engine.cli.common import PrintReporter
 from engine.cli.common import log as _log
 from engine.cli.common import split_list as _list
+from engine.cli.flags import add_flags, default_help, given
 from engine.config import ConfigError, read_table
+
+EVAL_FLAGS = {"mode": "--mode", "temperature": "--temperature", "mcts_simulations": "--simulations",
+              "mcts_backup": "--backup", "max_steps": "--max-steps", "max_tokens": "--max-tokens"}
+
+ITERATE_FLAGS = {"method": "--method", "model": "--model", "env": "--env", "iterations": "--iterations",
+                 "tasks_per_iteration": "--tasks-per-iteration", "eval_tasks": "--eval-tasks", "seed": "--seed",
+                 "name": "--name"}
 
 
 def _int(text: str, flag: str) -> int:
@@ -28,15 +36,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from engine.store import Store
     from engine.train.jobs import JobRunner, validate_job
 
-    ev: dict[str, Any] = {"mode": args.mode, "max_steps": args.max_steps, "max_tokens": args.max_tokens}
+    ev: dict[str, Any] = given(args, EVAL_FLAGS)
     if args.seeds:
         ev["seeds"] = [_int(s, "--seeds") for s in _list(args.seeds)]
-    if args.temperature is not None:
-        ev["temperature"] = args.temperature
-    if args.simulations is not None:
-        ev["mcts_simulations"] = args.simulations
-    if args.backup is not None:
-        ev["mcts_backup"] = args.backup
     cfg = {"model": args.model, "env": args.env, "split": args.split, "tasks": args.tasks, "eval": ev,
            "recovery_runs": args.recovery_run or []}
     validate_job("eval", cfg)
@@ -53,7 +55,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     else:
         from engine.evaluate import format_metrics
 
-        print(f"evaluation {eval_id} ({args.mode})\n{format_metrics(row['metrics'])}")
+        print(f"evaluation {eval_id} ({row['mode']})\n{format_metrics(row['metrics'])}")
     return 0
 
 
@@ -67,10 +69,7 @@ def cmd_iterate(args: argparse.Namespace) -> int:
     from engine.train.jobs import JobRunner
 
     data: dict[str, Any] = dict(read_table(args.config, "iterate")) if args.config else {}
-    flags = {"method": args.method, "model": args.model, "env": args.env, "iterations": args.iterations,
-             "tasks_per_iteration": args.tasks_per_iteration, "eval_tasks": args.eval_tasks, "seed": args.seed,
-             "name": args.name}
-    data.update({k: v for k, v in flags.items() if v is not None})
+    data.update(given(args, ITERATE_FLAGS))
     config = IterateConfig.from_dict(data)
     loop_tasks(config, env_factory(config.env)())  # a bad task selection is refused before the store opens
     with Store(args.db) as store:
@@ -97,20 +96,17 @@ def cmd_iterate(args: argparse.Namespace) -> int:
 
 def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     """Register `eval` and `iterate`."""
+    from engine.evaluate import EvalConfig
+    from engine.train.iterate import IterateConfig
+
     e = sub.add_parser("eval", parents=[common], help="evaluate a model on held-out tasks")
     e.add_argument("--model", required=True, help="tiny | PATH | hf:PATH | openai:URL#MODEL | vllm:PATH")
     e.add_argument("--env", default="textcraft")
     e.add_argument("--tasks", default="", help="a range/ids within --split, or test | train for the whole split "
                                                "(default: every task of --split)")
     e.add_argument("--split", default="test")
-    e.add_argument("--mode", choices=("greedy", "sampled", "mcts"), default="greedy")
-    e.add_argument("--seeds", help="episodes per task for sampled/mcts, e.g. 0,1,2 (default 0)")
-    e.add_argument("--temperature", type=float, help="sampled mode temperature (default 1.0)")
-    e.add_argument("--simulations", type=int, help="mcts mode: simulations per real step (default 8)")
-    e.add_argument("--backup", choices=("reward", "progress"),
-                   help="mcts mode: value backed up, the terminal reward (default) or max(reward, latched progress)")
-    e.add_argument("--max-steps", dest="max_steps", type=int, default=15)
-    e.add_argument("--max-tokens", dest="max_tokens", type=int, default=256, help="tokens per action (default 256)")
+    add_flags(e, EvalConfig, EVAL_FLAGS)
+    e.add_argument("--seeds", help=default_help(EvalConfig, "seeds"))
     e.add_argument("--recovery-run", dest="recovery_run", action="append",
                    help="also score recovery from this run's recovery prefixes (repeatable)")
     e.add_argument("--json", action="store_true")
@@ -120,14 +116,7 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
 
     it = sub.add_parser("iterate", parents=[common],
                         help="iterated training: search -> data -> train -> evaluate (Agent Q or Agent-R)")
-    it.add_argument("--method", choices=("agentq", "agentr"))
-    it.add_argument("--model", help="starting policy (default tiny)")
-    it.add_argument("--env")
-    it.add_argument("--iterations", type=int)
-    it.add_argument("--tasks-per-iteration", dest="tasks_per_iteration", type=int, help="B train tasks per iteration")
-    it.add_argument("--eval-tasks", dest="eval_tasks", help="range/ids in the test split (default all)")
-    it.add_argument("--seed", type=int)
-    it.add_argument("--name", help="loop id")
+    add_flags(it, IterateConfig, ITERATE_FLAGS)
     it.add_argument("--config", help="JSON file with IterateConfig fields (search/dpo/sft/eval overrides)")
     it.add_argument("--json", action="store_true")
     it.add_argument("--job", action="store_true", help="queue as a background job instead")

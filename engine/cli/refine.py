@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.cli.common import log as _log
+from engine.cli.flags import add_flags
 from engine.paths import runs_dir
 
 
@@ -32,7 +33,9 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
                                  "refine-TIMESTAMP.jsonl); stats go beside it as .stats.json")
     g.add_argument("--personas", help="personas JSONL of {id, persona} (default data/personas.jsonl)")
     g.add_argument("--config", help="TOML/JSON file with RefineConfig settings")
-    g.add_argument("--seed", type=int, help="persona sampling and request seeds (default 0)")
+    from engine.datasets.refine import RefineConfig
+
+    add_flags(g, RefineConfig, {"seed": "--seed"})
     g.set_defaults(func=cmd_generate)
 
 

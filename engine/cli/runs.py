@@ -10,7 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from engine.cli.common import log as _log
+from engine.cli.flags import add_flags, given
 from engine.errors import UsageError
+
+SEARCH_FLAGS = {
+    "simulations": "--simulations", "k": "--k", "depth_limit": "--depth", "c_exp": "--c-exp", "alpha": "--alpha",
+    "temperature": "--temperature", "rollout_temperature": "--rollout-temperature", "max_tokens": "--max-tokens",
+    "trees_in_flight": "--trees-in-flight", "backup": "--backup", "seed": "--seed",
+}
 
 
 def _search_config(args: argparse.Namespace):
@@ -19,12 +26,7 @@ def _search_config(args: argparse.Namespace):
     from engine.config import SearchConfig, from_dict, load_file
 
     base = load_file(SearchConfig, args.config) if args.config else SearchConfig()
-    overrides = {
-        key: getattr(args, key)
-        for key in ("simulations", "k", "depth_limit", "c_exp", "alpha", "seed", "trees_in_flight",
-                    "temperature", "rollout_temperature", "max_tokens", "backup")
-        if getattr(args, key) is not None
-    }
+    overrides = given(args, SEARCH_FLAGS)
     if args.no_critic:
         overrides["critic"] = False
     return from_dict(SearchConfig, {**asdict(base), **overrides}, where="command line")
@@ -141,19 +143,9 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> Any:
     s.add_argument("--name", help="run name")
     s.add_argument("--resume", metavar="RUN", help="continue an interrupted run (id or name)")
     s.add_argument("--config", help="TOML/JSON file with search settings")
-    s.add_argument("--simulations", type=int, help="simulations per task (T, default 16)")
-    s.add_argument("--k", type=int, help="candidates per expansion (default 4)")
-    s.add_argument("--depth", dest="depth_limit", type=int, help="depth limit (D, default 12)")
-    s.add_argument("--c-exp", dest="c_exp", type=float, help="UCB1 exploration constant (default 1.0)")
-    s.add_argument("--alpha", type=float, help="eq. 10 weight of the MCTS value (default 0.5)")
-    s.add_argument("--temperature", type=float, help="expansion sampling temperature (default 1.0)")
-    s.add_argument("--rollout-temperature", dest="rollout_temperature", type=float,
-                   help="rollout temperature, 0 = greedy (default 1.0)")
-    s.add_argument("--max-tokens", dest="max_tokens", type=int, help="tokens per composite action")
-    s.add_argument("--trees-in-flight", dest="trees_in_flight", type=int, help="trees batched together")
-    s.add_argument("--backup", choices=("reward", "progress"),
-                   help="value backed up (eq. 8): the terminal reward (default) or max(reward, latched progress)")
-    s.add_argument("--seed", type=int)
+    from engine.config import SearchConfig
+
+    add_flags(s, SearchConfig, SEARCH_FLAGS)
     s.add_argument("--no-critic", action="store_true", help="skip AI process supervision")
     s.set_defaults(func=cmd_search)
 

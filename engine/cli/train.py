@@ -16,41 +16,31 @@ from typing import Any
 from engine.cli.common import PrintReporter
 from engine.cli.common import log as _log
 from engine.cli.common import split_list as _list
+from engine.cli.flags import add_flags, default_help, given
 from engine.config import read_table
 
 # ------------------------------------------------------------------ train
 
 
-def _train_overrides(args: argparse.Namespace) -> dict[str, Any]:
+TRAIN_FLAGS = {
+    "learning_rate": "--lr", "epochs": "--epochs", "max_steps": "--max-steps", "batch_size": "--batch-size",
+    "grad_accum": "--grad-accum", "max_length": "--max-length", "seed": "--seed", "num_threads": "--threads",
+    "lora": "--lora", "precision": "--precision", "include_pending": "--include-pending",
+}
+DPO_FLAGS = {**TRAIN_FLAGS, "beta": "--beta", "ref_source": "--ref-source", "min_gap": "--min-gap"}
+SFT_FLAGS = {**TRAIN_FLAGS, "format": "--format", "revision_share": "--revision-share"}
 
+
+def _train_overrides(args: argparse.Namespace) -> dict[str, Any]:
     data: dict[str, Any] = dict(read_table(args.config, "train")) if args.config else {}
-    flags = {
-        "learning_rate": args.lr, "epochs": args.epochs, "max_steps": args.max_steps, "batch_size": args.batch_size,
-        "grad_accum": args.grad_accum, "seed": args.seed, "max_length": args.max_length,
-        "num_threads": args.threads,
-    }
-    data.update({k: v for k, v in flags.items() if v is not None})
-    if args.lora:
-        data["lora"] = True
-    if args.precision:
-        data["precision"] = args.precision
+    data.update(given(args, DPO_FLAGS if args.what == "dpo" else SFT_FLAGS))
     if args.status:
         data["statuses"] = _list(args.status)
-    if args.include_pending:
-        data["include_pending"] = True
     if args.what == "dpo":
-        for key in ("beta", "ref_source", "min_gap"):
-            if getattr(args, key) is not None:
-                data[key] = getattr(args, key)
         if args.trajectory:
             data["kinds"] = ["trajectory"]
-    else:
-        if args.kind:
-            data["kinds"] = _list(args.kind)
-        if args.format:
-            data["format"] = args.format
-        if args.revision_share is not None:
-            data["revision_share"] = args.revision_share
+    elif args.kind:
+        data["kinds"] = _list(args.kind)
     return data
 
 
@@ -149,7 +139,10 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
 
 def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
-    """Register `train`, `jobs`, `eval` and `iterate` on the CLI's top-level subparsers."""
+    """Register `train` and `jobs` on the CLI's top-level subparsers."""
+    from engine.train.dpo import DPOTrainConfig
+    from engine.train.sft import SFTTrainConfig
+
     t = sub.add_parser("train", help="train the next policy (DPO, SFT, RFT) as a background job")
     tsub = t.add_subparsers(dest="what", required=True)
     helps = {"dpo": "step-level DPO on preference pairs (--trajectory: the trajectory-level baseline)",
@@ -162,33 +155,16 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
         p.add_argument("--out", help="output model folder (default: data/models/trained/KIND-JOB)")
         p.add_argument("--name", help="job name")
         p.add_argument("--config", help="TOML/JSON file with trainer settings (a [train] table or the top level)")
-        p.add_argument("--status", help="curation statuses to use (default approved,edited)")
-        p.add_argument("--include-pending", dest="include_pending", action="store_true",
-                       help="also train on pending (uncurated) rows")
-        p.add_argument("--lr", type=float, help="learning rate")
-        p.add_argument("--epochs", type=float)
-        p.add_argument("--max-steps", dest="max_steps", type=int)
-        p.add_argument("--batch-size", dest="batch_size", type=int)
-        p.add_argument("--grad-accum", dest="grad_accum", type=int)
-        p.add_argument("--max-length", dest="max_length", type=int)
-        p.add_argument("--seed", type=int)
-        p.add_argument("--threads", type=int, help="torch CPU threads")
-        p.add_argument("--lora", action="store_true", help="train a LoRA adapter (merged into the saved model)")
-        p.add_argument("--precision", choices=("auto", "fp32", "bf16"))
+        config_cls = DPOTrainConfig if what == "dpo" else SFTTrainConfig
+        p.add_argument("--status", help=default_help(config_cls, "statuses"))
+        add_flags(p, config_cls, DPO_FLAGS if what == "dpo" else SFT_FLAGS)
         p.add_argument("--device", help="cpu | cuda:0 ... (default: cuda:0 if available, else cpu)")
         p.add_argument("--wait", action="store_true", help="follow the job until it ends")
         p.add_argument("--foreground", action="store_true", help="train in this process instead of a job")
         if what == "dpo":
-            p.add_argument("--beta", type=float, help="DPO beta (default 0.1)")
-            p.add_argument("--ref-source", dest="ref_source", choices=("auto", "stored", "precompute", "live"),
-                           help="reference log-probs: stored replay buffer where valid (auto, default), ...")
-            p.add_argument("--min-gap", dest="min_gap", type=float, help="only pairs with Q gap at least this")
             p.add_argument("--trajectory", action="store_true", help="trajectory-level DPO (baseline)")
         else:
             p.add_argument("--kind", help="sample kinds (default revision,good; rft: rft)")
-            p.add_argument("--format", choices=("steps", "chat"), help="per-step actor prompts (default) or chats")
-            p.add_argument("--revision-share", dest="revision_share", type=float,
-                           help="fraction of revision trajectories in the mix (Agent-R)")
         p.set_defaults(func=cmd_train)
 
     j = sub.add_parser("jobs", parents=[common], help="list training jobs; cancel, show or read the log of one")

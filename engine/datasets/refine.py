@@ -70,7 +70,7 @@ class RefineConfig:
     max_command_chars: int = 200
     regex_timeout_s: float = 0.05
     jobs_in_flight: int = 256  # personas advanced together; their prompts share one batch
-    seed: int = 0
+    seed: int = field(default=0, metadata={"help": "persona sampling and request seeds"})
 
     def __post_init__(self) -> None:
         checks = {

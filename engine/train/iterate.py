@@ -20,7 +20,7 @@ import random
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,20 +40,21 @@ class IterateConfig:
     SFTTrainConfig and EvalConfig. `revision_shares[i]` is iteration i's revision share (the last
     one repeats). `eval_tasks`: a range or ids within `eval_split` ("" = the whole split)."""
 
-    method: str = "agentq"
-    model: str = "tiny"
-    env: str = "textcraft"
-    iterations: int = 1
-    tasks_per_iteration: int = 8
+    method: str = field(default="agentq", metadata={"help": "Agent Q (DPO on step pairs) or Agent-R (SFT on "
+                                                            "revisions)", "choices": METHODS})
+    model: str = field(default="tiny", metadata={"help": "starting policy"})
+    env: str = field(default="textcraft", metadata={"help": "environment"})
+    iterations: int = field(default=1, metadata={"help": "iterations"})
+    tasks_per_iteration: int = field(default=8, metadata={"help": "B train tasks per iteration"})
     train_split: str = "train"
     eval_split: str = "test"
-    eval_tasks: str = ""
-    seed: int = 0
+    eval_tasks: str = field(default="", metadata={"help": "range/ids in the test split (default all)"})
+    seed: int = field(default=0, metadata={"help": "loop seed"})
     theta: float = 0.1
     evaluate_base: bool = True
     revision_shares: tuple[float, ...] = (0.25, 0.5, 0.75)
     output_root: str | None = None
-    name: str | None = None
+    name: str | None = field(default=None, metadata={"help": "loop id"})
     search: dict[str, Any] = field(default_factory=dict)
     dpo: dict[str, Any] = field(default_factory=dict)
     sft: dict[str, Any] = field(default_factory=dict)
@@ -76,13 +77,9 @@ class IterateConfig:
         self.eval_config()
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> IterateConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigError(f"iterate config: unknown field(s) {', '.join(unknown)}")
-        values = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
-        return cls(**values)
+    def from_dict(cls, data: dict[str, Any], where: str = "iterate config") -> IterateConfig:
+        """engine.config.from_dict for this class (types checked, unknown keys named)."""
+        return from_dict(cls, data, where=where)
 
     def search_config(self) -> SearchConfig:
         return from_dict(SearchConfig, {"seed": self.seed, **self.search}, where="iterate search")
