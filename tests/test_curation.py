@@ -13,7 +13,6 @@ from doubles import ScriptedGenerator, SnapshotLineEnv
 from test_pairs import _two_outcome_tree, add
 from test_revisions import Judge, spliced_tree
 
-import engine.store as store_module
 from engine.cli import data as cli_commands
 from engine.config import SearchConfig
 from engine.datasets.formats import ImportFormatError
@@ -23,6 +22,7 @@ from engine.datasets.samples import TreeRef
 from engine.envs.base import TaskSpec
 from engine.search.runner import new_run
 from engine.store import ConflictError, EditError, Store, StoreError
+from engine.store import schema as store_module  # the migrations live in engine.store.schema
 
 VALID = "THOUGHT: go on.\nACTION: right\nEXPLANATION: closer.\nSTATUS: CONTINUE"
 
