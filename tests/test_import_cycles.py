@@ -136,3 +136,14 @@ def test_no_import_cycles() -> None:
     assert "engine.cli" in graph and "dashboard.app" in graph
     cycles = find_cycles(graph)
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_only_the_cli_imports_the_cli() -> None:
+    """The CLI layer parses and prints; the domain (and the dashboard) never depends on it."""
+    graph = import_graph()
+
+    def inside(name: str) -> bool:
+        return name == "engine.cli" or name.startswith("engine.cli.")
+
+    offenders = sorted(f"{m} -> {t}" for m, targets in graph.items() if not inside(m) for t in targets if inside(t))
+    assert not offenders, "imports of the CLI layer from outside it: " + "; ".join(offenders)
