@@ -9,24 +9,23 @@ The dashboard never creates a database: a missing or empty file is reported, not
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import streamlit as st
 
+from engine import paths
 from engine.datasets.pairs import Pair
 from engine.datasets.samples import Sample
 from engine.search.tree import SearchTree
-from engine.store import HistoryEntry, RunInfo, Store, StoreError, default_db_path
+from engine.store import HistoryEntry, RunInfo, Store, StoreError
 
-DB_ENV = "ORCHARD_DB"
+DB_ENV = paths.DB_ENV
 NO_RUNS = "No runs yet — run `make run` to search the demo tasks, then reload this page."
 
 
 def db_path() -> Path:
-    """`$ORCHARD_DB` when set, else the engine's default database."""
-    value = os.environ.get(DB_ENV)
-    return Path(value).expanduser() if value else default_db_path()
+    """`$ORCHARD_DB` when set, else the engine's default database (engine.paths, as the CLI)."""
+    return paths.db_path()
 
 
 def db_version(path: Path) -> tuple[int, ...]:

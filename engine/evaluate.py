@@ -35,13 +35,16 @@ import statistics
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.actions import FormatError, parse
-from engine.config import ConfigError, SearchConfig
+from engine.config import ConfigError, SearchConfig, from_dict
 from engine.envs.base import Env, Step, TaskSpec, checked_step, close_env, close_envs, env_label
 from engine.llm.base import Generator, GeneratorError, SampleRequest, SamplingParams
 from engine.prompts import HistoryStep, actor_prompt
+
+if TYPE_CHECKING:
+    from engine.store import Store
 
 MODES = ("greedy", "sampled", "mcts")
 
@@ -50,21 +53,23 @@ MODES = ("greedy", "sampled", "mcts")
 class EvalConfig:
     """How to evaluate. `seeds`: episodes per task for sampled/mcts (greedy uses the first only)."""
 
-    mode: str = "greedy"
-    seeds: tuple[int, ...] = (0,)
-    max_steps: int = 15
-    temperature: float = 1.0
-    max_tokens: int = 256
+    mode: str = field(default="greedy", metadata={"help": "policy mode", "choices": MODES})
+    seeds: tuple[int, ...] = field(default=(0,), metadata={"help": "episodes per task for sampled/mcts, e.g. 0,1,2"})
+    max_steps: int = field(default=15, metadata={"help": "model steps per episode at most"})
+    temperature: float = field(default=1.0, metadata={"help": "sampled mode temperature"})
+    max_tokens: int = field(default=256, metadata={"help": "tokens per action"})
     success_threshold: float = 1.0
     loop_max_len: int = 4
     bootstrap: int = 1000
     confidence: float = 0.95
-    mcts_simulations: int = 8
+    mcts_simulations: int = field(default=8, metadata={"help": "mcts mode: simulations per real step"})
     mcts_k: int = 4
     mcts_critic: bool = True
     mcts_alpha: float = 0.5
     mcts_rollout_temperature: float = 1.0
-    mcts_backup: str = "reward"  # SearchConfig.backup: "reward" or "progress" (max(reward, latched progress))
+    mcts_backup: str = field(default="reward", metadata={  # SearchConfig.backup
+        "help": "mcts mode: value backed up, the terminal reward or max(reward, latched progress)",
+        "choices": ("reward", "progress")})
 
     def __post_init__(self) -> None:
         checks = {
@@ -84,6 +89,11 @@ class EvalConfig:
         for name, ok in checks.items():
             if not ok:
                 raise ConfigError(f"EvalConfig.{name}: invalid value {getattr(self, name)!r}")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "eval config") -> EvalConfig:
+        """engine.config.from_dict for this class (types checked, unknown keys named)."""
+        return from_dict(cls, data, where=where)
 
     @property
     def episode_seeds(self) -> tuple[int, ...]:
@@ -450,7 +460,7 @@ def evaluate(generator: Generator, make_env: Callable[[], Env], tasks: Sequence[
     return EvalResult(metrics=metrics, episodes=episodes, recovery=rec)
 
 
-def evaluate_and_store(store: Any, generator: Generator, env_spec: str, split: str, tasks: Sequence[TaskSpec],
+def evaluate_and_store(store: Store, generator: Generator, env_spec: str, split: str, tasks: Sequence[TaskSpec],
                        config: EvalConfig, recovery: Sequence[Start] = (), model: str | None = None,
                        job_id: str | None = None, make_env: Callable[[], Env] | None = None) -> EvalResult:
     """`evaluate` and record it in the store under `model` (default: the generator's name)."""
@@ -475,3 +485,36 @@ def format_metrics(metrics: dict[str, Any]) -> str:
     lines.append(f"episodes {metrics['episodes']} on {metrics['tasks']} tasks, mean steps {metrics['mean_steps']:.2f}, "
                  f"format errors {metrics['format_error_rate']:.3f} per step")
     return "\n".join(lines)
+
+
+def run_eval(store: Store, cfg: dict[str, Any], log: Callable[[str], None] = print, job_id: str | None = None,
+             selection: tuple[str, Callable[[], Env], str, list[TaskSpec]] | None = None) -> str:
+    """Evaluate per an eval job config (engine.train.jobs); returns the evaluation id. Used by
+    `orchard eval` and by the job worker. `selection`: `eval_tasks(cfg)` when the caller has it already."""
+    from engine.llm.registry import load_generator
+
+    config = EvalConfig.from_dict(cfg.get("eval") or {})
+    env_spec, make_env, split, tasks = selection or eval_tasks(cfg)
+    recovery = []
+    for run in cfg.get("recovery_runs") or []:
+        recovery.extend(recovery_starts(store.samples(run_id=store.find_run(run), kind="recovery")))
+    generator = load_generator(cfg["model"], log=log)
+    result = evaluate_and_store(store, generator, env_spec, split, tasks, config, recovery=recovery,
+                                model=cfg["model"], job_id=job_id, make_env=make_env)
+    log(f"evaluation {result.eval_id}: {cfg['model']} on {len(tasks)} {split} tasks, mode {config.mode}\n"
+        + format_metrics(result.metrics))
+    return str(result.eval_id)
+
+
+def eval_tasks(cfg: dict[str, Any]) -> tuple[str, Callable[[], Env], str, list[TaskSpec]]:
+    """(env spec, env factory, split, tasks) of an eval job config; EnvError for a bad selection."""
+    from engine.envs.registry import env_factory, select_tasks
+
+    env_spec = cfg.get("env") or "textcraft"
+    make_env = env_factory(env_spec)
+    env = make_env()
+    split, tasks_spec = cfg.get("split") or "test", cfg.get("tasks") or ""
+    if tasks_spec in ("train", "test"):
+        split, tasks_spec = tasks_spec, ""
+    tasks = select_tasks(env, tasks_spec, split) if tasks_spec else env.tasks(split)
+    return env_spec, make_env, split, tasks

@@ -263,3 +263,22 @@ def test_resume_sends_the_api_key_to_a_stored_url_only_when_the_user_says_so(tmp
         assert "no API key was sent" in capsys.readouterr().err and server.seen[-1] is None
     finally:
         server.close()
+
+
+def test_orchard_db_is_the_store_of_search_and_runs(tmp_path, monkeypatch, capsys):
+    """$ORCHARD_DB chooses the database of the CLI as it does the dashboard's (engine.paths)."""
+    import engine.llm.registry
+
+    db = tmp_path / "chosen" / "o.db"
+    db.parent.mkdir()
+    monkeypatch.setenv("ORCHARD_DB", str(db))
+    monkeypatch.setenv("ORCHARD_HOME", str(tmp_path / "home"))  # the fallback, which must stay unused
+    monkeypatch.setattr(engine.llm.registry, "load_generator", lambda spec, log=print, **_kw: ScriptedGenerator())
+    assert main(["search", "--tasks", "0:1", "--simulations", "1", "--k", "1", "--no-critic",
+                 "--name", "via-env"]) == 0
+    assert db.exists() and not (tmp_path / "home").exists()
+    capsys.readouterr()
+    assert main(["runs", "--json"]) == 0
+    assert [r["name"] for r in json.loads(capsys.readouterr().out)] == ["via-env"]
+    assert main(["runs", "--json", "--db", str(tmp_path / "other.db")]) == 0  # --db still wins
+    assert json.loads(capsys.readouterr().out) == []

@@ -13,9 +13,8 @@ from doubles import ScriptedGenerator, SnapshotLineEnv
 from test_pairs import _two_outcome_tree, add
 from test_revisions import Judge, spliced_tree
 
-import engine.store as store_module
+from engine.cli import data as cli_commands
 from engine.config import SearchConfig
-from engine.datasets import cli_commands
 from engine.datasets.formats import ImportFormatError
 from engine.datasets.pairs import PairsConfig, build_pairs
 from engine.datasets.revisions import RevisionConfig, build_revisions
@@ -23,6 +22,7 @@ from engine.datasets.samples import TreeRef
 from engine.envs.base import TaskSpec
 from engine.search.runner import new_run
 from engine.store import ConflictError, EditError, Store, StoreError
+from engine.store import schema as store_module  # the migrations live in engine.store.schema
 
 VALID = "THOUGHT: go on.\nACTION: right\nEXPLANATION: closer.\nSTATUS: CONTINUE"
 
@@ -221,7 +221,7 @@ def test_samples_loss_toggles_status_and_rebuild(db):
 
 
 def _cli(argv: list[str]) -> int:
-    """The dataset commands as engine/cli.py wires them (add_parsers + add_export_parsers)."""
+    """The dataset commands as engine.cli wires them (add_parsers + add_export_parsers)."""
     p = argparse.ArgumentParser(prog="orchard")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--db")

@@ -42,7 +42,7 @@ def _intact(path: Path) -> None:
 
 
 def test_migration_3_adds_the_training_tables_to_a_version_2_database(tmp_path: Path, monkeypatch) -> None:
-    import engine.store as store_module
+    from engine.store import schema as store_module  # the migrations live in engine.store.schema
 
     path = tmp_path / "v2.db"
     monkeypatch.setattr(store_module, "MIGRATIONS", store_module.MIGRATIONS[:2])

@@ -19,8 +19,8 @@ from fuzz_data import model_outputs
 from serve_fixture import transformers_serve
 from tiny_model_fixture import build_tiny_model
 
+from engine.cli import refine as refine_cli
 from engine.config import ConfigError
-from engine.datasets import refine_cli
 from engine.datasets.refine import (
     DEFAULT_PERSONAS,
     EXAMPLE_SCRIPT,
@@ -503,7 +503,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="orchard")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--db")
-    refine_cli.add_parser(parser.add_subparsers(dest="command", required=True), common)
+    refine_cli.add_parsers(parser.add_subparsers(dest="command", required=True), common)
     return parser.parse_args(argv)
 
 

@@ -192,7 +192,7 @@ def test_readonly_store_reads_without_writing(tmp_path):
 
 def test_migrations_are_numbered_in_order_and_every_older_database_upgrades(tmp_path: Path, monkeypatch) -> None:
     """A duplicated or out-of-order version would silently skip a migration on existing databases."""
-    import engine.store as store_module
+    from engine.store import schema as store_module  # the migrations live in engine.store.schema
 
     versions = [v for v, _ in store_module.MIGRATIONS]
     assert versions == list(range(1, len(versions) + 1))

@@ -1,4 +1,4 @@
-"""`orchard train|jobs|eval` through the argparse wiring that engine/cli.py uses (`add_parsers`)."""
+"""`orchard train|jobs|eval` through the argparse wiring that engine.cli uses (`add_parsers`)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,12 @@ import pytest
 from doubles import action_text
 from tiny_model_fixture import build_tiny_model
 
+from engine.cli import evaluate as eval_commands
+from engine.cli import train as train_commands
 from engine.datasets.pairs import Pair
 from engine.envs.base import TaskSpec
 from engine.prompts import actor_prompt
 from engine.store import Store
-from engine.train.cli_commands import add_parsers
 from engine.train.common import TrainError
 
 
@@ -23,7 +24,8 @@ def _run(argv: list[str]) -> int:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--db")
     sub = parser.add_subparsers(dest="command", required=True)
-    add_parsers(sub, common)
+    train_commands.add_parsers(sub, common)
+    eval_commands.add_parsers(sub, common)
     args = parser.parse_args(argv)
     return args.func(args)
 

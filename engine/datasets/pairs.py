@@ -44,8 +44,8 @@ class PairsConfig:
     trajectory_pairs: at most this many success-vs-failure pairs per task."""
 
     alpha: float = 0.5
-    theta: float = 0.1
-    trajectory_pairs: int = 4
+    theta: float = field(default=0.1, metadata={"help": "minimum Q gap, strict"})
+    trajectory_pairs: int = field(default=4, metadata={"help": "success-vs-failure trajectory pairs per task"})
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.alpha <= 1.0:

@@ -74,7 +74,7 @@ class RefineConfig:
     regex_timeout_s: float = 0.05
     max_answer_chars: int = 262_144  # longer model answers are rejected unparsed (~16x trajectory_max_tokens)
     jobs_in_flight: int = 256  # personas advanced together; their prompts share one batch
-    seed: int = 0
+    seed: int = field(default=0, metadata={"help": "persona sampling and request seeds"})
 
     def __post_init__(self) -> None:
         checks = {

@@ -67,11 +67,12 @@ class RevisionConfig:
     """alpha_good / beta_gap on final rewards in [0, 1] (strict); max_per_task caps the revision
     trajectories of one tree; noop_command is the revision turn's command."""
 
-    alpha_good: float = 0.5
-    beta_gap: float = 0.5
-    max_per_task: int = 16
-    noop_command: str = "noop"
-    judge_max_tokens: int = 128
+    alpha_good: float = field(default=0.5, metadata={"help": "a good leaf has reward above this"})
+    beta_gap: float = field(default=0.5, metadata={
+        "help": "pair a bad leaf when the good one's reward is higher by more than this"})
+    max_per_task: int = field(default=16, metadata={"help": "revision trajectories per task at most"})
+    noop_command: str = field(default="noop", metadata={"help": "the revision turn's command"})
+    judge_max_tokens: int = field(default=128, metadata={"help": "tokens per first-error judgement"})
     seed: int = 0
 
     def __post_init__(self) -> None:

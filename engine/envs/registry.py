@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import os
 import re
 from collections.abc import Callable
 from importlib.metadata import entry_points
-from pathlib import Path
 from urllib.parse import parse_qsl
 
 from engine.envs.base import Env, EnvError, TaskSpec
+from engine.paths import cache_dir  # noqa: F401 - the adapters' cache, re-exported for them
 
 _RANGE = re.compile(r"^\d+$|^\d*:\d*(:\d*)?$")
 ENTRY_POINT_GROUP = "orchard.envs"
@@ -99,18 +98,6 @@ def split_options(arg: str, allowed: dict[str, type], env: str) -> tuple[str, di
         except ValueError:
             raise EnvError(f"{env}: option {key}={value!r} is not a valid {kind.__name__}") from None
     return main, options
-
-
-def cache_dir(*parts: str) -> Path:
-    """Where adapters keep generated data: $ORCHARD_CACHE, else $ORCHARD_HOME/cache, else
-    ~/.cache/orchard (created on demand)."""
-    root = os.environ.get("ORCHARD_CACHE")
-    if not root:
-        home = os.environ.get("ORCHARD_HOME")
-        root = str(Path(home) / "cache") if home else str(Path.home() / ".cache" / "orchard")
-    path = Path(root).joinpath(*parts)
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 def select_tasks(env: Env, spec: str, split: str = "train") -> list[TaskSpec]:

@@ -33,7 +33,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.envs.base import EnvBase, EnvError, Step, TaskSpec
-from engine.envs.registry import cache_dir, split_options
+from engine.envs.registry import split_options
+from engine.paths import cache_dir
 
 SPLITS = ("train", "dev", "test")
 OPTIONS = {"vars": str, "snap": bool, "valid": bool, "steps": int, "simplify": str}

@@ -1,7 +1,7 @@
 """TextWorld games as an env: `--env textworld:cooking[?n=10&recipe=1&go=1&restore=replay]`.
 
 Games are generated offline by TextWorld's own challenge makers from a FIXED seed set (train seeds
-1..n, test seeds TEST_SEED0+1..), once, at first use, into the cache (`registry.cache_dir`), written
+1..n, test seeds TEST_SEED0+1..), once, at first use, into the cache (`engine.paths.cache_dir`), written
 atomically so parallel processes can share it; nothing is downloaded. A task is one game. The
 admissible commands are `valid_commands()` and are listed in each observation (option valid=0 turns
 that off); the game's walkthrough is the expert. Reward 1.0 when the game is won, done with 0.0 when
@@ -29,7 +29,8 @@ import textworld.challenges
 from textworld import EnvInfos, GameOptions
 
 from engine.envs.base import EnvBase, EnvError, Step, TaskSpec
-from engine.envs.registry import cache_dir, split_options
+from engine.envs.registry import split_options
+from engine.paths import cache_dir
 
 SPLITS = ("train", "test")
 TEST_SEED0 = 10_000

@@ -29,8 +29,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from engine import paths
 from engine.actions import parse
 from engine.llm.base import Generator, SampleRequest, SamplingParams
+from engine.llm.tiny_config import TinyConfig
 from engine.llm.tiny_data import trie_pattern
 from engine.prompts import HistoryStep, actor_prompt
 from engine.torch_threads import torch_threads
@@ -58,45 +60,9 @@ CHAT_TEMPLATE = (
 )
 
 
-@dataclass(frozen=True)
-class TinyConfig:
-    """Everything that determines the tiny model's weights (stored with it; a change rebuilds)."""
-
-    seed: int = 0
-    # data (TextCraft train split, noisy expert)
-    max_tasks: int | None = None  # None: every train task
-    episodes_per_task: int = 1
-    noise: float = 0.3  # expert mistake probability per step
-    rename_fraction: float = 0.0  # episodes shown with item names swapped (see tiny_data)
-    critic_fraction: float = 0.1  # chance of a critic row per expert step
-    judge_fraction: float = 0.15  # chance of a judge row per expert step
-    max_row_tokens: int = 512  # longer rows are dropped from training
-    # tokenizer + model
-    vocab_size: int = 4096
-    hidden_size: int = 192
-    num_layers: int = 4
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    intermediate_size: int = 512
-    max_positions: int = 4096
-    # optimisation
-    steps: int = 560
-    batch_tokens: int = 3072
-    lr: float = 3e-3
-    warmup_steps: int = 15
-    weight_decay: float = 0.01
-    # Torch threads while training. Two, with OMP_WAIT_POLICY=PASSIVE (set in engine/__init__):
-    # 1.6x faster than one on an idle 2-core machine and no slower under contention (measured).
-    # Weights depend, in the last bits, on the thread count, so a fixed count keeps builds
-    # identical everywhere.
-    threads: int = 2
-
-
 def default_tiny_dir() -> Path:
-    """`$ORCHARD_HOME/models/tiny`, else `<repo>/data/models/tiny`."""
-    home = os.environ.get("ORCHARD_HOME")
-    root = Path(home) if home else Path(__file__).resolve().parents[2] / "data"
-    return root / "models" / "tiny"
+    """`$ORCHARD_HOME/models/tiny`, else `<repo>/data/models/tiny` (engine.paths)."""
+    return paths.tiny_model_dir()
 
 
 # ------------------------------------------------------------------ tokenizer and model

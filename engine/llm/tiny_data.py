@@ -42,7 +42,7 @@ from engine.prompts import (
 )
 
 if TYPE_CHECKING:
-    from engine.llm.tiny import TinyConfig
+    from engine.llm.tiny_config import TinyConfig
 
 MAX_EPISODE_STEPS = 30
 # Why each kind of deliberate mistake is wrong, in the words of the critic and judge answers.

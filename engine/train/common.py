@@ -17,11 +17,12 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol, Self
 
-from engine.config import ConfigError
+from engine import paths
+from engine.config import ConfigError, from_dict
 
 TRAIN_META = "orchard_train.json"
 TRAIN_FORMAT = 1
@@ -43,25 +44,26 @@ class TrainConfig:
     `lora`: train a LoRA adapter (peft) and merge it into the saved model instead of all weights.
     `num_threads`: torch CPU threads while training (None: torch's default)."""
 
-    learning_rate: float = 1e-6
-    epochs: float = 1.0
-    max_steps: int = -1  # > 0 overrides epochs
-    batch_size: int = 8
-    grad_accum: int = 1
+    learning_rate: float = field(default=1e-6, metadata={"help": "learning rate"})
+    epochs: float = field(default=1.0, metadata={"help": "passes over the data"})
+    max_steps: int = field(default=-1, metadata={"help": "optimizer steps; > 0 overrides epochs"})
+    batch_size: int = field(default=8, metadata={"help": "rows per device step"})
+    grad_accum: int = field(default=1, metadata={"help": "gradient accumulation steps"})
     warmup: float = 0.0  # < 1: a fraction of the steps; >= 1: a number of steps
     weight_decay: float = 0.0
     lr_scheduler: str = "linear"
-    max_length: int | None = 2048
-    seed: int = 0
+    max_length: int | None = field(default=2048, metadata={"help": "tokens per row at most"})
+    seed: int = field(default=0, metadata={"help": "training seed"})
     device: str = "auto"
-    precision: str = "auto"
+    precision: str = field(default="auto", metadata={"help": "auto: bf16 on a CUDA device that supports it, else fp32",
+                                                     "choices": PRECISIONS})
     gradient_checkpointing: bool = False
-    lora: bool = False
+    lora: bool = field(default=False, metadata={"help": "train a LoRA adapter (merged into the saved model)"})
     lora_r: int = 16
     lora_alpha: int = 32
     lora_dropout: float = 0.05
     lora_targets: str = "all-linear"
-    num_threads: int | None = None
+    num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: torch's)"})
     logging_steps: int = 1
 
     def __post_init__(self) -> None:
@@ -99,16 +101,8 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "train config") -> Self:
-        """Like engine.config.from_dict, with list -> tuple for tuple fields and None allowed."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigError(f"{where}: unknown field(s) {', '.join(unknown)} for {cls.__name__}")
-        values = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
-        try:
-            return cls(**values)
-        except TypeError as e:
-            raise ConfigError(f"{where}: {e}") from None
+        """engine.config.from_dict for this class (types checked, unknown keys named)."""
+        return from_dict(cls, data, where=where)
 
 
 # ------------------------------------------------------------------ devices and precision
@@ -267,10 +261,8 @@ def read_train_meta(path: str | Path) -> dict[str, Any] | None:
 
 
 def default_output_dir(name: str) -> Path:
-    """`$ORCHARD_HOME/models/trained/NAME`, else `<repo>/data/models/trained/NAME`."""
-    home = os.environ.get("ORCHARD_HOME")
-    root = Path(home) if home else Path(__file__).resolve().parents[2] / "data"
-    return root / "models" / "trained" / name
+    """`$ORCHARD_HOME/models/trained/NAME`, else `<repo>/data/models/trained/NAME` (engine.paths)."""
+    return paths.trained_model_dir(name)
 
 
 # ------------------------------------------------------------------ progress

@@ -34,9 +34,9 @@ import math
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.config import ConfigError
 from engine.datasets.pairs import Pair
@@ -57,6 +57,9 @@ from engine.train.common import (
     with_threads,
 )
 
+if TYPE_CHECKING:
+    from engine.store import Store
+
 REF_SOURCES = ("auto", "stored", "precompute", "live")
 _REF_COLUMNS = ("ref_chosen_logps", "ref_rejected_logps")
 
@@ -66,14 +69,16 @@ class DPOTrainConfig(TrainConfig):
     """DPO settings. Data: pairs of `kinds` whose curation status is in `statuses` (approved and
     edited by default; `include_pending` adds pending ones), optionally only with Q gap >= min_gap."""
 
-    learning_rate: float = 1e-6
-    beta: float = 0.1
+    learning_rate: float = field(default=1e-6, metadata={"help": "learning rate"})
+    beta: float = field(default=0.1, metadata={"help": "DPO beta"})
     loss_type: str = "sigmoid"
-    statuses: tuple[str, ...] = ("approved", "edited")
-    include_pending: bool = False
+    statuses: tuple[str, ...] = field(default=("approved", "edited"), metadata={"help": "curation statuses to use"})
+    include_pending: bool = field(default=False, metadata={"help": "also train on pending (uncurated) rows"})
     kinds: tuple[str, ...] = ("step",)
-    min_gap: float | None = None
-    ref_source: str = "auto"
+    min_gap: float | None = field(default=None, metadata={"help": "only pairs with Q gap at least this"})
+    ref_source: str = field(default="auto", metadata={
+        "help": "reference log-probs: the stored replay buffer where valid (auto), stored only, precomputed "
+                "or live", "choices": REF_SOURCES})
     verify_per_run: int = 4
     ref_tolerance: float = 1e-3  # nats per token between stored and re-scored log-probs
 
@@ -97,7 +102,7 @@ class DPOTrainConfig(TrainConfig):
 # ------------------------------------------------------------------ data
 
 
-def select_pairs(store: Any, config: DPOTrainConfig, runs: Sequence[str] | None = None) -> list[Pair]:
+def select_pairs(store: Store, config: DPOTrainConfig, runs: Sequence[str] | None = None) -> list[Pair]:
     """The pairs a DPO job trains on, in a stable order."""
     out: list[Pair] = []
     for run in runs if runs else [None]:

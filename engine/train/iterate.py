@@ -21,12 +21,16 @@ import random
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.config import ConfigError, SearchConfig, from_dict
 from engine.train.common import MemoryReporter, Reporter, default_output_dir
+
+if TYPE_CHECKING:
+    from engine.evaluate import EvalConfig
+    from engine.store import Store
 
 METHODS = ("agentq", "agentr")
 
@@ -37,20 +41,21 @@ class IterateConfig:
     SFTTrainConfig and EvalConfig. `revision_shares[i]` is iteration i's revision share (the last
     one repeats). `eval_tasks`: a range or ids within `eval_split` ("" = the whole split)."""
 
-    method: str = "agentq"
-    model: str = "tiny"
-    env: str = "textcraft"
-    iterations: int = 1
-    tasks_per_iteration: int = 8
+    method: str = field(default="agentq", metadata={"help": "Agent Q (DPO on step pairs) or Agent-R (SFT on "
+                                                            "revisions)", "choices": METHODS})
+    model: str = field(default="tiny", metadata={"help": "starting policy"})
+    env: str = field(default="textcraft", metadata={"help": "environment"})
+    iterations: int = field(default=1, metadata={"help": "iterations"})
+    tasks_per_iteration: int = field(default=8, metadata={"help": "B train tasks per iteration"})
     train_split: str = "train"
     eval_split: str = "test"
-    eval_tasks: str = ""
-    seed: int = 0
+    eval_tasks: str = field(default="", metadata={"help": "range/ids in the test split (default all)"})
+    seed: int = field(default=0, metadata={"help": "loop seed"})
     theta: float = 0.1
     evaluate_base: bool = True
     revision_shares: tuple[float, ...] = (0.25, 0.5, 0.75)
     output_root: str | None = None
-    name: str | None = None
+    name: str | None = field(default=None, metadata={"help": "loop id"})
     search: dict[str, Any] = field(default_factory=dict)
     dpo: dict[str, Any] = field(default_factory=dict)
     sft: dict[str, Any] = field(default_factory=dict)
@@ -73,13 +78,9 @@ class IterateConfig:
         self.eval_config()
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> IterateConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigError(f"iterate config: unknown field(s) {', '.join(unknown)}")
-        values = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
-        return cls(**values)
+    def from_dict(cls, data: dict[str, Any], where: str = "iterate config") -> IterateConfig:
+        """engine.config.from_dict for this class (types checked, unknown keys named)."""
+        return from_dict(cls, data, where=where)
 
     def search_config(self) -> SearchConfig:
         return from_dict(SearchConfig, {"seed": self.seed, **self.search}, where="iterate search")
@@ -96,13 +97,13 @@ class IterateConfig:
         return SFTTrainConfig.from_dict({"include_pending": True, "seed": self.seed, **self.sft},
                                         where="iterate sft")
 
-    def eval_config(self) -> Any:
-        from engine.train.jobs import eval_config
+    def eval_config(self) -> EvalConfig:
+        from engine.evaluate import EvalConfig
 
-        return eval_config(self.eval)
+        return EvalConfig.from_dict(self.eval)
 
 
-def _trees(store: Any, run_id: str, description: str) -> list[Any]:
+def _trees(store: Store, run_id: str, description: str) -> list[Any]:
     from engine.datasets.samples import TreeRef
 
     refs = []
@@ -113,7 +114,7 @@ def _trees(store: Any, run_id: str, description: str) -> list[Any]:
     return refs
 
 
-def _evaluate(store: Any, model_path: Path, config: IterateConfig, eval_tasks: list[Any], make_env: Any,
+def _evaluate(store: Store, model_path: Path, config: IterateConfig, eval_tasks: list[Any], make_env: Any,
               reporter: Reporter, job_id: str | None, load: Callable[[Path], Any]) -> dict[str, Any]:
     from engine.evaluate import evaluate_and_store, format_metrics
 
@@ -139,7 +140,7 @@ def loop_tasks(config: IterateConfig, env: Any) -> tuple[list[Any], list[Any]]:
     return train_tasks, eval_tasks
 
 
-def run_loop(store: Any, config: IterateConfig, reporter: Reporter | None = None, job_id: str | None = None,
+def run_loop(store: Store, config: IterateConfig, reporter: Reporter | None = None, job_id: str | None = None,
              make_env: Callable[[], Any] | None = None, load: Callable[[Path], Any] | None = None) -> str:
     """Run the loop; returns its id (its iterations are in `store.iterations(loop_id)`).
     `make_env` / `load` (model folder -> Generator) replace the env registry and

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import ConfigError
+from engine.paths import REPO_ROOT, jobs_dir
 from engine.store import JobInfo, Store
 
 JOB_KINDS = ("dpo", "sft", "rft", "eval", "iterate", "probe")
@@ -51,7 +52,6 @@ WORKER_MODULE = "engine.train.worker"
 STARTUP_GRACE_S = 60.0  # a claimed job with no pid yet is presumed starting for this long
 HEARTBEAT_EVERY_S = 5.0  # a worker's heartbeat thread beats this often (ORCHARD_JOB_HEARTBEAT_S overrides)
 HEARTBEAT_TIMEOUT_S = 120.0  # a running job whose last beat is older than this has hung: failed, killed
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def default_device() -> str:
@@ -88,7 +88,7 @@ def validate_job(kind: str, config: dict[str, Any]) -> None:
         unknown = set(config) - {"model", "env", "split", "tasks", "eval", "recovery_runs"}
         if unknown:
             raise ConfigError(f"eval job: unknown field(s) {', '.join(sorted(unknown))}")
-        eval_config(config.get("eval") or {}, EvalConfig)
+        EvalConfig.from_dict(config.get("eval") or {})
     elif kind == "iterate":
         from engine.train.common import check_output_folder
         from engine.train.iterate import IterateConfig
@@ -195,17 +195,6 @@ def train_config(kind: str, data: dict[str, Any]) -> Any:
     if kind == "rft":
         data = {"kinds": ["rft"], **data}
     return SFTTrainConfig.from_dict(data, where=f"{kind} job train config")
-
-
-def eval_config(data: dict[str, Any], cls: type | None = None) -> Any:
-    from engine.evaluate import EvalConfig
-
-    cls = cls or EvalConfig
-    known = set(cls.__dataclass_fields__)
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise ConfigError(f"eval config: unknown field(s) {', '.join(unknown)}")
-    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
 
 
 # ------------------------------------------------------------------ processes
@@ -317,7 +306,7 @@ class JobRunner:
         return True
 
     def _launch(self, job: JobInfo) -> None:
-        log_path = Path(job.log_path or self.store.path.parent / "jobs" / f"{job.id}.log")
+        log_path = Path(job.log_path or jobs_dir(self.store.path) / f"{job.id}.log")
         try:
             log_path.parent.mkdir(parents=True, exist_ok=True)
             env = {**os.environ, "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1",

@@ -9,9 +9,12 @@ validates and queues, exactly as `orchard train ...` would.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.config import ConfigError
+
+if TYPE_CHECKING:
+    from engine.store import Store
 
 
 @dataclass(frozen=True)
@@ -111,7 +114,7 @@ def device_of(config: dict[str, Any]) -> str:
     return "cuda:0" if device == "cuda" else device
 
 
-def rows_to_train(store: Any, kind: str, config: dict[str, Any]) -> int:
+def rows_to_train(store: Store, kind: str, config: dict[str, Any]) -> int:
     """How many rows (pairs or samples) the job `config` of `kind` would train on now: a launch
     with none is refused up front instead of becoming a failed job."""
     from engine.train.jobs import train_config

@@ -23,9 +23,9 @@ import random
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.config import ConfigError
 from engine.datasets.samples import KINDS, Sample
@@ -47,6 +47,9 @@ from engine.train.common import (
 )
 from engine.train.dpo import encode_completion, encode_prompt
 
+if TYPE_CHECKING:
+    from engine.store import Store
+
 SFT_FORMATS = ("steps", "chat")
 
 
@@ -56,12 +59,14 @@ class SFTTrainConfig(TrainConfig):
     `include_pending`). `revision_share`: the fraction of revision trajectories in the mix with
     good ones (Agent-R; None = use all as selected)."""
 
-    learning_rate: float = 2e-5
-    format: str = "steps"
-    kinds: tuple[str, ...] = ("revision", "good")
-    statuses: tuple[str, ...] = ("approved", "edited")
-    include_pending: bool = False
-    revision_share: float | None = None
+    learning_rate: float = field(default=2e-5, metadata={"help": "learning rate"})
+    format: str = field(default="steps", metadata={"help": "per-step actor prompts or whole chats",
+                                                   "choices": SFT_FORMATS})
+    kinds: tuple[str, ...] = field(default=("revision", "good"), metadata={"help": "sample kinds"})
+    statuses: tuple[str, ...] = field(default=("approved", "edited"), metadata={"help": "curation statuses to use"})
+    include_pending: bool = field(default=False, metadata={"help": "also train on pending (uncurated) rows"})
+    revision_share: float | None = field(default=None, metadata={
+        "help": "fraction of revision trajectories in the mix (Agent-R)"})
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -83,7 +88,7 @@ def rft_config(**overrides: Any) -> SFTTrainConfig:
     return SFTTrainConfig(**{"kinds": ("rft",), **overrides})
 
 
-def select_samples(store: Any, config: SFTTrainConfig, runs: Sequence[str] | None = None) -> list[Sample]:
+def select_samples(store: Store, config: SFTTrainConfig, runs: Sequence[str] | None = None) -> list[Sample]:
     out: list[Sample] = []
     for run in runs if runs else [None]:
         run_id = store.find_run(run) if run is not None else None

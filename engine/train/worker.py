@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.store import JobInfo, ModelRecord, Store
+from engine.store import JobInfo, Store
 
 
 class JobCancelled(BaseException):
@@ -102,53 +102,21 @@ class StoreReporter:
         print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-def _register_model(store: Store, job: JobInfo, result: Any, base: str) -> None:
-    if result.output is None:
-        return
-    store.save_model(ModelRecord(
-        path=str(result.output), name=Path(result.output).name, kind=job.kind, parent=base, job_id=job.id,
-        data_ids=list(result.data_ids), config=dict(job.config.get("train") or {}), metrics=result.metrics,
-    ))
-
-
 def run_job(store: Store, job: JobInfo, reporter: StoreReporter) -> str | None:
     """Run `job` in this process; returns its output (model folder or evaluation id)."""
-    from engine.train.jobs import train_config, validate_job
+    from engine.train.jobs import validate_job
 
     validate_job(job.kind, job.config)
     cfg = job.config
     if job.kind == "probe":
         return _probe(cfg, reporter)
     if job.kind in ("dpo", "sft", "rft"):
-        from dataclasses import replace
+        from engine.train.training import run_training
 
-        from engine.train.common import default_output_dir, resolve_model_path
-
-        train = train_config(job.kind, cfg.get("train") or {})
-        if "device" not in (cfg.get("train") or {}):
-            train = replace(train, device=job.device)
-        base = resolve_model_path(cfg["model"], log=reporter.log)
-        output = cfg.get("output") or str(default_output_dir(f"{job.kind}-{job.id}"))
-        if Path(output, "orchard_train.json").is_file():
-            reporter.log(f"{output} holds a model; a successful run replaces it (its record is kept, marked replaced)")
-        runs = cfg.get("runs") or None
-        if job.kind == "dpo":
-            from engine.train.dpo import select_pairs, train_dpo
-
-            pairs = select_pairs(store, train, runs)
-            tokens = store.node_token_counts([(p.tree_id, n) for p in pairs for n in (p.chosen_node, p.rejected_node)])
-            result = train_dpo(base, pairs, train, output, reporter, node_tokens=tokens, parent=str(base))
-        else:
-            from engine.train.sft import select_samples, train_sft
-
-            samples = select_samples(store, train, runs)
-            result = train_sft(base, samples, train, output, reporter, kind=job.kind, parent=str(base))
-        if result.stopped:
-            return None
-        _register_model(store, job, result, str(base))
-        return str(result.output)
+        result = run_training(store, job.kind, cfg, reporter, job=job)
+        return None if result.stopped else str(result.output)
     if job.kind == "eval":
-        from engine.train.cli_commands import run_eval
+        from engine.evaluate import run_eval
 
         return run_eval(store, cfg, log=reporter.log, job_id=job.id)
     if job.kind == "iterate":
@@ -211,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
             store.finish_job(job.id, "succeeded", output_path=output)
             reporter.log(f"succeeded{': ' + output if output else ''}")
     except BaseException as e:  # noqa: BLE001 - every outcome must be recorded
-        from engine.cli import user_errors
+        from engine.errors import user_errors
 
         if store.con.in_transaction:  # interrupted between BEGIN and the transaction's own handler
             store.con.rollback()

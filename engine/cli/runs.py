@@ -1,8 +1,4 @@
-"""`orchard ...` — the command line. Heavy libraries load only inside the command that needs them.
-
-Every user error (bad env, task range, config, model, database) is one line on stderr naming the
-problem, exit code 2, and nothing is written before the inputs are known to be good.
-"""
+"""`orchard search`, `orchard runs`, `orchard export tree`: growing search trees and reading them back."""
 
 from __future__ import annotations
 
@@ -12,12 +8,17 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
-EXIT_USAGE = 2
+from engine.cli.common import log as _log
+from engine.cli.flags import add_flags, given
+from engine.errors import UsageError
 
-
-class UsageError(Exception):
-    """A problem with what the user asked for: printed as one line, exit 2."""
+SEARCH_FLAGS = {
+    "simulations": "--simulations", "k": "--k", "depth_limit": "--depth", "c_exp": "--c-exp", "alpha": "--alpha",
+    "temperature": "--temperature", "rollout_temperature": "--rollout-temperature", "max_tokens": "--max-tokens",
+    "trees_in_flight": "--trees-in-flight", "backup": "--backup", "seed": "--seed",
+}
 
 
 def _search_config(args: argparse.Namespace):
@@ -26,12 +27,7 @@ def _search_config(args: argparse.Namespace):
     from engine.config import SearchConfig, from_dict, load_file
 
     base = load_file(SearchConfig, args.config) if args.config else SearchConfig()
-    overrides = {
-        key: getattr(args, key)
-        for key in ("simulations", "k", "depth_limit", "c_exp", "alpha", "seed", "trees_in_flight",
-                    "temperature", "rollout_temperature", "max_tokens", "backup")
-        if getattr(args, key) is not None
-    }
+    overrides = given(args, SEARCH_FLAGS)
     if args.no_critic:
         overrides["critic"] = False
     return from_dict(SearchConfig, {**asdict(base), **overrides}, where="command line")
@@ -112,9 +108,10 @@ def _confirm_stored_endpoint(spec: str, run_id: str) -> None:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
+    from engine.paths import db_path
     from engine.store import Store
 
-    if not Path(args.db or _default_db()).exists():
+    if not db_path(args.db).exists():
         runs = []
     else:
         with Store(args.db) as store:
@@ -171,38 +168,8 @@ def cmd_export_tree(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_serve_env(args: argparse.Namespace) -> int:
-    from engine.envs.serve import serve
-
-    try:
-        serve(args.env, args.host, args.port, args.split, args.style, args.max_envs, log=_log)
-    except KeyboardInterrupt:
-        _log("stopped")
-    return 0
-
-
-def cmd_demo(args: argparse.Namespace) -> int:
-    from engine.demo import run_demo
-
-    return run_demo(db=args.db, log=_log)
-
-
-def _default_db() -> Path:
-    from engine.store import default_db_path
-
-    return default_db_path()
-
-
-def _log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="orchard", description="MCTS over LLM-agent episodes -> training data.")
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--db", help="database file (default: $ORCHARD_HOME/orchard.db or data/orchard.db)")
-    sub = p.add_subparsers(dest="command", required=True)
-
+def add_parsers(sub: Any, common: argparse.ArgumentParser) -> Any:
+    """Register `search`, `runs` and `export tree`; returns the `export` subparsers for other targets."""
     s = sub.add_parser("search", parents=[common], help="grow search trees for a set of tasks")
     s.add_argument("--env", default="textcraft", help="environment (default textcraft)")
     s.add_argument("--tasks", help="task indices START:STOP[:STEP] or ids a,b,c (default: the first 8, or all if fewer)")
@@ -211,19 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--name", help="run name")
     s.add_argument("--resume", metavar="RUN", help="continue an interrupted run (id or name)")
     s.add_argument("--config", help="TOML/JSON file with search settings")
-    s.add_argument("--simulations", type=int, help="simulations per task (T, default 16)")
-    s.add_argument("--k", type=int, help="candidates per expansion (default 4)")
-    s.add_argument("--depth", dest="depth_limit", type=int, help="depth limit (D, default 12)")
-    s.add_argument("--c-exp", dest="c_exp", type=float, help="UCB1 exploration constant (default 1.0)")
-    s.add_argument("--alpha", type=float, help="eq. 10 weight of the MCTS value (default 0.5)")
-    s.add_argument("--temperature", type=float, help="expansion sampling temperature (default 1.0)")
-    s.add_argument("--rollout-temperature", dest="rollout_temperature", type=float,
-                   help="rollout temperature, 0 = greedy (default 1.0)")
-    s.add_argument("--max-tokens", dest="max_tokens", type=int, help="tokens per composite action")
-    s.add_argument("--trees-in-flight", dest="trees_in_flight", type=int, help="trees batched together")
-    s.add_argument("--backup", choices=("reward", "progress"),
-                   help="value backed up (eq. 8): the terminal reward (default) or max(reward, latched progress)")
-    s.add_argument("--seed", type=int)
+    from engine.config import SearchConfig
+
+    add_flags(s, SearchConfig, SEARCH_FLAGS)
     s.add_argument("--no-critic", action="store_true", help="skip AI process supervision")
     s.add_argument("--allow-http-key", dest="allow_http_key", action="store_true",
                    help="let an openai:http://... model that is not on loopback receive $OPENAI_API_KEY "
@@ -242,65 +199,4 @@ def build_parser() -> argparse.ArgumentParser:
     et.add_argument("--format", choices=("json", "graphml"), default="json")
     et.add_argument("-o", "--output")
     et.set_defaults(func=cmd_export_tree)
-
-    from engine.datasets.cli_commands import add_export_parsers, add_parsers
-
-    add_export_parsers(esub, common)  # export pairs | sft | agentgym
-    add_parsers(sub, common)  # pairs build, revisions build, import
-
-    se = sub.add_parser("serve-env", help="serve an env over AgentGym's HTTP env-server protocol")
-    se.add_argument("env", help="env spec, e.g. textcraft or babyai:GoToLocal")
-    se.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    se.add_argument("--port", type=int, default=36001, help="port (default 36001; 0 picks a free one)")
-    se.add_argument("--split", default="train", help="the split that data_idx indexes (default train)")
-    se.add_argument("--style", choices=("id", "env_idx"), default="id",
-                    help="answer /create and /reset as AgentGym's id-style or env_idx-style servers do")
-    se.add_argument("--max-envs", dest="max_envs", type=int, default=64, help="live env instances at most")
-    se.set_defaults(func=cmd_serve_env)
-
-    d = sub.add_parser(
-        "demo", parents=[common], help="build the tiny offline model if needed and search TextCraft with it"
-    )
-    d.set_defaults(func=cmd_demo)
-
-    from engine.datasets.refine_cli import add_parser as add_refine_parser
-
-    add_refine_parser(sub, common)
-
-    from engine.train.cli_commands import add_parsers as add_train_parsers
-
-    add_train_parsers(sub, common)  # train dpo|sft|rft, jobs [cancel|show|log], eval, iterate
-    return p
-
-
-def user_errors() -> tuple[type[Exception], ...]:
-    """Errors that are the user's to fix and say so in one line (exit 2 here; a job logs the line).
-    Imported when called, so `orchard --help` stays fast."""
-    from engine.config import ConfigError
-    from engine.datasets.samples import DatasetError
-    from engine.envs.base import EnvError
-    from engine.fileio import OutputError
-    from engine.llm.base import GeneratorError
-    from engine.store import StoreError
-
-    return (UsageError, ConfigError, DatasetError, EnvError, GeneratorError, StoreError, OutputError)
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    errors = user_errors()
-    try:
-        return args.func(args)
-    except errors as e:
-        print(f"orchard: error: {' '.join(str(e).split())}", file=sys.stderr)  # one line, whatever e quotes
-        return EXIT_USAGE
-    except BrokenPipeError:  # `orchard jobs | head`: the reader left; say nothing more
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
-    except KeyboardInterrupt:
-        print("orchard: interrupted (resume with `orchard search --resume RUN`)", file=sys.stderr)
-        return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return esub

@@ -1,7 +1,7 @@
 """`orchard refine generate`: AgentRefine (arXiv 2501.01702) refinement data from a model
 (docs/algorithms.md §5) into JSONL.
 
-Wired by engine/cli.py (`add_parser(sub, common)`); heavy imports stay inside the command. User
+Wired by engine.cli (`add_parsers(sub, common)`); heavy imports stay inside the command. User
 errors (bad --n, personas file, config file, model spec) are ConfigError / GeneratorError, which
 the CLI prints as one line with exit code 2, before anything is written.
 """
@@ -11,13 +11,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from engine.cli.common import log as _log
+from engine.cli.flags import add_flags
+from engine.paths import runs_dir
 
-def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+
+def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     """Register `refine generate` on the top-level subparsers `sub`."""
     r = sub.add_parser("refine", help="AgentRefine refinement data (persona -> script -> trajectory)")
     rsub = r.add_subparsers(dest="refine_command", required=True)
@@ -31,7 +34,9 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                                  "refine-TIMESTAMP.jsonl); stats go beside it as .stats.json")
     g.add_argument("--personas", help="personas JSONL of {id, persona} (default data/personas.jsonl)")
     g.add_argument("--config", help="TOML/JSON file with RefineConfig settings")
-    g.add_argument("--seed", type=int, help="persona sampling and request seeds (default 0)")
+    from engine.datasets.refine import RefineConfig
+
+    add_flags(g, RefineConfig, {"seed": "--seed"})
     g.set_defaults(func=cmd_generate)
 
 
@@ -53,7 +58,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     overrides = {"seed": args.seed} if args.seed is not None else {}
     config = from_dict(RefineConfig, {**asdict(base), **overrides}, where="command line")
     personas = sample_personas(load_personas(args.personas or DEFAULT_PERSONAS), args.n, config.seed)
-    out = Path(args.out) if args.out else _runs_dir() / f"refine-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
+    out = Path(args.out) if args.out else runs_dir() / f"refine-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
     if out.is_dir():
         raise ConfigError(f"--out {out} is a folder; give a file name")
     generator = load_generator(args.model, log=_log)
@@ -111,11 +116,5 @@ def summary(s: dict[str, Any]) -> list[str]:
     ]
 
 
-def _runs_dir() -> Path:
-    """`$ORCHARD_HOME/runs`, else `<repo>/data/runs` (git-ignored), as the store places its db."""
-    home = os.environ.get("ORCHARD_HOME")
-    return Path(home) / "runs" if home else Path(__file__).resolve().parents[2] / "data" / "runs"
 
 
-def _log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)

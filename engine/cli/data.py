@@ -1,6 +1,6 @@
 """`orchard pairs build`, `orchard revisions build`, `orchard export pairs|sft|agentgym`, `orchard import`.
 
-Wired into engine/cli.py by `add_parsers(sub, common)` (the `pairs`, `revisions` and `import`
+Wired into engine.cli by `add_parsers(sub, common)` (the `pairs`, `revisions` and `import`
 commands) and `add_export_parsers(export_sub, common)` (targets of the existing `export` group).
 Only argparse is imported at start-up; every command imports what it needs when it runs. User
 errors raise `DatasetError` (a ValueError), `ConfigError`, `EnvError`, `GeneratorError` or
@@ -13,9 +13,17 @@ from __future__ import annotations
 import argparse
 import getpass
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from engine.cli.flags import add_flags, given
+
+if TYPE_CHECKING:
+    from engine.store import Store
 
 SAMPLE_KINDS = "revision,good,rft,recovery,refine,imported"
+PAIRS_FLAGS = {"theta": "--theta", "trajectory_pairs": "--trajectory-pairs"}
+REVISION_FLAGS = {"alpha_good": "--alpha-good", "beta_gap": "--beta-gap", "max_per_task": "--max-per-task",
+                  "noop_command": "--noop-command", "judge_max_tokens": "--judge-max-tokens"}
 EXPORT_STATUSES = "pending,approved,edited"
 
 
@@ -26,7 +34,7 @@ def _who() -> str:
         return "orchard"
 
 
-def _trees(store: Any, run_id: str) -> list[Any]:
+def _trees(store: Store, run_id: str) -> list[Any]:
     """The run's committed trees as TreeRefs, with the env description their prompts used."""
     from engine.datasets.samples import TreeRef
     from engine.envs.registry import env_factory
@@ -59,6 +67,7 @@ def _rollout_only_hint(refs: list[Any], threshold: float) -> str | None:
 
 
 def cmd_pairs_build(args: argparse.Namespace) -> int:
+    from engine.config import from_dict
     from engine.datasets.pairs import PairsConfig, build_pairs
     from engine.store import Store
 
@@ -66,7 +75,7 @@ def cmd_pairs_build(args: argparse.Namespace) -> int:
         run_id = store.find_run(args.run)
         info = store.run(run_id)
         alpha = args.alpha if args.alpha is not None else info.config.get("alpha", 0.5)
-        config = PairsConfig(alpha=alpha, theta=args.theta, trajectory_pairs=args.trajectory_pairs)
+        config = from_dict(PairsConfig, {"alpha": alpha, **given(args, PAIRS_FLAGS)}, where="command line")
         refs = _trees(store, run_id)
         built = build_pairs(refs, config)
         who = _who()
@@ -83,12 +92,12 @@ def cmd_pairs_build(args: argparse.Namespace) -> int:
 
 
 def cmd_revisions_build(args: argparse.Namespace) -> int:
+    from engine.config import from_dict
     from engine.datasets.revisions import RevisionConfig, build_revisions
     from engine.llm.registry import load_generator
     from engine.store import Store
 
-    config = RevisionConfig(alpha_good=args.alpha_good, beta_gap=args.beta_gap, max_per_task=args.max_per_task,
-                            noop_command=args.noop_command, judge_max_tokens=args.judge_max_tokens)
+    config = from_dict(RevisionConfig, given(args, REVISION_FLAGS), where="command line")
     with Store(args.db, must_exist=True) as store:
         run_id = store.find_run(args.run)
         refs = _trees(store, run_id)
@@ -167,15 +176,16 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     """Register `pairs`, `revisions` and `import` on the CLI's top-level subparsers."""
+    from engine.datasets.pairs import PairsConfig
+    from engine.datasets.revisions import RevisionConfig
+
     p = sub.add_parser("pairs", help="preference pairs (Agent Q) from a run's trees")
     psub = p.add_subparsers(dest="action", required=True)
     pb = psub.add_parser("build", parents=[common],
                          help="step pairs, trajectory pairs and RFT rows from RUN; keeps curation on rebuild")
     pb.add_argument("run", help="run id, id prefix or name")
-    pb.add_argument("--theta", type=float, default=0.1, help="minimum Q gap, strict (default 0.1)")
     pb.add_argument("--alpha", type=float, help="eq. 10 weight of the MCTS value (default: the run's alpha)")
-    pb.add_argument("--trajectory-pairs", dest="trajectory_pairs", type=int, default=4,
-                    help="success-vs-failure trajectory pairs per task (default 4)")
+    add_flags(pb, PairsConfig, PAIRS_FLAGS)
     pb.set_defaults(func=cmd_pairs_build)
 
     r = sub.add_parser("revisions", help="revision trajectories (Agent-R) from a run's trees")
@@ -184,15 +194,7 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
                          help="revision, good and recovery samples from RUN, first errors judged by --model")
     rb.add_argument("run", help="run id, id prefix or name")
     rb.add_argument("--model", required=True, help="the judge: tiny | PATH | hf:PATH | openai:URL#MODEL | vllm:PATH")
-    rb.add_argument("--alpha-good", dest="alpha_good", type=float, default=0.5,
-                    help="a good leaf has reward above this (default 0.5)")
-    rb.add_argument("--beta-gap", dest="beta_gap", type=float, default=0.5,
-                    help="pair a bad leaf when the good one's reward is higher by more than this (default 0.5)")
-    rb.add_argument("--max-per-task", dest="max_per_task", type=int, default=16,
-                    help="revision trajectories per task at most (default 16)")
-    rb.add_argument("--noop-command", dest="noop_command", default="noop",
-                    help="the revision turn's command (default 'noop')")
-    rb.add_argument("--judge-max-tokens", dest="judge_max_tokens", type=int, default=128)
+    add_flags(rb, RevisionConfig, REVISION_FLAGS)
     rb.set_defaults(func=cmd_revisions_build)
 
     i = sub.add_parser("import", parents=[common],

@@ -1,0 +1,73 @@
+"""Where Orchard keeps its files: the one place that reads $ORCHARD_HOME, $ORCHARD_DB and $ORCHARD_CACHE.
+
+Every entry point (the CLI, the dashboard, the job worker, the demo) resolves the store through
+`db_path`, so a user who points one of them at a database with $ORCHARD_DB finds the others using
+it too. Nothing here creates a file except `cache_dir` (its folders are made on demand).
+
+- data root: $ORCHARD_HOME, else `data/` in the repository (git-ignored);
+- database: an explicit path (`--db`), else $ORCHARD_DB, else `<data root>/orchard.db`;
+- job logs: `jobs/` beside the database (a job's log follows its store);
+- runs (refinement output): `<data root>/runs`;
+- models: `<data root>/models` (the tiny model in `tiny`, trained ones in `trained/NAME`);
+- caches of generated env data: $ORCHARD_CACHE, else `$ORCHARD_HOME/cache`, else ~/.cache/orchard.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+HOME_ENV = "ORCHARD_HOME"
+DB_ENV = "ORCHARD_DB"
+CACHE_ENV = "ORCHARD_CACHE"
+
+
+def data_root() -> Path:
+    """$ORCHARD_HOME, else `<repo>/data`."""
+    home = os.environ.get(HOME_ENV)
+    return Path(home).expanduser() if home else REPO_ROOT / "data"
+
+
+def db_path(explicit: str | os.PathLike[str] | None = None) -> Path:
+    """The database: `explicit` (a `--db` flag), else $ORCHARD_DB, else `<data root>/orchard.db`."""
+    if explicit is not None and str(explicit) != "":
+        return Path(explicit)
+    value = os.environ.get(DB_ENV)
+    return Path(value).expanduser() if value else data_root() / "orchard.db"
+
+
+def jobs_dir(db: Path) -> Path:
+    """Job log files of the database `db`: `jobs/` beside it."""
+    return db.parent / "jobs"
+
+
+def runs_dir() -> Path:
+    """`<data root>/runs`: refinement output files by default."""
+    return data_root() / "runs"
+
+
+def models_dir() -> Path:
+    return data_root() / "models"
+
+
+def tiny_model_dir() -> Path:
+    """`<data root>/models/tiny`: the built tiny offline model."""
+    return models_dir() / "tiny"
+
+
+def trained_model_dir(name: str) -> Path:
+    """`<data root>/models/trained/NAME`: a trained model's default folder."""
+    return models_dir() / "trained" / name
+
+
+def cache_dir(*parts: str) -> Path:
+    """Where adapters keep generated data: $ORCHARD_CACHE, else $ORCHARD_HOME/cache, else
+    ~/.cache/orchard (created on demand)."""
+    root = os.environ.get(CACHE_ENV)
+    if not root:
+        home = os.environ.get(HOME_ENV)
+        root = str(Path(home) / "cache") if home else str(Path.home() / ".cache" / "orchard")
+    path = Path(root).joinpath(*parts)
+    path.mkdir(parents=True, exist_ok=True)
+    return path

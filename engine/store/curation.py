@@ -1,0 +1,359 @@
+"""Curation of preference pairs and SFT samples: saving (upserting) builds, queries with filters,
+and the version-checked curation writes (engine.store.versioning)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from engine.actions import FormatError, parse
+from engine.datasets.pairs import PAIR_KINDS, Pair
+from engine.datasets.samples import Sample
+from engine.store.connection import Connection, _in, _valid_text
+from engine.store.records import HistoryEntry, SaveReport, StoreError
+from engine.store.versioning import _current, _history, _write
+
+# --- datasets: module-level helpers of the Store's datasets section ---------------------------
+
+CURATION_STATUSES = ("pending", "approved", "rejected", "edited")
+_STATUS_ACTIONS = {"approved": "approve", "rejected": "reject", "pending": "reset"}
+# A row is curated once its history has anything but its creation and automatic rebuilds.
+_CURATED = "EXISTS (SELECT 1 FROM {table} h WHERE h.{key} = {row} AND h.action NOT IN ('create', 'rebuild'))"
+_PAIR_COLUMNS = (
+    "id, kind, run_id, tree_id, task_id, node_id, chosen_node, rejected_node, prompt, chosen, rejected, q_chosen, "
+    "q_rejected, logprob_chosen, logprob_rejected, depth, status, version, updated_at, updated_by"
+)
+_PAIR_ORDERS = {
+    "tree": "run_id, task_id, node_id, id",
+    "gap": "q_chosen - q_rejected DESC, id",
+    "updated": "updated_at DESC, id",
+}
+_SAMPLE_COLUMNS = "id, kind, run_id, source, data, status, version, updated_at, updated_by"
+
+
+class EditError(StoreError):
+    """A curation edit that is refused (unparseable action, unknown turn, wrong kind of row)."""
+
+
+def _status_action(status: str) -> str:
+    if status not in _STATUS_ACTIONS:
+        raise EditError(f"status {status!r} cannot be set directly (use one of {', '.join(_STATUS_ACTIONS)}; "
+                        "'edited' comes from editing)")
+    return _STATUS_ACTIONS[status]
+
+
+def _pair_where(filters: dict[str, Any]) -> tuple[str, list[Any]]:
+    """SQL for pair filters: run_id, task_id, kind, status (str or list), depth_min, depth_max,
+    min_gap (Q(chosen) - Q(rejected) at least this), node_id."""
+    known = {"run_id", "task_id", "kind", "status", "depth_min", "depth_max", "min_gap", "node_id"}
+    unknown = set(filters) - known
+    if unknown:
+        raise StoreError(f"unknown pair filter(s): {', '.join(sorted(unknown))}")
+    where, args = ["1=1"], []
+    for key in ("run_id", "task_id", "node_id"):
+        if filters.get(key) is not None:
+            where.append(f"{key}=?")
+            args.append(filters[key])
+    for key in ("kind", "status"):
+        if filters.get(key) is not None:
+            _in(key, filters[key], where, args)
+    for key, sql in (("depth_min", "depth >= ?"), ("depth_max", "depth <= ?"), ("min_gap", "q_chosen - q_rejected >= ?")):
+        if filters.get(key) is not None:
+            where.append(sql)
+            args.append(filters[key])
+    return " AND ".join(where), args
+
+
+def _sample_where(filters: dict[str, Any]) -> tuple[str, list[Any]]:
+    unknown = set(filters) - {"run_id", "task_id", "kind", "status"}
+    if unknown:
+        raise StoreError(f"unknown sample filter(s): {', '.join(sorted(unknown))}")
+    where, args = ["1=1"], []
+    for key in ("run_id", "task_id"):
+        if filters.get(key) is not None:
+            where.append(f"{key}=?")
+            args.append(filters[key])
+    for key in ("kind", "status"):
+        if filters.get(key) is not None:
+            _in(key, filters[key], where, args)
+    return " AND ".join(where), args
+
+
+def _pair_from_row(r: tuple) -> Pair:
+    return Pair(
+        id=r[0], kind=r[1], run_id=r[2], tree_id=r[3], task_id=r[4], node_id=r[5], chosen_node=r[6],
+        rejected_node=r[7], prompt=json.loads(r[8]), chosen=r[9], rejected=r[10], q_chosen=r[11], q_rejected=r[12],
+        logprob_chosen=r[13], logprob_rejected=r[14], depth=r[15], status=r[16], version=r[17], updated_at=r[18],
+        updated_by=r[19],
+    )
+
+
+def _sample_from_row(r: tuple) -> Sample:
+    return Sample.from_data(r[0], r[1], json.loads(r[4]), run_id=r[2], source=json.loads(r[3]), status=r[5],
+                            version=r[6], updated_at=r[7], updated_by=r[8])
+
+
+class CurationStore(Connection):
+    """Preference pairs and samples with curation."""
+
+    # --- datasets ----------------------------------------------------------------------------
+    # Preference pairs and SFT samples with curation (status, version, history). Rebuilding
+    # upserts: new ids are created, untouched rows are refreshed, rows a person has curated are
+    # kept exactly as they are, and untouched rows the new build no longer produces are pruned.
+    # Every curation write names the version it was based on; a stale one is refused.
+
+    def save_pairs(
+        self, run_id: str, pairs: Sequence[Pair], kinds: Sequence[str] = PAIR_KINDS, who: str = "orchard"
+    ) -> SaveReport:
+        """Upsert a run's pairs of `kinds` in one transaction (see the section comment)."""
+        prompts: dict[int, str] = {}
+
+        def content(p: Pair) -> tuple:
+            if id(p.prompt) not in prompts:
+                prompts[id(p.prompt)] = json.dumps(p.prompt)
+            return (p.tree_id, p.task_id, p.node_id, p.chosen_node, p.rejected_node, p.kind, prompts[id(p.prompt)],
+                    p.chosen, p.rejected, p.q_chosen, p.q_rejected, p.logprob_chosen, p.logprob_rejected, p.depth)
+
+        for p in pairs:
+            if p.run_id != run_id or p.kind not in kinds:
+                raise StoreError(f"pair {p.id} (run {p.run_id}, kind {p.kind}) does not belong to this save")
+        with self.transaction() as con:
+            marks = ",".join("?" * len(kinds))
+            existing = {
+                r[0]: r[1:]
+                for r in con.execute(
+                    f"""SELECT p.id, p.version, {_CURATED.format(table="pair_history", key="pair_id", row="p.id")},
+                               p.tree_id, p.task_id, p.node_id, p.chosen_node, p.rejected_node, p.kind, p.prompt,
+                               p.chosen, p.rejected, p.q_chosen, p.q_rejected, p.logprob_chosen, p.logprob_rejected,
+                               p.depth
+                        FROM pairs p WHERE p.run_id=? AND p.kind IN ({marks})""",
+                    (run_id, *kinds),
+                )
+            }
+            report, now = SaveReport(), time.time()
+            inserts, updates, history = [], [], []
+            for p in pairs:
+                row = content(p)
+                old = existing.pop(p.id, None)
+                if old is None:
+                    inserts.append((p.id, run_id, *row, "pending", 1, now, who))
+                    history.append((p.id, 1, now, who, "create", None, json.dumps({"status": "pending"})))
+                    report.created += 1
+                elif old[1]:
+                    report.kept += 1
+                elif tuple(old[2:]) == row:
+                    report.unchanged += 1
+                else:
+                    version = old[0] + 1
+                    updates.append((*row, version, now, who, p.id))
+                    history.append((p.id, version, now, who, "rebuild", None, None))
+                    report.updated += 1
+            con.executemany(
+                """INSERT INTO pairs (id, run_id, tree_id, task_id, node_id, chosen_node, rejected_node, kind, prompt,
+                   chosen, rejected, q_chosen, q_rejected, logprob_chosen, logprob_rejected, depth, status, version,
+                   updated_at, updated_by) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
+                inserts,
+            )
+            con.executemany(
+                """UPDATE pairs SET tree_id=?, task_id=?, node_id=?, chosen_node=?, rejected_node=?, kind=?, prompt=?,
+                   chosen=?, rejected=?, q_chosen=?, q_rejected=?, logprob_chosen=?, logprob_rejected=?, depth=?,
+                   version=?, updated_at=?, updated_by=? WHERE id=?""",
+                updates,
+            )
+            con.executemany("INSERT INTO pair_history VALUES (?,?,?,?,?,?,?)", history)
+            stale = [(pid,) for pid, old in existing.items() if not old[1]]
+            report.stale_curated = len(existing) - len(stale)
+            con.executemany("DELETE FROM pairs WHERE id=?", stale)
+            con.executemany("DELETE FROM pair_history WHERE pair_id=?", stale)
+            report.pruned = len(stale)
+        return report
+
+    def pairs(self, limit: int | None = None, offset: int = 0, order: str = "tree", **filters: Any) -> list[Pair]:
+        """Pairs matching `filters` (see `_pair_where`), in `order`: "tree" (run, task, node),
+        "gap" (largest Q gap first) or "updated" (most recently changed first)."""
+        if order not in _PAIR_ORDERS:
+            raise StoreError(f"unknown pair order {order!r} (expected one of {', '.join(_PAIR_ORDERS)})")
+        where, args = _pair_where(filters)
+        page = f" LIMIT {int(limit)} OFFSET {int(offset)}" if limit is not None else ""
+        rows = self.con.execute(
+            f"SELECT {_PAIR_COLUMNS} FROM pairs WHERE {where} ORDER BY {_PAIR_ORDERS[order]}{page}", args
+        ).fetchall()
+        return [_pair_from_row(r) for r in rows]
+
+    def pair(self, pair_id: str) -> Pair:
+        row = self.con.execute(f"SELECT {_PAIR_COLUMNS} FROM pairs WHERE id=?", (pair_id,)).fetchone()
+        if row is None:
+            raise StoreError(f"no pair {pair_id!r}")
+        return _pair_from_row(row)
+
+    def pair_counts(self, **filters: Any) -> dict[str, int]:
+        """How many pairs match `filters`, per status, plus "total"."""
+        where, args = _pair_where(filters)
+        counts = dict.fromkeys(CURATION_STATUSES, 0)
+        counts.update(self.con.execute(f"SELECT status, COUNT(*) FROM pairs WHERE {where} GROUP BY status", args))
+        counts["total"] = sum(counts.values())
+        return counts
+
+    def pair_history(self, pair_id: str) -> list[HistoryEntry]:
+        return _history(self.con, "pair_history", "pair_id", pair_id)
+
+    def set_pair_status(self, pair_id: str, status: str, who: str, expected_version: int) -> Pair:
+        """Approve, reject or reset (`pending`) one pair, if nobody changed it since `expected_version`."""
+        action = _status_action(status)
+        with self.transaction() as con:
+            old = _current(con, "pairs", "pair", pair_id, expected_version)
+            _write(con, "pairs", "pair_history", "pair_id", pair_id, old, who, action,
+                   {"status": old["status"]}, {"status": status}, {"status": status})
+        return self.pair(pair_id)
+
+    def edit_pair(self, pair_id: str, chosen: str, rejected: str, who: str, expected_version: int) -> Pair:
+        """Replace a step pair's texts; each changed text must parse as a composite action."""
+        with self.transaction() as con:
+            old = _current(con, "pairs", "pair", pair_id, expected_version)
+            if old["kind"] != "step":
+                raise EditError(f"pair {pair_id} is a {old['kind']} pair: only step pairs can be edited as text")
+            for name, text in (("chosen", chosen), ("rejected", rejected)):
+                if text != old[name]:
+                    parsed = parse(text)
+                    if isinstance(parsed, FormatError):
+                        raise EditError(f"pair {pair_id}: edited {name} is not a composite action: {parsed.reason}")
+            if chosen == rejected:
+                raise EditError(f"pair {pair_id}: chosen and rejected would be the same text")
+            before = {"chosen": old["chosen"], "rejected": old["rejected"]}
+            after = {"chosen": chosen, "rejected": rejected}
+            _write(con, "pairs", "pair_history", "pair_id", pair_id, old, who, "edit", before, after,
+                   {**after, "status": "edited"})
+        return self.pair(pair_id)
+
+    def swap_pair(self, pair_id: str, who: str, expected_version: int) -> Pair:
+        """Exchange chosen and rejected (texts, nodes, values, log-probs): the preference was wrong."""
+        with self.transaction() as con:
+            old = _current(con, "pairs", "pair", pair_id, expected_version)
+            names = ("chosen", "chosen_node", "q_chosen", "logprob_chosen")
+            swapped = {}
+            for a in names:
+                b = a.replace("chosen", "rejected")
+                swapped[a], swapped[b] = old[b], old[a]
+            before = {"chosen_node": old["chosen_node"], "rejected_node": old["rejected_node"]}
+            after = {"chosen_node": old["rejected_node"], "rejected_node": old["chosen_node"]}
+            _write(con, "pairs", "pair_history", "pair_id", pair_id, old, who, "swap", before, after,
+                   {**swapped, "status": "edited"})
+        return self.pair(pair_id)
+
+    def bulk_set_pair_status(self, status: str, who: str, **filters: Any) -> int:
+        """Set `status` on every pair matching `filters` (one transaction); returns how many changed."""
+        action = _status_action(status)
+        where, args = _pair_where(filters)
+        now = time.time()
+        with self.transaction() as con:
+            rows = con.execute(f"SELECT id, version, status FROM pairs WHERE {where} AND status != ?",
+                               (*args, status)).fetchall()
+            con.executemany("UPDATE pairs SET status=?, version=?, updated_at=?, updated_by=? WHERE id=?",
+                            [(status, v + 1, now, who, pid) for pid, v, _ in rows])
+            con.executemany(
+                "INSERT INTO pair_history VALUES (?,?,?,?,?,?,?)",
+                [(pid, v + 1, now, who, action, json.dumps({"status": s}), json.dumps({"status": status}))
+                 for pid, v, s in rows],
+            )
+        return len(rows)
+
+    def save_samples(
+        self, samples: Sequence[Sample], prune_run: str | None = None, prune_kinds: Sequence[str] = (),
+        who: str = "orchard",
+    ) -> SaveReport:
+        """Upsert samples in one transaction; with `prune_run`, untouched samples of that run and
+        `prune_kinds` that are not in `samples` are deleted (a rebuild's leftovers)."""
+        with self.transaction() as con:
+            ids = [s.id for s in samples]
+            existing: dict[str, tuple] = {}
+            curated = _CURATED.format(table="sample_history", key="sample_id", row="s.id")
+            query = f"SELECT s.id, s.version, {curated}, s.kind, s.run_id, s.task_id, s.source, s.data FROM samples s"
+            for chunk in range(0, len(ids), 500):
+                part = ids[chunk : chunk + 500]
+                for r in con.execute(f"{query} WHERE s.id IN ({','.join('?' * len(part))})", part):
+                    existing[r[0]] = r[1:]
+            if prune_run is not None and prune_kinds:
+                marks = ",".join("?" * len(prune_kinds))
+                for r in con.execute(f"{query} WHERE s.run_id=? AND s.kind IN ({marks})", (prune_run, *prune_kinds)):
+                    existing.setdefault(r[0], r[1:])
+            report, now = SaveReport(), time.time()
+            inserts, updates, history = [], [], []
+            for s in samples:
+                row = (s.kind, s.run_id, _valid_text(s.task.id, f"sample {s.id}: task id"), json.dumps(s.source),
+                       json.dumps(s.data()))
+                old = existing.pop(s.id, None)
+                if old is None:
+                    inserts.append((s.id, *row, "pending", 1, now, who))
+                    history.append((s.id, 1, now, who, "create", None, json.dumps({"status": "pending"})))
+                    report.created += 1
+                elif old[1]:
+                    report.kept += 1
+                elif tuple(old[2:]) == row:
+                    report.unchanged += 1
+                else:
+                    updates.append((*row, old[0] + 1, now, who, s.id))
+                    history.append((s.id, old[0] + 1, now, who, "rebuild", None, None))
+                    report.updated += 1
+            con.executemany("INSERT INTO samples VALUES (?,?,?,?,?,?,?,?,?,?)", inserts)
+            con.executemany(
+                "UPDATE samples SET kind=?, run_id=?, task_id=?, source=?, data=?, version=?, updated_at=?, "
+                "updated_by=? WHERE id=?",
+                updates,
+            )
+            con.executemany("INSERT INTO sample_history VALUES (?,?,?,?,?,?,?)", history)
+            stale = [(sid,) for sid, old in existing.items() if not old[1]]
+            report.stale_curated = len(existing) - len(stale)
+            con.executemany("DELETE FROM samples WHERE id=?", stale)
+            con.executemany("DELETE FROM sample_history WHERE sample_id=?", stale)
+            report.pruned = len(stale)
+        return report
+
+    def samples(self, limit: int | None = None, offset: int = 0, **filters: Any) -> list[Sample]:
+        """Samples matching `filters` (run_id, task_id, kind, status; kind/status may be lists)."""
+        where, args = _sample_where(filters)
+        page = f" LIMIT {int(limit)} OFFSET {int(offset)}" if limit is not None else ""
+        rows = self.con.execute(
+            f"SELECT {_SAMPLE_COLUMNS} FROM samples WHERE {where} ORDER BY kind, run_id, task_id, id{page}", args
+        ).fetchall()
+        return [_sample_from_row(r) for r in rows]
+
+    def sample(self, sample_id: str) -> Sample:
+        row = self.con.execute(f"SELECT {_SAMPLE_COLUMNS} FROM samples WHERE id=?", (sample_id,)).fetchone()
+        if row is None:
+            raise StoreError(f"no sample {sample_id!r}")
+        return _sample_from_row(row)
+
+    def sample_counts(self, **filters: Any) -> dict[str, int]:
+        where, args = _sample_where(filters)
+        counts = dict.fromkeys(CURATION_STATUSES, 0)
+        counts.update(self.con.execute(f"SELECT status, COUNT(*) FROM samples WHERE {where} GROUP BY status", args))
+        counts["total"] = sum(counts.values())
+        return counts
+
+    def sample_history(self, sample_id: str) -> list[HistoryEntry]:
+        return _history(self.con, "sample_history", "sample_id", sample_id)
+
+    def set_sample_status(self, sample_id: str, status: str, who: str, expected_version: int) -> Sample:
+        action = _status_action(status)
+        with self.transaction() as con:
+            old = _current(con, "samples", "sample", sample_id, expected_version)
+            _write(con, "samples", "sample_history", "sample_id", sample_id, old, who, action,
+                   {"status": old["status"]}, {"status": status}, {"status": status})
+        return self.sample(sample_id)
+
+    def set_turn_loss(self, sample_id: str, turn: int, loss: bool | None, who: str, expected_version: int) -> Sample:
+        """Set one turn's loss flag (True / False / None = unspecified)."""
+        if loss not in (True, False, None):
+            raise EditError(f"sample {sample_id}: loss must be true, false or null, got {loss!r}")
+        with self.transaction() as con:
+            old = _current(con, "samples", "sample", sample_id, expected_version)
+            data = json.loads(old["data"])
+            if not 0 <= turn < len(data["turns"]):
+                raise EditError(f"sample {sample_id} has no turn {turn} (it has {len(data['turns'])})")
+            before = {"turn": turn, "loss": data["turns"][turn]["loss"]}
+            data["turns"][turn]["loss"] = loss
+            _write(con, "samples", "sample_history", "sample_id", sample_id, old, who, "edit", before,
+                   {"turn": turn, "loss": loss}, {"data": json.dumps(data), "status": "edited"})
+        return self.sample(sample_id)

@@ -1,0 +1,111 @@
+"""The store's records and errors: plain data, no SQL (shared by every backend)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class StoreError(RuntimeError):
+    """The database cannot be used (not Orchard's, corrupt, too new, unknown run)."""
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    id: str
+    name: str
+    env: str
+    model: str
+    config: dict[str, Any]
+    task_ids: list[str]
+    status: str
+    created_at: float
+    updated_at: float
+    stats: dict[str, Any]
+    trees: int = 0
+    simulations: int = 0
+    nodes: int = 0
+    solved: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class SaveReport:
+    """What a save did: created, refreshed (updated), identical (unchanged), curated rows left
+    as they were (kept), untouched leftovers deleted (pruned), curated leftovers kept (stale_curated)."""
+
+    created: int = 0
+    updated: int = 0
+    unchanged: int = 0
+    kept: int = 0
+    pruned: int = 0
+    stale_curated: int = 0
+
+    def __str__(self) -> str:
+        return ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in self.__dict__.items() if v) or "nothing changed"
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    version: int
+    at: float
+    who: str
+    action: str
+    before: Any
+    after: Any
+
+
+JOB_STATES = ("queued", "running", "succeeded", "failed", "cancelled")
+FINAL_JOB_STATES = ("succeeded", "failed", "cancelled")
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """A training (or evaluation / iteration) job as stored. `progress`: step, total, eta_s, phase."""
+
+    id: str
+    kind: str
+    name: str
+    config: dict[str, Any]
+    state: str
+    device: str
+    pid: int | None
+    created_at: float
+    started_at: float | None
+    finished_at: float | None
+    heartbeat_at: float | None
+    progress: dict[str, Any]
+    log_path: str | None
+    output_path: str | None
+    error: str | None
+    cancel_requested: bool
+
+    @property
+    def final(self) -> bool:
+        return self.state in FINAL_JOB_STATES
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class ModelRecord:
+    """A trained model folder: where it came from (parent model, job, data ids) and its metrics.
+    One record per job; a folder's current record is the one with no `replaced_at`."""
+
+    path: str
+    name: str
+    kind: str
+    parent: str | None = None
+    job_id: str | None = None
+    data_ids: list[str] = field(default_factory=list)
+    config: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    created_at: float | None = None
+    replaced_at: float | None = None  # set when a later job saved another model into `path`
+    replaced_by: str | None = None  # that job's id
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)

@@ -1,0 +1,212 @@
+"""Runs, trees and simulations: each finished simulation is committed in ONE transaction (its new
+nodes, the visit counts and values along its path, the simulation row), so a killed process loses
+at most the simulation in progress and resumes from a consistent tree. Observations are stored
+once per content hash."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import uuid
+from typing import Any
+
+from engine.actions import CompositeAction
+from engine.envs.base import TaskSpec
+from engine.search.tree import Node, SearchTree, Simulation
+from engine.store.connection import Connection, _valid_text
+from engine.store.records import RunInfo, StoreError
+
+JPEG_MAGIC = b"\xff\xd8\xff"
+
+
+def _simulation(path: list[int], reward: float, rollout: Any) -> Simulation:
+    """A stored simulation: `rollout` is its commands (a list), or, for a rollout that succeeded,
+    {"commands": [...], "turns": [[model text, observation], ...]} (same column, no migration)."""
+    if isinstance(rollout, dict):
+        turns = tuple((str(t[0]), str(t[1])) for t in rollout.get("turns", ()))
+        return Simulation(tuple(path), reward, tuple(rollout.get("commands", ())), turns)
+    return Simulation(tuple(path), reward, tuple(rollout))
+
+
+def _obs_hash(text: str) -> str:
+    return hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+class RunsStore(Connection):
+    """Runs, their trees and simulations."""
+
+    # --- runs --------------------------------------------------------------------------------
+
+    def create_run(
+        self, name: str, env: str, model: str, config: dict[str, Any], tasks: list[TaskSpec]
+    ) -> str:
+        _valid_text(name, "run name")
+        run_id = uuid.uuid4().hex[:10]
+        now = time.time()
+        with self.transaction() as con:
+            con.execute(
+                "INSERT INTO runs VALUES (?,?,?,?,?,?,?,?,?,?)",
+                (run_id, name, env, model, json.dumps(config), json.dumps([t.id for t in tasks]), "running", now, now, None),
+            )
+            con.executemany(
+                "INSERT INTO trees (run_id, position, task_id, goal, context, split) VALUES (?,?,?,?,?,?)",
+                [(run_id, i, t.id, t.goal, t.context, t.split) for i, t in enumerate(tasks)],
+            )
+        return run_id
+
+    def set_run_status(self, run_id: str, status: str, stats: dict[str, Any] | None = None) -> None:
+        with self.transaction() as con:
+            if stats is None:
+                con.execute("UPDATE runs SET status=?, updated_at=? WHERE id=?", (status, time.time(), run_id))
+            else:
+                con.execute(
+                    "UPDATE runs SET status=?, updated_at=?, stats=? WHERE id=?",
+                    (status, time.time(), json.dumps(stats), run_id),
+                )
+
+    def find_run(self, key: str) -> str:
+        """A run id from an id, a unique id prefix or a unique name. The prefix is compared as
+        text (substr), not as a LIKE pattern: `%` or `_` typed by a user must not match every run."""
+        if not key:
+            raise StoreError("empty run id: name a run (id, id prefix or name; `orchard runs` lists them)")
+        _valid_text(key, "run")
+        rows = self.con.execute(
+            "SELECT id FROM runs WHERE id=? OR name=? OR substr(id, 1, ?)=? ORDER BY created_at",
+            (key, key, len(key), key.lower()),  # ids are lower-case hex; LIKE ignored case, so does this
+        ).fetchall()
+        ids = list(dict.fromkeys(r[0] for r in rows))
+        if key in ids:
+            return key
+        if not ids:
+            raise StoreError(f"no run {key!r} in {self.path}")
+        if len(ids) > 1:
+            raise StoreError(f"run {key!r} is ambiguous in {self.path}: {', '.join(ids)}")
+        return ids[0]
+
+    def runs(self) -> list[RunInfo]:
+        rows = self.con.execute(
+            """SELECT r.id, r.name, r.env, r.model, r.config, r.task_ids, r.status, r.created_at, r.updated_at,
+                      r.stats, COUNT(t.id), COALESCE(SUM(t.simulations), 0), COALESCE(SUM(t.solved), 0),
+                      (SELECT COUNT(*) FROM nodes n JOIN trees t2 ON n.tree_id = t2.id WHERE t2.run_id = r.id)
+               FROM runs r LEFT JOIN trees t ON t.run_id = r.id GROUP BY r.id ORDER BY r.created_at"""
+        ).fetchall()
+        return [
+            RunInfo(
+                id=r[0], name=r[1], env=r[2], model=r[3], config=json.loads(r[4]), task_ids=json.loads(r[5]),
+                status=r[6], created_at=r[7], updated_at=r[8], stats=json.loads(r[9]) if r[9] else {},
+                trees=r[10], simulations=r[11], solved=r[12], nodes=r[13],
+            )
+            for r in rows
+        ]
+
+    def run(self, run_id: str) -> RunInfo:
+        for info in self.runs():
+            if info.id == run_id:
+                return info
+        raise StoreError(f"no run {run_id!r} in {self.path}")
+
+    # --- trees -------------------------------------------------------------------------------
+
+    def tree_ids(self, run_id: str) -> list[tuple[int, str]]:
+        """(tree id, task id) in run order."""
+        return [
+            (r[0], r[1])
+            for r in self.con.execute("SELECT id, task_id FROM trees WHERE run_id=? ORDER BY position", (run_id,))
+        ]
+
+    def tree_id(self, run_id: str, task_id: str) -> int:
+        row = self.con.execute("SELECT id FROM trees WHERE run_id=? AND task_id=?", (run_id, task_id)).fetchone()
+        if row is None:
+            known = ", ".join(t for _, t in self.tree_ids(run_id)[:10])
+            raise StoreError(f"run {run_id} has no task {task_id!r} (tasks: {known}...)")
+        return row[0]
+
+    def save_simulation(self, tree_id: int, tree: SearchTree, sim: Simulation, first_new: int) -> None:
+        """One transaction: nodes created since `first_new`, the values along the path, the row."""
+        new = tree.nodes[first_new:]
+        touched = {0, *sim.path} - {n.id for n in new}
+        with self.transaction() as con:
+            con.executemany(
+                "INSERT OR IGNORE INTO observations VALUES (?, ?)",
+                [(_obs_hash(n.observation), n.observation) for n in new],
+            )
+            con.executemany(
+                "INSERT INTO nodes VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                [
+                    (
+                        tree_id, n.id, n.parent, n.depth,
+                        json.dumps(n.action.to_dict()) if n.action else None,
+                        n.raw, n.format_error, _obs_hash(n.observation), n.N, n.value_sum,
+                        n.Q_critic, n.critic_rank, n.critic_reason, n.logprob, n.reward, n.progress,
+                        n.terminal, n.gen_ms, n.env_ms, n.n_tokens,
+                    )
+                    for n in new
+                ],
+            )
+            con.executemany(
+                "UPDATE nodes SET n=?, value_sum=? WHERE tree_id=? AND node_id=?",
+                [(tree.nodes[i].N, tree.nodes[i].value_sum, tree_id, i) for i in sorted(touched)],
+            )
+            con.execute(
+                "INSERT INTO simulations VALUES (?,?,?,?,?,?)",
+                (tree_id, len(tree.simulations) - 1, json.dumps(list(sim.path)), sim.reward,
+                 json.dumps({"commands": list(sim.rollout), "turns": [list(t) for t in sim.turns]}
+                            if sim.turns else list(sim.rollout)), time.time()),
+            )
+            con.execute(
+                "UPDATE trees SET simulations=?, solved=? WHERE id=?",
+                (len(tree.simulations), int(tree.solved()), tree_id),
+            )
+            con.executemany(  # terminal-page screenshots (web env): JPEG bytes only, kept out of `nodes`
+                "INSERT OR REPLACE INTO node_media VALUES (?,?,'screenshot',?)",
+                [(tree_id, n.id, n.screenshot) for n in new
+                 if isinstance(n.screenshot, bytes) and n.screenshot.startswith(JPEG_MAGIC)],
+            )
+
+    def load_tree(self, tree_id: int) -> SearchTree | None:
+        """The committed tree, or None when its root was never written."""
+        t = self.con.execute("SELECT task_id, goal, context, split FROM trees WHERE id=?", (tree_id,)).fetchone()
+        if t is None:
+            raise StoreError(f"no tree {tree_id}")
+        task = TaskSpec(id=t[0], goal=t[1], context=t[2], split=t[3])
+        rows = self.con.execute(
+            """SELECT n.node_id, n.parent_id, n.depth, n.action, n.raw, n.format_error, o.text, n.n, n.value_sum,
+                      n.q_critic, n.critic_rank, n.critic_reason, n.logprob, n.reward, n.progress, n.terminal,
+                      n.gen_ms, n.env_ms, n.n_tokens
+               FROM nodes n JOIN observations o ON o.hash = n.obs_hash
+               WHERE n.tree_id=? ORDER BY n.node_id""",
+            (tree_id,),
+        ).fetchall()
+        if not rows:
+            return None
+        nodes = []
+        for i, r in enumerate(rows):
+            if r[0] != i:
+                raise StoreError(f"tree {tree_id}: node ids not contiguous at {i} (found {r[0]})")
+            nodes.append(
+                Node(
+                    id=r[0], parent=r[1], depth=r[2], observation=r[6],
+                    action=CompositeAction.from_dict(json.loads(r[3])) if r[3] else None,
+                    raw=r[4], format_error=r[5], N=r[7], value_sum=r[8], Q_critic=r[9], critic_rank=r[10],
+                    critic_reason=r[11], logprob=r[12], reward=r[13], progress=r[14], terminal=r[15],
+                    gen_ms=r[16] or 0.0, env_ms=r[17] or 0.0, n_tokens=r[18] or 0,
+                )
+            )
+        for n in nodes:
+            if n.parent is not None:
+                nodes[n.parent].children.append(n.id)
+        sims = [
+            _simulation(json.loads(r[0]), r[1], json.loads(r[2]))
+            for r in self.con.execute(
+                "SELECT path, reward, rollout FROM simulations WHERE tree_id=? ORDER BY idx", (tree_id,)
+            )
+        ]
+        return SearchTree(task=task, nodes=nodes, simulations=sims)
+
+    def node_screenshot(self, tree_id: int, node_id: int) -> bytes | None:
+        """The JPEG stored with a terminal node (None when it has none); not loaded with the tree."""
+        row = self.con.execute(
+            "SELECT data FROM node_media WHERE tree_id=? AND node_id=? AND kind='screenshot'", (tree_id, node_id)
+        ).fetchone()
+        return bytes(row[0]) if row else None

@@ -1,0 +1,303 @@
+"""The schema: its migrations (run in order on open) and the check that a file is an Orchard database
+at a version this code reads, made before anything is written to it."""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+import urllib.parse
+from pathlib import Path
+
+from engine.store.records import StoreError
+
+APP_ID = "orchard"
+SQLITE_MAGIC = b"SQLite format 3\x00"
+
+MIGRATIONS: list[tuple[int, str]] = [
+    (
+        1,
+        """
+        CREATE TABLE runs (
+            id TEXT PRIMARY KEY,
+            name TEXT NOT NULL,
+            env TEXT NOT NULL,
+            model TEXT NOT NULL,
+            config TEXT NOT NULL,
+            task_ids TEXT NOT NULL,
+            status TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL,
+            stats TEXT
+        );
+        CREATE TABLE trees (
+            id INTEGER PRIMARY KEY,
+            run_id TEXT NOT NULL REFERENCES runs(id),
+            position INTEGER NOT NULL,
+            task_id TEXT NOT NULL,
+            goal TEXT NOT NULL,
+            context TEXT NOT NULL,
+            split TEXT NOT NULL,
+            simulations INTEGER NOT NULL DEFAULT 0,
+            solved INTEGER NOT NULL DEFAULT 0,
+            UNIQUE (run_id, task_id)
+        );
+        CREATE TABLE observations (
+            hash TEXT PRIMARY KEY,
+            text TEXT NOT NULL
+        );
+        CREATE TABLE nodes (
+            tree_id INTEGER NOT NULL REFERENCES trees(id),
+            node_id INTEGER NOT NULL,
+            parent_id INTEGER,
+            depth INTEGER NOT NULL,
+            action TEXT,
+            raw TEXT,
+            format_error TEXT,
+            obs_hash TEXT NOT NULL REFERENCES observations(hash),
+            n INTEGER NOT NULL,
+            value_sum REAL NOT NULL,
+            q_critic REAL,
+            critic_rank INTEGER,
+            critic_reason TEXT,
+            logprob REAL,
+            reward REAL,
+            progress REAL,
+            terminal TEXT,
+            gen_ms REAL,
+            env_ms REAL,
+            n_tokens INTEGER,
+            PRIMARY KEY (tree_id, node_id)
+        );
+        CREATE TABLE simulations (
+            tree_id INTEGER NOT NULL REFERENCES trees(id),
+            idx INTEGER NOT NULL,
+            path TEXT NOT NULL,
+            reward REAL NOT NULL,
+            rollout TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            PRIMARY KEY (tree_id, idx)
+        );
+        """,
+    ),
+    (
+        2,
+        """
+        CREATE TABLE pairs (
+            id TEXT PRIMARY KEY,
+            run_id TEXT NOT NULL REFERENCES runs(id),
+            tree_id INTEGER REFERENCES trees(id),
+            task_id TEXT NOT NULL,
+            node_id INTEGER NOT NULL,
+            chosen_node INTEGER NOT NULL,
+            rejected_node INTEGER NOT NULL,
+            kind TEXT NOT NULL,
+            prompt TEXT NOT NULL,
+            chosen TEXT NOT NULL,
+            rejected TEXT NOT NULL,
+            q_chosen REAL NOT NULL,
+            q_rejected REAL NOT NULL,
+            logprob_chosen REAL,
+            logprob_rejected REAL,
+            depth INTEGER NOT NULL,
+            status TEXT NOT NULL,
+            version INTEGER NOT NULL,
+            updated_at REAL NOT NULL,
+            updated_by TEXT NOT NULL
+        );
+        CREATE INDEX pairs_by_run ON pairs (run_id, kind, status);
+        CREATE INDEX pairs_by_task ON pairs (run_id, task_id, depth);
+        CREATE TABLE pair_history (
+            pair_id TEXT NOT NULL,
+            version INTEGER NOT NULL,
+            at REAL NOT NULL,
+            who TEXT NOT NULL,
+            action TEXT NOT NULL,
+            before TEXT,
+            after TEXT,
+            PRIMARY KEY (pair_id, version)
+        );
+        CREATE TABLE samples (
+            id TEXT PRIMARY KEY,
+            kind TEXT NOT NULL,
+            run_id TEXT REFERENCES runs(id),
+            task_id TEXT NOT NULL,
+            source TEXT NOT NULL,
+            data TEXT NOT NULL,
+            status TEXT NOT NULL,
+            version INTEGER NOT NULL,
+            updated_at REAL NOT NULL,
+            updated_by TEXT NOT NULL
+        );
+        CREATE INDEX samples_by_kind ON samples (kind, status);
+        CREATE INDEX samples_by_run ON samples (run_id, kind);
+        CREATE TABLE sample_history (
+            sample_id TEXT NOT NULL,
+            version INTEGER NOT NULL,
+            at REAL NOT NULL,
+            who TEXT NOT NULL,
+            action TEXT NOT NULL,
+            before TEXT,
+            after TEXT,
+            PRIMARY KEY (sample_id, version)
+        );
+        """,
+    ),
+    (
+        3,
+        """
+        CREATE TABLE jobs (
+            id TEXT PRIMARY KEY,
+            kind TEXT NOT NULL,
+            name TEXT NOT NULL,
+            config TEXT NOT NULL,
+            state TEXT NOT NULL,
+            device TEXT NOT NULL,
+            pid INTEGER,
+            created_at REAL NOT NULL,
+            started_at REAL,
+            finished_at REAL,
+            heartbeat_at REAL,
+            progress TEXT NOT NULL,
+            log_path TEXT,
+            output_path TEXT,
+            error TEXT,
+            cancel_requested INTEGER NOT NULL DEFAULT 0
+        );
+        CREATE INDEX jobs_by_state ON jobs (state, device, created_at);
+        CREATE TABLE job_metrics (
+            job_id TEXT NOT NULL REFERENCES jobs(id),
+            seq INTEGER NOT NULL,
+            step INTEGER,
+            at REAL NOT NULL,
+            data TEXT NOT NULL,
+            PRIMARY KEY (job_id, seq)
+        );
+        CREATE TABLE models (
+            path TEXT PRIMARY KEY,
+            name TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            parent TEXT,
+            job_id TEXT,
+            data_ids TEXT NOT NULL,
+            config TEXT NOT NULL,
+            metrics TEXT NOT NULL,
+            created_at REAL NOT NULL
+        );
+        CREATE TABLE evaluations (
+            id TEXT PRIMARY KEY,
+            model TEXT NOT NULL,
+            env TEXT NOT NULL,
+            split TEXT NOT NULL,
+            task_ids TEXT NOT NULL,
+            mode TEXT NOT NULL,
+            config TEXT NOT NULL,
+            metrics TEXT NOT NULL,
+            episodes TEXT NOT NULL,
+            job_id TEXT,
+            created_at REAL NOT NULL
+        );
+        CREATE INDEX evaluations_by_model ON evaluations (model, created_at);
+        CREATE TABLE iterations (
+            loop_id TEXT NOT NULL,
+            idx INTEGER NOT NULL,
+            method TEXT NOT NULL,
+            data TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            PRIMARY KEY (loop_id, idx)
+        );
+        """,
+    ),
+    (
+        4,
+        """
+        CREATE TABLE node_media (
+            tree_id INTEGER NOT NULL REFERENCES trees(id),
+            node_id INTEGER NOT NULL,
+            kind TEXT NOT NULL,
+            data BLOB NOT NULL,
+            PRIMARY KEY (tree_id, node_id, kind)
+        );
+        """,
+    ),
+    (
+        5,
+        # One model record per job: a path holds one model at a time (the current record); an
+        # earlier job's record for the same folder is kept, marked replaced (docs/decisions.md).
+        """
+        ALTER TABLE models RENAME TO models_v4;
+        CREATE TABLE models (
+            id INTEGER PRIMARY KEY,
+            path TEXT NOT NULL,
+            name TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            parent TEXT,
+            job_id TEXT,
+            data_ids TEXT NOT NULL,
+            config TEXT NOT NULL,
+            metrics TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            replaced_at REAL,
+            replaced_by TEXT
+        );
+        INSERT INTO models (path, name, kind, parent, job_id, data_ids, config, metrics, created_at)
+            SELECT path, name, kind, parent, job_id, data_ids, config, metrics, created_at FROM models_v4
+            ORDER BY created_at;
+        DROP TABLE models_v4;
+        CREATE UNIQUE INDEX models_current ON models (path) WHERE replaced_at IS NULL;
+        """,
+    ),
+]
+SCHEMA_VERSION = MIGRATIONS[-1][0]
+
+
+def _readonly_uri(path: Path) -> str:
+    """A `file:` URI that opens `path` read-only. The path is percent-quoted: a `#`, `?` or `%41` in
+    it would otherwise end the path early or be decoded, and SQLite would open (and create) another file."""
+    return f"file:{urllib.parse.quote(str(path))}?mode=ro"
+
+
+def _check_file(path: Path) -> int:
+    """Refuse a file that is not SQLite, or SQLite that is not ours, without writing to it.
+    Returns the file's schema version (0 for a new or empty file)."""
+    if path.is_dir():
+        raise StoreError(f"{path}: a folder, not a database file")
+    if not path.exists() or path.stat().st_size == 0:
+        return 0
+    with open(path, "rb") as f:
+        head = f.read(len(SQLITE_MAGIC))
+    if head != SQLITE_MAGIC:
+        raise StoreError(f"{path}: not an Orchard database (not a SQLite file)")
+    # Even a read-only look at a WAL-mode file creates its -wal / -shm companions: a file that is
+    # refused gets them removed again, so a refusal leaves the folder as it was.
+    companions = [path.with_name(path.name + suffix) for suffix in ("-wal", "-shm")]
+    existed = [c.exists() for c in companions]
+    try:
+        con = sqlite3.connect(_readonly_uri(path), uri=True)
+        try:
+            tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            if not tables:
+                return 0
+            if "meta" not in tables:
+                raise StoreError(f"{path}: a SQLite database, but not Orchard's (no meta table)")
+            meta = dict(con.execute("SELECT key, value FROM meta").fetchall())
+        finally:
+            con.close()
+        if meta.get("app") != APP_ID:
+            raise StoreError(f"{path}: a SQLite database, but not Orchard's (app={meta.get('app')!r})")
+        version = int(meta.get("schema_version", "0"))
+        if version > SCHEMA_VERSION:
+            raise StoreError(f"{path}: schema version {version} is newer than this Orchard ({SCHEMA_VERSION}); "
+                             "upgrade")
+    except (sqlite3.DatabaseError, StoreError, ValueError) as e:
+        for companion, was_there in zip(companions, existed, strict=True):
+            if not was_there:
+                companion.unlink(missing_ok=True)
+        if isinstance(e, StoreError):
+            raise
+        raise StoreError(f"{path}: corrupt or unreadable database ({e})") from None
+    return version
+
+
+def _schema_tables() -> set[str]:
+    """The tables the migrations create (read from MIGRATIONS when called, as tests shorten it)."""
+    return set(re.findall(r"CREATE TABLE (?:IF NOT EXISTS )?(\w+)", "".join(sql for _, sql in MIGRATIONS)))
