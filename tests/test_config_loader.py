@@ -150,7 +150,7 @@ def test_changing_a_dataclass_default_changes_the_cli_default(tmp_path, monkeypa
 
     monkeypatch.setattr(engine.evaluate, "EvalConfig", ShortEval)
     monkeypatch.setattr(engine.config, "SearchConfig", FewSims)
-    monkeypatch.setattr(engine.llm.registry, "load_generator", lambda spec, log=print: ScriptedGenerator())
+    monkeypatch.setattr(engine.llm.registry, "load_generator", lambda spec, log=print, **_kw: ScriptedGenerator())
     assert "(default 7)" in _help("eval") and "(default 3)" in _help("search")
     db = tmp_path / "o.db"
     assert main(["eval", "--model", "scripted", "--tasks", "0:1", "--db", str(db)]) == 0
