@@ -50,7 +50,7 @@ from engine.train.common import (
     lora_config,
     progress_callback,
     quiet_trainer,
-    save_model,
+    save_trained,
     summarize_history,
     trl_common_args,
     with_threads,
@@ -219,11 +219,31 @@ def _trainer_class() -> type:
             super()._set_signature_columns_if_needed()
             self._signature_columns = [*self._signature_columns, "chosen_mask", "rejected_mask"]
 
+        def _reference_pass(self, dataset, batch_size: int) -> tuple[list[float], list[float]]:
+            """The reference's (chosen, rejected) log-probs of every row, in order, from every process.
+            TRL's own pass caches them in a file that only rank 0 writes, in a per-process temp
+            folder for an in-memory dataset, so the other ranks of a multi-GPU run cannot read it;
+            this pass keeps them in memory and gathers them instead."""
+            from torch.utils.data import DataLoader
+
+            loader = self.accelerator.prepare(DataLoader(dataset, batch_size=batch_size, shuffle=False,
+                                                         collate_fn=self.data_collator, num_workers=0))
+            model = self.ref_model or self.model
+            chosen: list[float] = []
+            rejected: list[float] = []
+            for batch in loader:
+                c, r = self.compute_ref_log_probs(model, batch)
+                c, r = self.accelerator.gather_for_metrics((c, r))
+                chosen += [float(v) for v in c.cpu()]
+                rejected += [float(v) for v in r.cpu()]
+            return chosen, rejected
+
         def _precompute_ref_logps(self, dataset, name, batch_size):
             """Fill only what the plan does not supply; spot-check stored values per group."""
             plan = self._ref_plan
-            if name != "train" or "stored" not in plan:
-                return super()._precompute_ref_logps(dataset, name, batch_size)
+            if "stored" not in plan or name != "train":
+                chosen, rejected = self._reference_pass(dataset, batch_size)
+                return dataset.add_column("ref_chosen_logps", chosen).add_column("ref_rejected_logps", rejected)
             stored: list[tuple[float, float] | None] = list(plan["stored"])
             groups: list[str] = plan["groups"]
             verify: set[int] = set(plan["verify"])
@@ -234,11 +254,9 @@ def _trainer_class() -> type:
                 todo = [i for i in indices if i not in computed]
                 if not todo:
                     return
-                part = dataset.select(todo)
-                part = super(OrchardDPOTrainer, self)._precompute_ref_logps(part, f"{name}-{len(computed)}",
-                                                                            batch_size)
-                for i, c, r in zip(todo, part["ref_chosen_logps"], part["ref_rejected_logps"], strict=True):
-                    computed[i] = (float(c), float(r))
+                chosen, rejected = self._reference_pass(dataset.select(todo), batch_size)
+                for i, c, r in zip(todo, chosen, rejected, strict=True):
+                    computed[i] = (c, r)
 
             score(sorted(verify | {i for i, s in enumerate(stored) if s is None}))
             worst: dict[str, float] = {}
@@ -381,6 +399,7 @@ def train_dpo(
         if output_dir is not None and not stopped:
             meta = {"kind": "dpo", "base_model": str(parent or model_path), "config": asdict(config),
                     "data_ids": ids, "metrics": metrics}
-            saved = save_model(trainer.model, tokenizer, output_dir, meta)
-            reporter.log(f"DPO: saved {saved}")
+            saved = save_trained(trainer, tokenizer, output_dir, meta)
+            if saved is not None:  # the main process (the others of a multi-GPU run save nothing)
+                reporter.log(f"DPO: saved {saved}")
     return TrainResult(output=saved, data_ids=ids, metrics=metrics, history=history, stopped=stopped)
