@@ -32,7 +32,7 @@ from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any
 
-from engine.llm.base import Completion, GeneratorError, Prompt, SampleRequest, SamplingParams
+from engine.llm.base import Completion, GeneratorError, Prompt, SampleRequest, SamplingParams, is_canonical
 
 log = logging.getLogger(__name__)
 
@@ -112,9 +112,11 @@ def _sampled_logprobs(steps: Sequence[dict[int, Any]] | None, ids: Sequence[int]
 
 
 def completions_from_output(
-    output: Any, decode: Callable[[list[int]], str], eos_ids: Collection[int], stop: Sequence[str]
+    output: Any, decode: Callable[[list[int]], str], eos_ids: Collection[int], stop: Sequence[str],
+    encode: Callable[[str], list[int]] | None = None, eos_id: int | None = None,
 ) -> list[Completion]:
-    """Map one vLLM `RequestOutput` (its `outputs[i]`: token_ids, logprobs, finish_reason)."""
+    """Map one vLLM `RequestOutput` (its `outputs[i]`: token_ids, logprobs, finish_reason);
+    with `encode` and `eos_id`, each completion says whether its ids are canonical."""
     comps = []
     for o in sorted(output.outputs, key=lambda o: o.index):
         ids = list(o.token_ids)
@@ -129,6 +131,7 @@ def completions_from_output(
                 n_tokens=len(ids),
                 finish_reason="stop" if cut else finish_reason(o.finish_reason),
                 token_ids=tuple(ids),
+                canonical=None if encode is None else is_canonical(ids, text, encode, eos_id, eos_ids),
             )
         )
     return comps
@@ -220,6 +223,9 @@ class VLLMGenerator:
         text = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
+    def _encode_text(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
@@ -260,7 +266,8 @@ class VLLMGenerator:
         out: list[list[Completion]] = [[] for _ in requests]
         if prompts:
             for r, output in zip(sent, self._generate(prompts, params), strict=True):
-                comps = completions_from_output(output, self._decode, self.eos_ids, requests[r].params.stop)
+                comps = completions_from_output(output, self._decode, self.eos_ids, requests[r].params.stop,
+                                                encode=self._encode_text, eos_id=self.eos_id)
                 if is_greedy(requests[r].params) and len(comps) == 1:
                     comps = comps * requests[r].n  # greedy: n equal completions (see sampling_kwargs)
                 out[r] = comps

@@ -114,11 +114,12 @@ def cmd_train(args: argparse.Namespace) -> int:
             base = resolve_model_path(args.model, log=_log)
             out = args.out or str(default_output_dir(f"{args.what}-{time.strftime('%Y%m%d-%H%M%S')}"))
             if args.what == "dpo":
-                from engine.train.dpo import select_pairs, train_dpo
+                from engine.train.dpo import run_backends, select_pairs, train_dpo
 
                 pairs = select_pairs(store, train, config["runs"])
                 tokens = store.node_token_counts([(p.tree_id, n) for p in pairs for n in (p.chosen_node, p.rejected_node)])
-                result = train_dpo(base, pairs, train, out, reporter, node_tokens=tokens)
+                result = train_dpo(base, pairs, train, out, reporter, node_tokens=tokens,
+                                   backends=run_backends(store, [p.run_id for p in pairs]))
             else:
                 from engine.train.sft import select_samples, train_sft
 

@@ -151,7 +151,7 @@ def run_loop(store: Any, config: IterateConfig, reporter: Reporter | None = None
     from engine.search.runner import new_run
     from engine.store import ModelRecord
     from engine.train.common import resolve_model_path
-    from engine.train.dpo import train_dpo
+    from engine.train.dpo import run_backends, train_dpo
     from engine.train.sft import mix_revisions, train_sft
 
     reporter = reporter or MemoryReporter()
@@ -199,7 +199,8 @@ def run_loop(store: Any, config: IterateConfig, reporter: Reporter | None = None
                 reporter.progress({"phase": f"iteration {i}: dpo", "step": i - 1, "total": total})
                 tokens = store.node_token_counts([(p.tree_id, n) for p in pairs for n in (p.chosen_node, p.rejected_node)])
                 del generator
-                result = train_dpo(policy, pairs, train_cfg, out_dir, reporter, node_tokens=tokens, parent=str(policy))
+                result = train_dpo(policy, pairs, train_cfg, out_dir, reporter, node_tokens=tokens, parent=str(policy),
+                                   backends=run_backends(store, [run_id]))
         else:
             built_r = build_revisions(refs, generator, RevisionConfig(seed=config.seed + i))
             store.save_samples(built_r.samples, prune_run=run_id, prune_kinds=("revision", "good", "recovery"))

@@ -101,11 +101,12 @@ def run_job(store: Store, job: JobInfo, reporter: StoreReporter) -> str | None:
         output = cfg.get("output") or str(default_output_dir(f"{job.kind}-{job.id}"))
         runs = cfg.get("runs") or None
         if job.kind == "dpo":
-            from engine.train.dpo import select_pairs, train_dpo
+            from engine.train.dpo import run_backends, select_pairs, train_dpo
 
             pairs = select_pairs(store, train, runs)
             tokens = store.node_token_counts([(p.tree_id, n) for p in pairs for n in (p.chosen_node, p.rejected_node)])
-            result = train_dpo(base, pairs, train, output, reporter, node_tokens=tokens, parent=str(base))
+            result = train_dpo(base, pairs, train, output, reporter, node_tokens=tokens, parent=str(base),
+                               backends=run_backends(store, [p.run_id for p in pairs]))
         else:
             from engine.train.sft import select_samples, train_sft
 
