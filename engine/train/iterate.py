@@ -155,6 +155,11 @@ def run_loop(store: Any, config: IterateConfig, reporter: Reporter | None = None
     from engine.train.sft import mix_revisions, train_sft
 
     reporter = reporter or MemoryReporter()
+    on_vllm = config.model.strip().startswith("vllm:")
+    if load is None and on_vllm:  # one engine for the whole loop, each new policy reloaded into it
+        from engine.train.vllm_policy import VLLMPolicy
+
+        load = VLLMPolicy(log=reporter.log)
     load = load or (lambda path: load_generator(str(path), log=reporter.log))
     loop_id = config.name or f"{config.method}-{uuid.uuid4().hex[:8]}"
     out_root = Path(config.output_root) if config.output_root else default_output_dir(loop_id)
@@ -163,7 +168,10 @@ def run_loop(store: Any, config: IterateConfig, reporter: Reporter | None = None
     description = env.describe()
     train_tasks, eval_tasks = loop_tasks(config, env)
     rng = random.Random(config.seed)
-    policy = resolve_model_path(config.model, log=reporter.log)
+    # Training needs the weights at hand: a vllm:PATH policy trains from PATH, and is searched and
+    # evaluated on vLLM (engine/train/vllm_policy.py).
+    policy = resolve_model_path(config.model.strip().removeprefix("vllm:") if on_vllm else config.model,
+                                log=reporter.log)
     search = config.search_config()
     total = config.iterations
     if config.evaluate_base:
