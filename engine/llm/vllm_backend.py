@@ -1,7 +1,7 @@
 """`VLLMGenerator`: the offline vLLM engine (GPU), with the same conventions as `HFGenerator`.
 
-vLLM is imported lazily in the constructor: it pins its own torch/transformers and lives in a
-separate GPU venv (`pip install -e ".[vllm]"`), so this module must import without it. The pure
+vLLM is imported lazily in the constructor: it pins its own torch/transformers and is installed by
+the GPU set-up (`pip install -e ".[vllm]" -c constraints-gpu.txt`), so this module must import without it. The pure
 parts (request -> SamplingParams kwargs, vLLM outputs -> Completions) are module functions,
 tested on CPU with stand-in objects shaped like vLLM's.
 
@@ -183,7 +183,7 @@ class VLLMGenerator:
             import vllm
         except ImportError as exc:
             raise GeneratorError(
-                "vLLM is not installed: install it in a separate GPU venv (pip install -e '.[vllm]'; "
+                "vLLM is not installed: install the GPU set-up (pip install -e '.[vllm]' -c constraints-gpu.txt; "
                 f"it pins its own torch): {exc}"
             ) from exc
         self._vllm = vllm
