@@ -134,33 +134,56 @@ def _pairs_store(store: Store, n: int) -> str:
     return run_id
 
 
+def _samples_store(store: Store, n: int) -> str:
+    from doubles import action_text
+
+    from engine.datasets.samples import Sample, Task, Turn
+
+    run_id = store.create_run("r", "line", "m", {}, [TaskSpec(id=f"goal-{i}", goal="g") for i in range(n)])
+    samples = []
+    for i in range(n):
+        task = Task(id=f"goal-{i}", goal=f"reach position {i}", context="commands: left, right, wait",
+                    first_observation="You are at 0.", system="You are an agent.")
+        samples.append(Sample(id=f"s{i}", kind="rft", run_id=run_id, task=task, turns=(
+            Turn(action_text("right"), "You are at 1.", True),
+            Turn(action_text(["left", "wait"][i % 2]), "You are at 1.", i % 2 == 0),
+            Turn(action_text("right", "SUCCESS"), None, True))))
+    store.save_samples(samples)
+    return run_id
+
+
 @pytest.mark.slow
-def test_two_processes_train_like_one(store: Store, tmp_path: Path) -> None:
-    """DPO on the random-weights model: one process with batch 4 vs two processes (gloo, via the
-    runner's accelerate launch) with batch 2 each — the same 4 pairs per step, the same order
-    (accelerate's seeded sampler, sharded by batch), gradients averaged: the same losses."""
+@pytest.mark.parametrize("kind", ["dpo", "rft"])
+def test_two_processes_train_like_one(store: Store, tmp_path: Path, kind: str) -> None:
+    """The random-weights model: one process with batch 4 vs two processes (gloo, via the runner's
+    accelerate launch) with batch 2 each — the same 4 rows per step, the same order (accelerate's
+    seeded sampler, sharded by batch), gradients averaged (SFT's token mean is taken over both
+    processes' tokens): the same losses. Measured: DPO within 8e-7, RFT identical to 1e-6."""
     from tiny_model_fixture import build_tiny_model
 
     model = build_tiny_model(tmp_path / "base")
-    run_id = _pairs_store(store, 12)
-    train = {"max_steps": 3, "learning_rate": 1e-3, "device": "cpu", "precision": "fp32", "num_threads": 1}
+    run_id = _pairs_store(store, 12) if kind == "dpo" else _samples_store(store, 12)
+    train = {"max_steps": 3, "learning_rate": 1e-3, "device": "cpu", "precision": "fp32", "num_threads": 1,
+             **({"include_pending": True} if kind == "rft" else {})}
     losses = {}
     for processes, batch in ((1, 4), (2, 2)):
         runner = JobRunner(store, cpu_processes=processes)
         out = tmp_path / f"out-{processes}"
         began = time.monotonic()
-        job = runner.submit("dpo", {"model": str(model), "output": str(out), "runs": [run_id],
-                                    "train": {**train, "batch_size": batch}}, device="cpu")
+        job = runner.submit(kind, {"model": str(model), "output": str(out), "runs": [run_id],
+                                   "train": {**train, "batch_size": batch}}, device="cpu")
         done = runner.wait(job.id, timeout=400)
         log = Path(done.log_path or "").read_text()
         assert done.state == "succeeded", log[-3000:]
         assert (processes == 2) == ("2 processes" in log) and (out / "config.json").is_file()
+        assert store.model_record(str(out.resolve())).job_id == job.id  # rank 0 registered it, once
         losses[processes] = [m["loss"] for m in store.job_metrics(job.id) if "loss" in m]
-        print(f"{processes} process(es): losses {losses[processes]} in {time.monotonic() - began:.0f}s")
+        print(f"{kind}, {processes} process(es): losses {losses[processes]} in {time.monotonic() - began:.0f}s")
         assert len(losses[processes]) == 3 and all(math.isfinite(v) for v in losses[processes])
-    assert losses[1][0] == pytest.approx(math.log(2), abs=0.05)
-    assert losses[2] == pytest.approx(losses[1], abs=1e-4)  # the stated tolerance (measured gap in the docstring)
-    assert losses[1][-1] != losses[1][0]  # the steps trained: same losses are not the same constant
+    if kind == "dpo":
+        assert losses[1][0] == pytest.approx(math.log(2), abs=0.05)
+    assert losses[2] == pytest.approx(losses[1], abs=1e-4)  # the stated tolerance
+    assert losses[1][-1] != losses[1][0]  # the steps trained: equal losses are not one constant
 
 
 def test_the_multi_gpu_presets_take_every_visible_gpu(monkeypatch) -> None:
@@ -178,3 +201,34 @@ def test_the_multi_gpu_presets_take_every_visible_gpu(monkeypatch) -> None:
         assert flag in argv and argv[argv.index("--num_processes") + 1] == "2"
     _, config = job_config("pairs", "gpu-bf16", "tiny")
     assert device_of(config) == "cuda:0"  # the one-GPU presets stay on one GPU
+
+
+@pytest.mark.slow
+def test_cancelling_a_multi_process_job_ends_every_process(store: Store, tmp_path: Path) -> None:
+    from tiny_model_fixture import build_tiny_model
+
+    from engine.train.jobs import process_alive
+
+    model = build_tiny_model(tmp_path / "base")
+    run_id = _samples_store(store, 8)
+    runner = JobRunner(store, cpu_processes=2)
+    job = runner.submit("rft", {"model": str(model), "runs": [run_id], "train": {
+        "max_steps": 100000, "batch_size": 2, "learning_rate": 1e-4, "device": "cpu", "precision": "fp32",
+        "num_threads": 1, "include_pending": True}}, device="cpu")
+    deadline = time.monotonic() + 300
+    while store.job(job.id).progress.get("step", 0) < 2 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert store.job(job.id).progress.get("step", 0) >= 2, Path(store.job(job.id).log_path or "").read_text()[-2000:]
+    launcher = store.job(job.id).pid  # the launcher's pid stays the job's (rank 0 does not overwrite it)
+    assert launcher is not None and "accelerate" in Path(f"/proc/{launcher}/cmdline").read_text(errors="replace")
+    done = runner.cancel(job.id, grace_s=30)
+    assert done.state == "cancelled" and not process_alive(launcher, job.id)
+    workers = [p for p in Path("/proc").iterdir() if p.name.isdigit() and job.id.encode() in _cmdline(p)]
+    assert workers == []  # no rank left behind
+
+
+def _cmdline(proc: Path) -> bytes:
+    try:
+        return (proc / "cmdline").read_bytes()
+    except OSError:
+        return b""
