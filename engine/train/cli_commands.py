@@ -396,7 +396,8 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     it = sub.add_parser("iterate", parents=[common],
                         help="iterated training: search -> data -> train -> evaluate (Agent Q or Agent-R)")
     it.add_argument("--method", choices=("agentq", "agentr"))
-    it.add_argument("--model", help="starting policy (default tiny)")
+    it.add_argument("--model", help="starting policy: tiny | PATH | hf:PATH | vllm:PATH (one vLLM engine for the "
+                                    "loop, each trained policy reloaded into it; default tiny)")
     it.add_argument("--env")
     it.add_argument("--iterations", type=int)
     it.add_argument("--tasks-per-iteration", dest="tasks_per_iteration", type=int, help="B train tasks per iteration")
