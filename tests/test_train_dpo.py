@@ -127,10 +127,17 @@ def test_stored_values_from_another_model_fail_the_spot_check(model_dir: Path, r
     pairs, tokens = replay
     from dataclasses import replace
 
+    from engine.train.common import MemoryReporter
+
     other = [replace(p, logprob_chosen=p.logprob_chosen - 3.0) if p.run_id == "run-a" else p for p in pairs]
-    auto = train_dpo(model_dir, other, _cfg(ref_source="auto", max_steps=1), None, node_tokens=tokens)
+    reporter = MemoryReporter()
+    auto = train_dpo(model_dir, other, _cfg(ref_source="auto", max_steps=1), None, reporter, node_tokens=tokens)
     assert auto.metrics["ref_groups_rejected"] == ["run-a"]
     assert auto.metrics["ref_stored"] == sum(p.run_id == "run-b" for p in pairs)
+    n_a, n_b = sum(p.run_id == "run-a" for p in pairs), sum(p.run_id == "run-b" for p in pairs)
+    # The log counts stored vs re-scored references per search run.
+    assert f"run run-a: 0 stored, {n_a} re-scored" in "\n".join(reporter.lines)
+    assert f"run run-b: {n_b} stored, 0 re-scored" in "\n".join(reporter.lines)
     assert _losses(auto)[0] == pytest.approx(math.log(2), abs=1e-5)  # a wrong reference would move step 1
     with pytest.raises(TrainError, match="stored"):
         train_dpo(model_dir, other, _cfg(ref_source="stored", max_steps=1), None, node_tokens=tokens)

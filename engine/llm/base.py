@@ -8,7 +8,7 @@ Prompts are chat messages; each backend applies its own chat template.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -45,6 +45,19 @@ class Completion:
     n_tokens: int = 0
     finish_reason: str = ""  # "stop" | "length" | "error"
     token_ids: tuple[int, ...] | None = None  # the generated ids, where the backend has them
+    # For a sample that ended at EOS: are `token_ids` the canonical encoding of `text` + EOS, the
+    # ids teacher-forced scoring and DPO training score? False: `logprob` belongs to another token
+    # sequence (a different segmentation of the same text) and must not stand in for the
+    # reference. None: unknown, or the sample did not end at EOS (cut by a stop string or length).
+    canonical: bool | None = None
+
+
+def is_canonical(ids: Sequence[int], text: str, encode: Callable[[str], Sequence[int]], eos_id: int | None,
+                 eos_ids: Collection[int]) -> bool | None:
+    """The token-id check behind `Completion.canonical`."""
+    if not ids or ids[-1] not in eos_ids or eos_id is None:
+        return None
+    return list(ids) == [*encode(text), eos_id]
 
 
 class GeneratorError(RuntimeError):

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from engine.llm.base import Completion, GeneratorError, Prompt, SampleRequest, SamplingParams
+from engine.llm.base import Completion, GeneratorError, Prompt, SampleRequest, SamplingParams, is_canonical
 from engine.torch_threads import torch_threads
 
 _SEED_MOD = 2**63 - 1
@@ -237,7 +237,11 @@ class HFGenerator:
             n_tokens=len(row.ids),
             finish_reason=finish,
             token_ids=tuple(row.ids),
+            canonical=is_canonical(row.ids, text, self._encode_text, self.eos_id, self.eos_ids),
         )
+
+    def _encode_text(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def _generate_chunk(self, rows: list[_Row], prompt_ids: list[list[int]]) -> None:
         slots = sorted({row.slot for row in rows})

@@ -1,7 +1,7 @@
 """`VLLMGenerator`: the offline vLLM engine (GPU), with the same conventions as `HFGenerator`.
 
-vLLM is imported lazily in the constructor: it pins its own torch/transformers and lives in a
-separate GPU venv (`pip install -e ".[vllm]"`), so this module must import without it. The pure
+vLLM is imported lazily in the constructor: it pins its own torch/transformers and is installed by
+the GPU set-up (`pip install -e ".[vllm]" -c constraints-gpu.txt`), so this module must import without it. The pure
 parts (request -> SamplingParams kwargs, vLLM outputs -> Completions) are module functions,
 tested on CPU with stand-in objects shaped like vLLM's.
 
@@ -32,7 +32,7 @@ from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any
 
-from engine.llm.base import Completion, GeneratorError, Prompt, SampleRequest, SamplingParams
+from engine.llm.base import Completion, GeneratorError, Prompt, SampleRequest, SamplingParams, is_canonical
 
 log = logging.getLogger(__name__)
 
@@ -112,9 +112,11 @@ def _sampled_logprobs(steps: Sequence[dict[int, Any]] | None, ids: Sequence[int]
 
 
 def completions_from_output(
-    output: Any, decode: Callable[[list[int]], str], eos_ids: Collection[int], stop: Sequence[str]
+    output: Any, decode: Callable[[list[int]], str], eos_ids: Collection[int], stop: Sequence[str],
+    encode: Callable[[str], list[int]] | None = None, eos_id: int | None = None,
 ) -> list[Completion]:
-    """Map one vLLM `RequestOutput` (its `outputs[i]`: token_ids, logprobs, finish_reason)."""
+    """Map one vLLM `RequestOutput` (its `outputs[i]`: token_ids, logprobs, finish_reason);
+    with `encode` and `eos_id`, each completion says whether its ids are canonical."""
     comps = []
     for o in sorted(output.outputs, key=lambda o: o.index):
         ids = list(o.token_ids)
@@ -129,6 +131,7 @@ def completions_from_output(
                 n_tokens=len(ids),
                 finish_reason="stop" if cut else finish_reason(o.finish_reason),
                 token_ids=tuple(ids),
+                canonical=None if encode is None else is_canonical(ids, text, encode, eos_id, eos_ids),
             )
         )
     return comps
@@ -180,7 +183,7 @@ class VLLMGenerator:
             import vllm
         except ImportError as exc:
             raise GeneratorError(
-                "vLLM is not installed: install it in a separate GPU venv (pip install -e '.[vllm]'; "
+                "vLLM is not installed: install the GPU set-up (pip install -e '.[vllm]' -c constraints-gpu.txt; "
                 f"it pins its own torch): {exc}"
             ) from exc
         self._vllm = vllm
@@ -218,6 +221,9 @@ class VLLMGenerator:
     def encode_prompt(self, prompt: Prompt) -> list[int]:
         """Token ids of the chat-templated prompt, as HFGenerator.encode_prompt."""
         text = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def _encode_text(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def _decode(self, ids: list[int]) -> str:
@@ -260,7 +266,8 @@ class VLLMGenerator:
         out: list[list[Completion]] = [[] for _ in requests]
         if prompts:
             for r, output in zip(sent, self._generate(prompts, params), strict=True):
-                comps = completions_from_output(output, self._decode, self.eos_ids, requests[r].params.stop)
+                comps = completions_from_output(output, self._decode, self.eos_ids, requests[r].params.stop,
+                                                encode=self._encode_text, eos_id=self.eos_id)
                 if is_greedy(requests[r].params) and len(comps) == 1:
                     comps = comps * requests[r].n  # greedy: n equal completions (see sampling_kwargs)
                 out[r] = comps

@@ -349,7 +349,10 @@ class MCTS:
         errors: list[Node] = []
         for c in completions:
             parsed = parse(c.text)
-            gen = {"raw": c.text, "logprob": c.logprob, "gen_ms": share, "n_tokens": c.n_tokens}
+            # A sample whose ids are not the canonical encoding of its text keeps no log-prob: it is
+            # another sequence's, and DPO would take it for the reference (docs/algorithms.md §3).
+            logprob = c.logprob if c.canonical is not False else None
+            gen = {"raw": c.text, "logprob": logprob, "gen_ms": share, "n_tokens": c.n_tokens}
             if isinstance(parsed, FormatError):
                 if ("error", c.text) in seen:
                     continue

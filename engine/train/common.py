@@ -27,6 +27,7 @@ from engine.config import ConfigError, from_dict
 TRAIN_META = "orchard_train.json"
 TRAIN_FORMAT = 1
 PRECISIONS = ("auto", "fp32", "bf16")
+DISTRIBUTED = ("ddp", "fsdp")
 
 
 class TrainError(ConfigError):
@@ -42,7 +43,9 @@ class TrainConfig:
     fp32 otherwise (bf16 on CPU is emulated on most machines and far slower). TRL defaults to bf16
     and gradient checkpointing; both are off on CPU here, where they make a step ~20x slower.
     `lora`: train a LoRA adapter (peft) and merge it into the saved model instead of all weights.
-    `num_threads`: torch CPU threads while training (None: torch's default)."""
+    `num_threads`: torch CPU threads while training (None: torch's default).
+    `distributed`: how a job naming several GPUs trains (one process per GPU, engine.train.jobs):
+    ddp (a full copy per GPU) or fsdp (weights sharded: for models that do not fit one GPU)."""
 
     learning_rate: float = field(default=1e-6, metadata={"help": "learning rate"})
     epochs: float = field(default=1.0, metadata={"help": "passes over the data"})
@@ -65,6 +68,7 @@ class TrainConfig:
     lora_targets: str = "all-linear"
     num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: torch's)"})
     logging_steps: int = 1
+    distributed: str = "ddp"
 
     def __post_init__(self) -> None:
         checks = {
@@ -81,10 +85,14 @@ class TrainConfig:
             "lora_dropout": 0 <= self.lora_dropout < 1,
             "num_threads": self.num_threads is None or self.num_threads >= 1,
             "logging_steps": self.logging_steps >= 1,
+            "distributed": self.distributed in DISTRIBUTED,
         }
         for name, ok in checks.items():
             if not ok:
                 raise ConfigError(f"{type(self).__name__}.{name}: invalid value {getattr(self, name)!r}")
+        if self.distributed == "fsdp" and self.lora:
+            raise ConfigError(f"{type(self).__name__}.distributed: fsdp with lora is not supported (a LoRA "
+                              "model fits one GPU: use ddp)")
 
     @classmethod
     def for_cpu(cls, **overrides: Any) -> Self:
@@ -214,7 +222,8 @@ def check_output_folder(out_dir: str | Path) -> Path:
     return out
 
 
-def save_model(model: Any, tokenizer: Any, out_dir: str | Path, meta: dict[str, Any]) -> Path:
+def save_model(model: Any, tokenizer: Any, out_dir: str | Path, meta: dict[str, Any],
+               state_dict: dict[str, Any] | None = None) -> Path:
     """Write the model (LoRA merged), tokenizer and `orchard_train.json` to `out_dir`, atomically:
     the folder appears complete or not at all (a sibling temp folder is renamed into place; an
     Orchard model already there is first renamed aside and deleted only once the new one is in
@@ -232,7 +241,7 @@ def save_model(model: Any, tokenizer: Any, out_dir: str | Path, meta: dict[str, 
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.saving-"))
     old: Path | None = None
     try:
-        model.save_pretrained(tmp, safe_serialization=True)
+        model.save_pretrained(tmp, safe_serialization=True, **({"state_dict": state_dict} if state_dict else {}))
         tokenizer.save_pretrained(tmp)
         record = {"format": TRAIN_FORMAT, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **meta}
         (tmp / TRAIN_META).write_text(json.dumps(record, indent=2, default=str))
@@ -251,6 +260,19 @@ def save_model(model: Any, tokenizer: Any, out_dir: str | Path, meta: dict[str, 
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
     return out
+
+
+def save_trained(trainer: Any, tokenizer: Any, out_dir: str | Path, meta: dict[str, Any]) -> Path | None:
+    """Save a trained model from every process of a run: the main process writes the folder (the
+    others return None). Under FSDP every process first takes part in gathering the full weights."""
+    acc = trainer.accelerator
+    model, state = trainer.model, None
+    if getattr(trainer, "is_fsdp_enabled", False):
+        state = acc.get_state_dict(trainer.model)  # a collective: every rank calls it
+        model = acc.unwrap_model(trainer.model)
+    saved = save_model(model, tokenizer, out_dir, meta, state_dict=state) if acc.is_main_process else None
+    acc.wait_for_everyone()
+    return saved
 
 
 def read_train_meta(path: str | Path) -> dict[str, Any] | None:

@@ -15,9 +15,14 @@ Reference log-probs (`ref_source`):
   reference pass (TRL's precompute) for the rest. A stored value is used only when the pair is
   not edited, no completion is cut by `max_length`, the node's generated token count equals the
   canonical encoding + EOS (the sample ended at EOS and was tokenized canonically; checked when
-  the store's token counts are given), and a spot check passes: `verify_per_run` pairs of
-  each run are re-scored by the reference model and must agree within `ref_tolerance` nats per
-  token (a run searched with another model fails and is re-scored entirely).
+  the store's token counts are given; a backend that returns the sampled ids stores no log-prob
+  for a sample whose ids are not the canonical encoding, see `Completion.canonical`), and a spot
+  check passes: `verify_per_run` pairs of each run are re-scored by the reference model and must
+  agree within the run's tolerance in nats per token (a run searched with another model fails and
+  is re-scored entirely). The tolerance is `ref_tolerance` when set, else `REF_TOLERANCE` for the
+  backend that searched the run and the training precision (bf16 numerics differ between search
+  and training kernels; 1e-3 would re-score every bf16 run). Each run's count of stored and
+  re-scored reference values is logged.
 - "stored": stored values only: an error if any pair lacks a usable one or a run fails the spot
   check (set verify_per_run=0 to skip the check and trust the buffer blindly).
 - "precompute": TRL's one-off reference pass for every pair.
@@ -51,7 +56,7 @@ from engine.train.common import (
     lora_config,
     progress_callback,
     quiet_trainer,
-    save_model,
+    save_trained,
     summarize_history,
     trl_common_args,
     with_threads,
@@ -62,6 +67,48 @@ if TYPE_CHECKING:
 
 REF_SOURCES = ("auto", "stored", "precompute", "live")
 _REF_COLUMNS = ("ref_chosen_logps", "ref_rejected_logps")
+
+# Spot-check tolerance, nats per token, by (backend that searched the run, training precision).
+# Measured on CPU with bench/gpu/ref_tolerance.py on the trained tiny model (48 sampled completions,
+# ~27 tokens): HFGenerator.logprobs vs the trainer's reference pass, worst per-token gap (mean):
+# fp32 vs fp32 1.0e-6 (2.6e-7); fp32 vs bf16 autocast 1.9e-2 (3.4e-3); bf16 weights vs fp32
+# 1.8e-2 (3.6e-3); bf16 weights vs bf16 autocast 2.0e-2 (3.3e-3). The old 1e-3 would have re-scored
+# every bf16 run. bf16 gets 2.5x the worst measured gap. fp32 keeps 1e-3, since the search dtype is
+# not recorded: a run searched in bf16 (HF on a GPU) and trained in fp32 is re-scored, as logged.
+# vLLM (bf16 or fp32 kernels) has NOT been measured (vLLM needs a GPU): 2x the HF bf16 value until a
+# GPU run of the bench measures it; "openai" servers are unknown models and dtypes, the same.
+REF_TOLERANCE: dict[tuple[str, str], float] = {
+    ("hf", "fp32"): 1e-3,
+    ("hf", "bf16"): 5e-2,
+    ("vllm", "fp32"): 1e-1,
+    ("vllm", "bf16"): 1e-1,
+    ("openai", "fp32"): 1e-1,
+    ("openai", "bf16"): 1e-1,
+}
+
+
+def spec_backend(spec: str | None) -> str:
+    """hf | vllm | openai for a model spec (tiny, PATH and hf:PATH are the HF backend)."""
+    text = (spec or "").strip()
+    return "vllm" if text.startswith("vllm:") else "openai" if text.startswith("openai:") else "hf"
+
+
+def reference_tolerance(config: DPOTrainConfig, backend: str, precision: str) -> float:
+    """The spot check's tolerance for a run searched by `backend`, trained in `precision`."""
+    if config.ref_tolerance is not None:
+        return config.ref_tolerance
+    return REF_TOLERANCE.get((backend, precision), REF_TOLERANCE[("vllm", "bf16")])
+
+
+def run_backends(store: Any, run_ids: Sequence[str | None]) -> dict[str, str]:
+    """{run id: backend} from the runs' model specs (for the per-run tolerance)."""
+    out = {}
+    for run_id in dict.fromkeys(r for r in run_ids if r):
+        try:
+            out[run_id] = spec_backend(store.run(run_id).model)
+        except Exception:  # noqa: BLE001 - an unknown run keeps the default (hf)
+            out[run_id] = "hf"
+    return out
 
 
 @dataclass(frozen=True)
@@ -80,7 +127,7 @@ class DPOTrainConfig(TrainConfig):
         "help": "reference log-probs: the stored replay buffer where valid (auto), stored only, precomputed "
                 "or live", "choices": REF_SOURCES})
     verify_per_run: int = 4
-    ref_tolerance: float = 1e-3  # nats per token between stored and re-scored log-probs
+    ref_tolerance: float | None = None  # nats per token; None: REF_TOLERANCE by backend and precision
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -88,7 +135,7 @@ class DPOTrainConfig(TrainConfig):
             raise ConfigError(f"DPOTrainConfig.beta: must be > 0, got {self.beta!r}")
         if self.ref_source not in REF_SOURCES:
             raise ConfigError(f"DPOTrainConfig.ref_source: {self.ref_source!r} is not one of {', '.join(REF_SOURCES)}")
-        if self.verify_per_run < 0 or self.ref_tolerance < 0:
+        if self.verify_per_run < 0 or (self.ref_tolerance is not None and self.ref_tolerance < 0):
             raise ConfigError("DPOTrainConfig: verify_per_run and ref_tolerance must be >= 0")
         bad = set(self.kinds) - {"step", "trajectory"}
         if bad or not self.kinds:
@@ -225,11 +272,31 @@ def _trainer_class() -> type:
             super()._set_signature_columns_if_needed()
             self._signature_columns = [*self._signature_columns, "chosen_mask", "rejected_mask"]
 
+        def _reference_pass(self, dataset, batch_size: int) -> tuple[list[float], list[float]]:
+            """The reference's (chosen, rejected) log-probs of every row, in order, from every process.
+            TRL's own pass caches them in a file that only rank 0 writes, in a per-process temp
+            folder for an in-memory dataset, so the other ranks of a multi-GPU run cannot read it;
+            this pass keeps them in memory and gathers them instead."""
+            from torch.utils.data import DataLoader
+
+            loader = self.accelerator.prepare(DataLoader(dataset, batch_size=batch_size, shuffle=False,
+                                                         collate_fn=self.data_collator, num_workers=0))
+            model = self.ref_model or self.model
+            chosen: list[float] = []
+            rejected: list[float] = []
+            for batch in loader:
+                c, r = self.compute_ref_log_probs(model, batch)
+                c, r = self.accelerator.gather_for_metrics((c, r))
+                chosen += [float(v) for v in c.cpu()]
+                rejected += [float(v) for v in r.cpu()]
+            return chosen, rejected
+
         def _precompute_ref_logps(self, dataset, name, batch_size):
             """Fill only what the plan does not supply; spot-check stored values per group."""
             plan = self._ref_plan
-            if name != "train" or "stored" not in plan:
-                return super()._precompute_ref_logps(dataset, name, batch_size)
+            if "stored" not in plan or name != "train":
+                chosen, rejected = self._reference_pass(dataset, batch_size)
+                return dataset.add_column("ref_chosen_logps", chosen).add_column("ref_rejected_logps", rejected)
             stored: list[tuple[float, float] | None] = list(plan["stored"])
             groups: list[str] = plan["groups"]
             verify: set[int] = set(plan["verify"])
@@ -240,11 +307,9 @@ def _trainer_class() -> type:
                 todo = [i for i in indices if i not in computed]
                 if not todo:
                     return
-                part = dataset.select(todo)
-                part = super(OrchardDPOTrainer, self)._precompute_ref_logps(part, f"{name}-{len(computed)}",
-                                                                            batch_size)
-                for i, c, r in zip(todo, part["ref_chosen_logps"], part["ref_rejected_logps"], strict=True):
-                    computed[i] = (float(c), float(r))
+                chosen, rejected = self._reference_pass(dataset.select(todo), batch_size)
+                for i, c, r in zip(todo, chosen, rejected, strict=True):
+                    computed[i] = (c, r)
 
             score(sorted(verify | {i for i, s in enumerate(stored) if s is None}))
             worst: dict[str, float] = {}
@@ -253,21 +318,29 @@ def _trainer_class() -> type:
                     continue
                 diff = max(abs(stored[i][k] - computed[i][k]) / max(1, n_tokens[i][k]) for k in (0, 1))
                 worst[groups[i]] = max(worst.get(groups[i], 0.0), diff)
-            rejected = sorted(g for g, d in worst.items() if d > plan["tolerance"])
+            tolerance: dict[str, float] = plan["tolerance"]
+            rejected = sorted(g for g, d in worst.items() if d > tolerance[g])
             if rejected:
                 score([i for i, g in enumerate(groups) if g in rejected])
             final: list[tuple[float, float]] = []
             used_stored = 0
+            per_run: dict[str, dict[str, Any]] = {}
             for i, s in enumerate(stored):
+                row = per_run.setdefault(groups[i], {"stored": 0, "rescored": 0, "verified": 0,
+                                                     "max_diff_per_token": worst.get(groups[i]),
+                                                     "tolerance": tolerance[groups[i]]})
+                row["verified"] += i in verify
                 if s is not None and groups[i] not in rejected:
                     final.append(s)
                     used_stored += 1
+                    row["stored"] += 1
                 else:
                     final.append(computed[i])
+                    row["rescored"] += 1
             self.ref_stats = {
                 "ref_stored": used_stored, "ref_computed": len(computed), "ref_verified": len(verify),
                 "ref_verify_max_diff_per_token": max(worst.values(), default=None),
-                "ref_groups_rejected": rejected,
+                "ref_groups_rejected": rejected, "ref_per_run": per_run,
             }
             if plan.get("require_stored") and used_stored < len(final):
                 raise TrainError(f"ref_source=stored: {len(final) - used_stored} pairs have no usable stored "
@@ -294,8 +367,10 @@ def build_trainer(
     reporter: Reporter | None = None,
     node_tokens: dict[tuple[int | None, int], int] | None = None,
     scratch: str | Path | None = None,
+    backends: dict[str, str] | None = None,
 ) -> tuple[Any, Any, list[dict[str, Any]]]:
-    """(trainer, tokenizer, rows) ready to `train()`; reference log-probs are resolved here."""
+    """(trainer, tokenizer, rows) ready to `train()`; reference log-probs are resolved here.
+    `backends`: {run id: hf | vllm | openai}, the backend that searched each run (its tolerance)."""
     from datasets import Dataset
     from datasets.utils.logging import disable_progress_bar
     from trl import DPOConfig
@@ -321,7 +396,8 @@ def build_trainer(
     if mode in ("auto", "stored"):
         stored = stored_reference(pairs, rows, node_tokens, config.max_length)
         groups = [p.run_id for p in pairs]
-        plan = {"stored": stored, "groups": groups, "tolerance": config.ref_tolerance,
+        tolerance = {g: reference_tolerance(config, (backends or {}).get(g, "hf"), precision) for g in set(groups)}
+        plan = {"stored": stored, "groups": groups, "tolerance": tolerance,
                 "verify": _verify_indices(groups, stored, config.verify_per_run),
                 "require_stored": mode == "stored"}
         if mode == "stored" and any(s is None for s in stored):
@@ -359,6 +435,25 @@ def build_trainer(
     return trainer, tokenizer, rows
 
 
+def reference_lines(stats: dict[str, Any], pairs: int) -> list[str]:
+    """What the log says about the reference: per search run, how many pairs use the stored
+    log-probs and how many were re-scored, with the spot check's worst gap and tolerance."""
+    per_run = stats.get("ref_per_run")
+    if not per_run:
+        how = "live reference forward each step" if stats.get("ref_live") else "re-scored by a reference pass"
+        return [f"DPO reference: {pairs} pairs, 0 stored, {stats.get('ref_computed', pairs)} {how}"]
+    head = (f"DPO reference: {pairs} pairs, {stats['ref_stored']} stored, {pairs - stats['ref_stored']} re-scored "
+            f"({stats['ref_computed']} scored by the reference pass, spot checks included)")
+    lines = [head]
+    for run, r in sorted(per_run.items(), key=lambda kv: str(kv[0])):
+        check = ("not spot-checked" if r["max_diff_per_token"] is None else
+                 f"spot check {r['verified']} pairs, worst {r['max_diff_per_token']:.2e} nats/token vs tolerance "
+                 f"{r['tolerance']:.1e}" + (": REJECTED, run re-scored" if r["max_diff_per_token"] > r["tolerance"]
+                                            else ""))
+        lines.append(f"  run {run}: {r['stored']} stored, {r['rescored']} re-scored; {check}")
+    return lines
+
+
 def train_dpo(
     model_path: str | Path,
     pairs: Sequence[Pair],
@@ -367,14 +462,16 @@ def train_dpo(
     reporter: Reporter | None = None,
     node_tokens: dict[tuple[int | None, int], int] | None = None,
     parent: str | None = None,
+    backends: dict[str, str] | None = None,
 ) -> TrainResult:
     """DPO-train the model at `model_path` on `pairs` and save it to `output_dir` (None: don't save)."""
     reporter = reporter or MemoryReporter()
     if output_dir is not None:
         check_output_folder(output_dir)  # refused before training, not after
     with with_threads(config), tempfile.TemporaryDirectory(prefix="orchard-dpo-") as scratch:
-        trainer, tokenizer, rows = build_trainer(model_path, pairs, config, reporter, node_tokens, scratch)
-        reporter.log(f"DPO: reference {trainer.ref_stats}")
+        trainer, tokenizer, rows = build_trainer(model_path, pairs, config, reporter, node_tokens, scratch, backends)
+        for line in reference_lines(trainer.ref_stats, len(rows)):
+            reporter.log(line)
         began = time.perf_counter()
         out = trainer.train()
         seconds = time.perf_counter() - began
@@ -389,6 +486,7 @@ def train_dpo(
         if output_dir is not None and not stopped:
             meta = {"kind": "dpo", "base_model": str(parent or model_path), "config": asdict(config),
                     "data_ids": ids, "metrics": metrics}
-            saved = save_model(trainer.model, tokenizer, output_dir, meta)
-            reporter.log(f"DPO: saved {saved}")
+            saved = save_trained(trainer, tokenizer, output_dir, meta)
+            if saved is not None:  # the main process (the others of a multi-GPU run save nothing)
+                reporter.log(f"DPO: saved {saved}")
     return TrainResult(output=saved, data_ids=ids, metrics=metrics, history=history, stopped=stopped)

@@ -43,7 +43,8 @@ class IterateConfig:
 
     method: str = field(default="agentq", metadata={"help": "Agent Q (DPO on step pairs) or Agent-R (SFT on "
                                                             "revisions)", "choices": METHODS})
-    model: str = field(default="tiny", metadata={"help": "starting policy"})
+    model: str = field(default="tiny", metadata={"help": "starting policy: tiny | PATH | hf:PATH | vllm:PATH "
+                                                         "(one vLLM engine for the loop, each policy reloaded into it)"})
     env: str = field(default="textcraft", metadata={"help": "environment"})
     iterations: int = field(default=1, metadata={"help": "iterations"})
     tasks_per_iteration: int = field(default=8, metadata={"help": "B train tasks per iteration"})
@@ -152,10 +153,15 @@ def run_loop(store: Store, config: IterateConfig, reporter: Reporter | None = No
     from engine.search.runner import new_run
     from engine.store import ModelRecord
     from engine.train.common import resolve_model_path
-    from engine.train.dpo import train_dpo
+    from engine.train.dpo import run_backends, train_dpo
     from engine.train.sft import mix_revisions, train_sft
 
     reporter = reporter or MemoryReporter()
+    on_vllm = config.model.strip().startswith("vllm:")
+    if load is None and on_vllm:  # one engine for the whole loop, each new policy reloaded into it
+        from engine.train.vllm_policy import VLLMPolicy
+
+        load = VLLMPolicy(log=reporter.log)
     load = load or (lambda path: load_generator(str(path), log=reporter.log))
     loop_id = config.name or f"{config.method}-{uuid.uuid4().hex[:8]}"
     out_root = Path(config.output_root) if config.output_root else default_output_dir(loop_id)
@@ -164,7 +170,10 @@ def run_loop(store: Store, config: IterateConfig, reporter: Reporter | None = No
     description = env.describe()
     train_tasks, eval_tasks = loop_tasks(config, env)
     rng = random.Random(config.seed)
-    policy = resolve_model_path(config.model, log=reporter.log)
+    # Training needs the weights at hand: a vllm:PATH policy trains from PATH, and is searched and
+    # evaluated on vLLM (engine/train/vllm_policy.py).
+    policy = resolve_model_path(config.model.strip().removeprefix("vllm:") if on_vllm else config.model,
+                                log=reporter.log)
     search = config.search_config()
     total = config.iterations
     if config.evaluate_base:
@@ -201,7 +210,8 @@ def run_loop(store: Store, config: IterateConfig, reporter: Reporter | None = No
                 reporter.progress({"phase": f"iteration {i}: dpo", "step": i - 1, "total": total})
                 tokens = store.node_token_counts([(p.tree_id, n) for p in pairs for n in (p.chosen_node, p.rejected_node)])
                 del generator
-                result = train_dpo(policy, pairs, train_cfg, out_dir, reporter, node_tokens=tokens, parent=str(policy))
+                result = train_dpo(policy, pairs, train_cfg, out_dir, reporter, node_tokens=tokens, parent=str(policy),
+                                   backends=run_backends(store, [run_id]))
         else:
             built_r = build_revisions(refs, generator, RevisionConfig(seed=config.seed + i))
             store.save_samples(built_r.samples, prune_run=run_id, prune_kinds=("revision", "good", "recovery"))

@@ -1,7 +1,10 @@
 """Training jobs: each runs in its own process; its whole state lives in the store.
 
 States: queued -> running -> succeeded | failed | cancelled (a queued job may be cancelled at once).
-One job runs per device at a time; the others wait in the queue, oldest first. Nothing depends on
+One job runs per device at a time (jobs naming a shared GPU wait too); the others wait in the queue,
+oldest first. A worker sees only its job's GPUs (CUDA_VISIBLE_DEVICES; a cuda:1 job's GPU is
+cuda:0 inside it), and a training job naming several (cuda:0,1) runs one process per GPU under
+`accelerate launch` (`worker_command`). Nothing depends on
 the process that submitted a job staying alive:
 
 - `JobRunner.poll()` is the whole scheduler: it marks running jobs whose process has died as failed
@@ -179,9 +182,79 @@ def refuse_shared_output(store: Store, kind: str, config: dict[str, Any]) -> Non
 
 
 def check_device(device: str) -> None:
-    """A job's device: cpu, cuda or cuda:N."""
-    if device not in ("cpu", "cuda") and not (device.startswith("cuda:") and device[5:].isdigit()):
-        raise ConfigError(f"job device {device!r}: expected cpu, cuda or cuda:N")
+    """A job's device: cpu, cuda, cuda:N or several GPUs as cuda:N,M,..."""
+    gpus = device[5:].split(",") if device.startswith("cuda:") else []
+    ok = device in ("cpu", "cuda") or (bool(gpus) and all(g.isdigit() for g in gpus) and len(set(gpus)) == len(gpus))
+    if not ok:
+        raise ConfigError(f"job device {device!r}: expected cpu, cuda or cuda:N (several GPUs: cuda:N,M,... distinct)")
+
+
+def gpu_indices(device: str) -> tuple[int, ...]:
+    """The GPUs a (checked) device spec names, as indices among those this process sees; () for cpu.
+    "cuda" is GPU 0 (one process trains on one GPU unless several are named)."""
+    if device == "cpu":
+        return ()
+    if device == "cuda":
+        return (0,)
+    return tuple(int(g) for g in device[5:].split(","))
+
+
+def visible_devices(device: str, inherited: str | None) -> str:
+    """CUDA_VISIBLE_DEVICES for a job's worker: exactly the GPUs its device names ("" hides every
+    GPU from a cpu job). Indices count among the GPUs the runner itself sees, so under an inherited
+    CUDA_VISIBLE_DEVICES=3,5 a cuda:1 job gets GPU 5 (torch's numbering)."""
+    indices = gpu_indices(device)
+    if inherited is None:
+        return ",".join(str(i) for i in indices)
+    if not indices:
+        return ""
+    seen = [d.strip() for d in inherited.split(",") if d.strip()]
+    missing = [i for i in indices if i >= len(seen)]
+    if missing:
+        raise ConfigError(f"job device {device!r}: GPU {missing[0]} is not among the {len(seen)} visible "
+                          f"(CUDA_VISIBLE_DEVICES={inherited})")
+    return ",".join(seen[i] for i in indices)
+
+
+def worker_command(python: str, job_id: str, db: str | Path, device: str, kind: str, config: dict[str, Any],
+                   processes: int | None = None) -> tuple[list[str], dict[str, str]]:
+    """(argv, extra environment) that start the worker of a job.
+
+    One process for one device. A dpo/sft/rft job naming several GPUs trains with one process per
+    GPU under `accelerate launch` (DDP; FSDP when the train config says distributed="fsdp"); every
+    process runs the worker module, and rank 0 alone talks to the store (engine.train.worker).
+    `processes` > 1 on a cpu job launches that many CPU processes the same way (gloo): the test of
+    the multi-process path on a machine without GPUs."""
+    worker = ["-m", WORKER_MODULE, job_id, "--db", str(db)]
+    env = {"CUDA_VISIBLE_DEVICES": visible_devices(device, os.environ.get("CUDA_VISIBLE_DEVICES"))}
+    n = len(gpu_indices(device)) if processes is None else processes
+    if n <= 1:
+        return [python, *worker], env
+    if kind not in ("dpo", "sft", "rft"):
+        raise ConfigError(f"{kind} job on {device!r}: only dpo/sft/rft jobs train on several GPUs (name one GPU)")
+    strategy = str((config.get("train") or {}).get("distributed", "ddp"))
+    launch = [python, "-m", "accelerate.commands.launch", "--num_processes", str(n), "--num_machines", "1",
+              "--mixed_precision", "no", "--dynamo_backend", "no",  # the Trainer sets bf16 itself
+              "--main_process_ip", "127.0.0.1", "--main_process_port", str(_free_port())]
+    if strategy == "fsdp" and device != "cpu":
+        launch += ["--use_fsdp", "--fsdp_version", "2", "--fsdp_auto_wrap_policy", "TRANSFORMER_BASED_WRAP",
+                   "--fsdp_state_dict_type", "FULL_STATE_DICT", "--fsdp_reshard_after_forward", "true"]
+    else:
+        # accelerate's --cpu starts one process (several need MPI); --multi_gpu starts torchrun's
+        # processes, and ACCELERATE_USE_CPU makes them a gloo (MULTI_CPU) group on a CPU.
+        launch.append("--multi_gpu")
+        if device == "cpu":
+            env["ACCELERATE_USE_CPU"] = "true"
+    return [*launch, *worker], env
+
+
+def _free_port() -> int:
+    """A free loopback port for the process group's rendezvous (jobs on disjoint GPUs run at once)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def train_config(kind: str, data: dict[str, Any]) -> Any:
@@ -243,6 +316,7 @@ class JobRunner:
     store: Store
     python: str = sys.executable
     heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S
+    cpu_processes: int = 1  # > 1: cpu training jobs run in that many processes (the multi-GPU path, on CPU)
 
     def __post_init__(self) -> None:
         self._children: dict[str, subprocess.Popen] = {}
@@ -257,6 +331,8 @@ class JobRunner:
             validate_job(kind, config)
         device = device or default_device()
         check_device(device)
+        if len(gpu_indices(device)) > 1 and kind not in ("dpo", "sft", "rft"):
+            raise ConfigError(f"{kind} job on {device!r}: only dpo/sft/rft jobs train on several GPUs (name one GPU)")
         job = self.store.create_job(kind, config, device, name=name,
                                     guard=lambda: refuse_shared_output(self.store, kind, config))
         if start:
@@ -283,13 +359,20 @@ class JobRunner:
                                                                f"recording an outcome; see {job.log_path}")
         started = []
         devices = {j.device for j in self.store.jobs(state="queued")}
+        # A device string is claimed atomically by the store; a job on cuda:0,1 and one on cuda:1
+        # share a GPU under different strings, so those wait here while the other runs.
+        busy = {g for j in self.store.jobs(state="running") for g in _gpus_or_none(j.device)}
         for dev in sorted(devices):
             if device is not None and dev != device:
+                continue
+            gpus = set(_gpus_or_none(dev))
+            if gpus & busy:
                 continue
             job = self.store.claim_next_job(dev)
             if job is not None:
                 self._launch(job)
                 started.append(job.id)
+                busy |= gpus
         return started
 
     def _hung(self, job: JobInfo, now: float) -> bool:
@@ -309,15 +392,17 @@ class JobRunner:
         log_path = Path(job.log_path or jobs_dir(self.store.path) / f"{job.id}.log")
         try:
             log_path.parent.mkdir(parents=True, exist_ok=True)
-            env = {**os.environ, "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1",
+            processes = self.cpu_processes if job.device == "cpu" and job.kind in ("dpo", "sft", "rft") else None
+            argv, devices = worker_command(self.python, job.id, self.store.path, job.device, job.kind, job.config,
+                                           processes=processes)
+            env = {**os.environ, "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1", **devices,
                    "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)}
             with open(log_path, "ab") as log:
                 proc = subprocess.Popen(
-                    [self.python, "-m", WORKER_MODULE, job.id, "--db", str(self.store.path)],
-                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO_ROOT), env=env,
+                    argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO_ROOT), env=env,
                     start_new_session=True,
                 )
-        except OSError as e:
+        except (OSError, ConfigError) as e:
             self.store.finish_job(job.id, "failed", error=f"could not start the worker: {e}")
             return
         self._children[job.id] = proc
@@ -366,6 +451,14 @@ class JobRunner:
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.05)
+
+
+def _gpus_or_none(device: str) -> tuple[int, ...]:
+    try:
+        check_device(device)
+    except ConfigError:
+        return ()
+    return gpu_indices(device)
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:

@@ -35,6 +35,7 @@ class Preset:
     train: dict[str, Any]
     by_kind: dict[str, dict[str, Any]] = field(default_factory=dict)
     help: str = ""
+    all_gpus: bool = False  # the job takes every visible GPU (one process each, engine.train.jobs)
 
 
 DATA_CHOICES: dict[str, DataChoice] = {
@@ -76,6 +77,24 @@ PRESETS: dict[str, Preset] = {
         {"dpo": {"learning_rate": 5e-6}, "sft": {"learning_rate": 1e-4}, "rft": {"learning_rate": 1e-4}},
         "A LoRA adapter (merged into the saved model) for larger models.",
     ),
+    "gpu-ddp": Preset(
+        "Every GPU, bf16, DDP",
+        {"device": "cuda", "precision": "bf16", "gradient_checkpointing": True, "epochs": 1.0, "batch_size": 8,
+         "distributed": "ddp"},
+        {"dpo": {"learning_rate": 1e-6}, "sft": {"learning_rate": 2e-5}, "rft": {"learning_rate": 2e-5}},
+        "One process per visible GPU (accelerate launch), each with a full copy of the model; the batch "
+        "size is per GPU, so the effective batch grows with the GPU count.",
+        all_gpus=True,
+    ),
+    "gpu-fsdp": Preset(
+        "Every GPU, bf16, FSDP (model sharded)",
+        {"device": "cuda", "precision": "bf16", "gradient_checkpointing": True, "epochs": 1.0, "batch_size": 4,
+         "distributed": "fsdp"},
+        {"dpo": {"learning_rate": 1e-6}, "sft": {"learning_rate": 2e-5}, "rft": {"learning_rate": 2e-5}},
+        "For a model that does not fit one GPU: weights, gradients and optimizer state sharded across "
+        "every visible GPU (FSDP2, full fine-tuning; not yet run on GPUs).",
+        all_gpus=True,
+    ),
 }
 
 
@@ -101,7 +120,14 @@ def job_config(data: str, preset: str, model: str, runs: list[str] | None = None
         if not torch.cuda.is_available():
             raise ConfigError(f"preset {preset!r} trains on a CUDA GPU, and none is visible on this machine "
                               f"(choose a CPU preset)")
+        if p.all_gpus:
+            train["device"] = all_gpus(torch.cuda.device_count())
     return choice.kind, config
+
+
+def all_gpus(count: int) -> str:
+    """The device spec of every visible GPU: cuda:0,1,...; cuda:0 for one."""
+    return "cuda:" + ",".join(str(i) for i in range(max(1, count)))
 
 
 def device_of(config: dict[str, Any]) -> str:

@@ -40,7 +40,7 @@ from engine.train.common import (
     lora_config,
     progress_callback,
     quiet_trainer,
-    save_model,
+    save_trained,
     summarize_history,
     trl_common_args,
     with_threads,
@@ -212,6 +212,7 @@ def train_sft(
         if output_dir is not None and not stopped:
             meta = {"kind": kind, "base_model": str(parent or model_path), "config": asdict(config),
                     "data_ids": ids, "metrics": metrics}
-            saved = save_model(trainer.model, tokenizer, output_dir, meta)
-            reporter.log(f"{kind.upper()}: saved {saved}")
+            saved = save_trained(trainer, tokenizer, output_dir, meta)
+            if saved is not None:  # the main process (the others of a multi-GPU run save nothing)
+                reporter.log(f"{kind.upper()}: saved {saved}")
     return TrainResult(output=saved, data_ids=ids, metrics=metrics, history=history, stopped=stopped)

@@ -29,8 +29,9 @@ def run_training(store: Store, kind: str, config: dict[str, Any], reporter: Repo
     from engine.train.jobs import train_config
 
     train = train_config(kind, config.get("train") or {})
-    if job is not None and "device" not in (config.get("train") or {}):
-        train = replace(train, device=job.device)
+    if job is not None and train.device != "cpu":
+        # The runner made only the job's GPUs visible (CUDA_VISIBLE_DEVICES), numbered from 0.
+        train = replace(train, device="cpu" if job.device == "cpu" else "cuda")
     base = resolve_model_path(config["model"], log=reporter.log)
     suffix = job.id if job is not None else time.strftime("%Y%m%d-%H%M%S")
     output = config.get("output") or str(default_output_dir(f"{kind}-{suffix}"))
@@ -38,17 +39,18 @@ def run_training(store: Store, kind: str, config: dict[str, Any], reporter: Repo
         reporter.log(f"{output} holds a model; a successful run replaces it (its record is kept, marked replaced)")
     runs = config.get("runs") or None
     if kind == "dpo":
-        from engine.train.dpo import select_pairs, train_dpo
+        from engine.train.dpo import run_backends, select_pairs, train_dpo
 
         pairs = select_pairs(store, train, runs)
         tokens = store.node_token_counts([(p.tree_id, n) for p in pairs for n in (p.chosen_node, p.rejected_node)])
-        result = train_dpo(base, pairs, train, output, reporter, node_tokens=tokens, parent=str(base))
+        result = train_dpo(base, pairs, train, output, reporter, node_tokens=tokens, parent=str(base),
+                           backends=run_backends(store, [p.run_id for p in pairs]))
     else:
         from engine.train.sft import select_samples, train_sft
 
         samples = select_samples(store, train, runs)
         result = train_sft(base, samples, train, output, reporter, kind=kind, parent=str(base))
-    if result.stopped:
+    if result.stopped or result.output is None:  # a rank > 0 process of a multi-GPU run saves nothing
         return result
     if job is None:
         job = store.create_job(kind, config, train.device, name=f"{kind}-foreground")

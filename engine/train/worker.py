@@ -6,6 +6,10 @@ seconds (a runner fails and kills a job whose heartbeat stops). SIGTERM (a cance
 cleanly at the next step end, and an eval or iterate job at once. Whatever happens — success, an
 exception, a cancel — the job gets a final state, and the worker then starts the next queued job
 of its device before exiting.
+
+Under `accelerate launch` (a job naming several GPUs) every process runs this module and trains
+its share; only rank 0 writes progress, metrics, the model record and the outcome (the launcher's
+pid stays the job's pid, so a cancel signals the whole process group).
 """
 
 from __future__ import annotations
@@ -76,10 +80,13 @@ class StoreReporter:
     job_id: str
     every_s: float = 0.5
     cancelled: bool = False
+    rank: int = 0  # > 0: a helper process of a multi-GPU run, which writes nothing to the store
     _last: float = field(default=0.0, repr=False)
     _checked: float = field(default=0.0, repr=False)
 
     def progress(self, data: dict[str, Any]) -> None:
+        if self.rank:
+            return
         now = time.monotonic()
         final = data.get("total") and data.get("step") == data.get("total")
         if final or now - self._last >= self.every_s or not data.get("step"):
@@ -87,6 +94,8 @@ class StoreReporter:
             self._last = now
 
     def metrics(self, step: int, data: dict[str, Any]) -> None:
+        if self.rank:
+            return
         self.store.add_job_metrics(self.job_id, data, step=step)
         self.log(f"step {step}: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                                               for k, v in data.items()))
@@ -99,7 +108,14 @@ class StoreReporter:
         return self.cancelled
 
     def log(self, message: str) -> None:
+        if self.rank:
+            return  # rank 0 speaks for the run
         print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def process_rank() -> tuple[int, int]:
+    """(rank, world size) of this process in an `accelerate launch` group; (0, 1) when alone."""
+    return int(os.environ.get("RANK", "0") or 0), int(os.environ.get("WORLD_SIZE", "1") or 1)
 
 
 def run_job(store: Store, job: JobInfo, reporter: StoreReporter) -> str | None:
@@ -151,10 +167,13 @@ def main(argv: list[str] | None = None) -> int:
     if job.state != "running":
         print(f"job {job.id} is {job.state}, not running: nothing to do", flush=True)
         return 0
-    store.set_job_pid(job.id, os.getpid())
+    rank, world = process_rank()
+    if world == 1:
+        store.set_job_pid(job.id, os.getpid())
     stop_beating = threading.Event()
-    start_heartbeat(store.path, job.id, _heartbeat_every_s(), stop_beating)
-    reporter = StoreReporter(store, job.id)
+    if rank == 0:
+        start_heartbeat(store.path, job.id, _heartbeat_every_s(), stop_beating)
+    reporter = StoreReporter(store, job.id, rank=rank)
     interrupt = {"armed": job.kind in INTERRUPTED_KINDS}
 
     def on_term(signum: int, frame: Any) -> None:
@@ -165,8 +184,12 @@ def main(argv: list[str] | None = None) -> int:
         reporter.log(f"signal {signum}: stopping at the next step")
 
     signal.signal(signal.SIGTERM, on_term)
-    reporter.log(f"job {job.id} ({job.kind}) on {job.device}, pid {os.getpid()}")
+    reporter.log(f"job {job.id} ({job.kind}) on {job.device}, pid {os.getpid()}"
+                 + (f", {world} processes" if world > 1 else "")
+                 + f", CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '(unset)')!r}")
     code = 0
+    if rank:
+        return _helper(store, job, reporter)
     try:
         try:
             output = run_job(store, job, reporter)
@@ -205,6 +228,19 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             store.close()
     return code
+
+
+def _helper(store: Store, job: JobInfo, reporter: StoreReporter) -> int:
+    """A rank > 0 process of a multi-GPU run: train its share; rank 0 records everything."""
+    try:
+        run_job(store, job, reporter)
+        return 0
+    except BaseException:  # noqa: BLE001 - the launcher then ends the group; rank 0's log has the job's story
+        print(f"rank {reporter.rank}:", flush=True)
+        traceback.print_exc()
+        return 1
+    finally:
+        store.close()
 
 
 if __name__ == "__main__":

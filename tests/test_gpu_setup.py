@@ -1,0 +1,62 @@
+"""The GPU set-up (constraints-gpu.txt) is one consistent environment, and the README says what has
+and has not run on a GPU."""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, requires, version
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.version import Version
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _pins() -> dict[str, Version]:
+    pins = {}
+    for line in (ROOT / "constraints-gpu.txt").read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            req = Requirement(line)
+            (spec,) = req.specifier
+            assert spec.operator == "==", f"constraints-gpu.txt: {line!r} is not an exact pin"
+            pins[req.name] = Version(spec.version)
+    return pins
+
+
+def test_the_gpu_pins_are_what_vllm_033_requires() -> None:
+    pins = _pins()
+    assert {"torch", "vllm", "transformers", "trl", "peft", "accelerate", "datasets"} <= set(pins)
+    assert pins["vllm"] == Version("0.33.0") and pins["torch"] == Version("2.14.0")
+    assert Version("5.16.1") <= pins["transformers"] < Version("5.21")  # vLLM 0.33.0's range
+
+
+@pytest.mark.parametrize("name", ["trl", "peft", "accelerate", "datasets"])
+def test_each_pinned_packages_declared_requirements_admit_the_other_pins(name: str) -> None:
+    """Read from the installed package's metadata where the installed version is the pinned one
+    (the CPU venv has the same TRL, peft, accelerate and datasets; only torch/transformers differ)."""
+    pins = _pins()
+    try:
+        installed = Version(version(name))
+    except PackageNotFoundError:
+        pytest.skip(f"{name} is not installed here")
+    if installed != pins[name]:
+        pytest.skip(f"installed {name} {installed} is not the pinned {pins[name]}")
+    checked = 0
+    for text in requires(name) or []:
+        req = Requirement(text)
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            continue
+        if req.name in pins:
+            assert req.specifier.contains(pins[req.name], prereleases=True), (
+                f"{name} {installed} requires {req}, constraints-gpu.txt pins {req.name}=={pins[req.name]}")
+            checked += 1
+    assert checked or name == "datasets"  # trl/peft/accelerate each name at least one pinned package
+
+
+def test_the_readme_gpu_section_says_no_gpu_run_has_happened_and_what_to_run() -> None:
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## GPU set-up", 1)[1].split("\n## ", 1)[0]
+    assert "No GPU run has happened yet" in section and "bash bench/gpu/check.sh" in section
+    assert "constraints-gpu.txt" in section and (ROOT / "bench" / "gpu" / "check.sh").is_file()
