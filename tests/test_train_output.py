@@ -118,10 +118,11 @@ def test_every_job_keeps_its_model_record_when_a_later_job_replaces_the_folder(t
 
 def test_migration_5_keeps_the_model_records_of_a_version_4_database(tmp_path: Path, monkeypatch) -> None:
     import engine.store as store_module
+    import engine.store.schema as schema_module
 
     path = tmp_path / "v4.db"
-    monkeypatch.setattr(store_module, "MIGRATIONS", store_module.MIGRATIONS[:4])
-    monkeypatch.setattr(store_module, "SCHEMA_VERSION", 4)
+    monkeypatch.setattr(schema_module, "MIGRATIONS", schema_module.MIGRATIONS[:4])
+    monkeypatch.setattr(schema_module, "SCHEMA_VERSION", 4)
     with Store(path) as old:
         old.con.execute("INSERT INTO models VALUES ('/m', 'm', 'dpo', '/base', 'job1', '[\"p1\"]', '{}', '{}', 1.0)")
         old.con.commit()
