@@ -17,7 +17,7 @@ import plotly.graph_objects as go
 import streamlit as st
 from plotly.colors import get_colorscale
 
-from dashboard import data
+from dashboard import data, lod
 from dashboard.layout import TreeLayout, layout_tree
 from engine.search.tree import Node, SearchTree
 
@@ -38,7 +38,8 @@ SYMBOLS: dict[str | None, str] = {
 COLLAPSED_SYMBOL = "hexagon"  # a node whose descendants are hidden
 LEGEND = (
     "circle: open or inner node · star: success · x: failure · diamond: format error · "
-    "square: depth limit · triangle: stopped (STATUS ≠ CONTINUE) · hexagon: has hidden descendants · "
+    "square: depth limit · triangle: stopped (STATUS ≠ CONTINUE) · hexagon: has hidden descendants "
+    "(+count; click it to draw its subtree) · "
     "size: visits N · grey: no value (Q^ of the root) · blue line: best path (eq. 10) · magenta ring: search match"
 )
 # Diverging red (0) -> green (1), spelled out: plotly.js has no "RdYlGn" of its own (plotly.py expands
@@ -136,7 +137,7 @@ def tree_figure(
     small, extra = (5.0, 13.0) if m <= 2000 else (3.0, 9.0)  # big trees: smaller marks, less overlap
     size = small + extra * np.sqrt(visits / max(1.0, float(visits.max(initial=0.0))))
     symbol = [COLLAPSED_SYMBOL if h else SYMBOLS.get(n.terminal, "circle") for n, h in zip(visible, hidden)]
-    text = [hover_text(n, alpha, h) for n, h in zip(visible, hidden)]
+    text = [hover_text(n, alpha, h) for n, h in zip(visible, hidden)]  # short; as many as marks drawn
     label = next(k for k, v in MEASURES.items() if v == measure)
 
     traces = [
@@ -154,7 +155,7 @@ def tree_figure(
             hoverinfo="skip", name="best path", showlegend=False, _validate=False,
         ))
     traces.append(go.Scattergl(
-        x=x, y=y, mode="markers", customdata=ids, text=text, hoverinfo="text", name="nodes",
+        x=x, y=y, mode="markers", customdata=ids.astype(np.int32), text=text, hoverinfo="text", name="nodes",
         showlegend=False,
         marker={
             "color": values, "colorscale": COLORSCALE, "cmin": 0.0, "cmax": 1.0, "size": size,
@@ -164,6 +165,13 @@ def tree_figure(
         unselected={"marker": {"opacity": 0.55}},
         _validate=False,
     ))
+    folded = np.flatnonzero(lay.hidden)
+    if len(folded):  # each marker that stands for a hidden subtree says how many nodes it holds
+        traces.append(go.Scattergl(
+            x=x[folded], y=y[folded], mode="text", text=[f"+{h}" for h in lay.hidden[folded].tolist()],
+            textposition="bottom center", textfont={"size": 9, "color": "#616161"},
+            hoverinfo="skip", name="hidden counts", showlegend=False, _validate=False,
+        ))
     hits = [pos[h] for h in matches if h in pos]
     if hits:
         idx = np.asarray(sorted(hits))
@@ -192,12 +200,29 @@ def tree_figure(
 
 @st.cache_data(show_spinner=False, max_entries=32)
 def cached_layout(
-    path: str, tree_id: int, version: tuple[int, ...], max_depth: int | None, collapsed: tuple[int, ...]
+    path: str, tree_id: int, version: tuple[int, ...], max_depth: int | None, collapsed: tuple[int, ...],
+    budget: int | None = None, focus: int | None = None,
 ) -> TreeLayout:
+    """The drawn part: all of it (within depth / collapse) when `budget` is None, else the level of
+    detail of `dashboard.lod` around `focus`."""
     tree = data.load_tree(path, tree_id, version)
     if tree is None:
         raise ValueError(f"tree {tree_id} has no nodes yet")
-    return layout_tree(tree, max_depth=max_depth, collapsed=collapsed)
+    if budget is None:
+        return layout_tree(tree, max_depth=max_depth, collapsed=collapsed)
+    return layout_tree(tree, opened=cached_open(path, tree_id, version, max_depth, collapsed, budget, focus))
+
+
+@st.cache_data(show_spinner=False, max_entries=32)
+def cached_open(
+    path: str, tree_id: int, version: tuple[int, ...], max_depth: int | None, collapsed: tuple[int, ...],
+    budget: int, focus: int | None,
+) -> frozenset[int]:
+    """`lod.choose_open` for these view settings (the nodes whose children are drawn)."""
+    tree = data.load_tree(path, tree_id, version)
+    if tree is None:
+        raise ValueError(f"tree {tree_id} has no nodes yet")
+    return lod.choose_open(tree, budget, focus, max_depth, collapsed)
 
 
 @st.cache_data(show_spinner=False, max_entries=32)
@@ -218,11 +243,13 @@ def cached_tree_figure(
     max_depth: int | None,
     collapsed: tuple[int, ...],
     query: str,
+    budget: int | None = None,
+    focus: int | None = None,
 ) -> go.Figure:
     tree = data.load_tree(path, tree_id, version)
     if tree is None:
         raise ValueError(f"tree {tree_id} has no nodes yet")
-    lay = cached_layout(path, tree_id, version, max_depth, collapsed)
+    lay = cached_layout(path, tree_id, version, max_depth, collapsed, budget, focus)
     matches = cached_matches(path, tree_id, version, query)
     return tree_figure(tree, lay, measure, alpha, tree.best_path(alpha), matches)
 
