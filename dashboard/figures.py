@@ -1,4 +1,6 @@
-"""Plotly figures. The tree is two WebGL traces (edges, nodes) whatever its size, plus small overlays.
+"""Plotly figures. The tree is two WebGL traces (edges, nodes) whatever its size, plus small overlays
+(best path, search matches, "+n" counts of hidden subtrees). What part of a big tree is drawn is
+chosen by `dashboard.lod`; arrays go to the browser as typed arrays (plotly's base64 `bdata`).
 
 Values shown come from the engine (`Node.Q_mcts`, `Node.Q_critic`, `Node.value(alpha)` = eq. 10,
 `SearchTree.best_path`); this module only maps them to marks. Traces are built with plotly's
@@ -36,6 +38,7 @@ SYMBOLS: dict[str | None, str] = {
     "stopped": "triangle-down",
 }
 COLLAPSED_SYMBOL = "hexagon"  # a node whose descendants are hidden
+MAX_COUNT_LABELS = 100  # "+n" labels drawn beside the hexagons that hide the most
 LEGEND = (
     "circle: open or inner node · star: success · x: failure · diamond: format error · "
     "square: depth limit · triangle: stopped (STATUS ≠ CONTINUE) · hexagon: has hidden descendants "
@@ -166,7 +169,9 @@ def tree_figure(
         _validate=False,
     ))
     folded = np.flatnonzero(lay.hidden)
-    if len(folded):  # each marker that stands for a hidden subtree says how many nodes it holds
+    if len(folded) > MAX_COUNT_LABELS:  # WebGL text is slow to draw: label the biggest hidden subtrees
+        folded = np.sort(folded[np.argsort(-lay.hidden[folded], kind="stable")[:MAX_COUNT_LABELS]])
+    if len(folded):  # a marker that stands for a hidden subtree says how many nodes it holds (hover: all)
         traces.append(go.Scattergl(
             x=x[folded], y=y[folded], mode="text", text=[f"+{h}" for h in lay.hidden[folded].tolist()],
             textposition="bottom center", textfont={"size": 9, "color": "#616161"},

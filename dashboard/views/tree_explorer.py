@@ -5,12 +5,15 @@ budget), so a view can be shared. Every way of choosing a node (a click in the p
 row in the path / sibling / children / search tables) writes the `node` query parameter; the page
 reads it back. A big tree is drawn in part (`dashboard.lod`): selecting a marker that hides a
 subtree draws that subtree. While the run is searching, the plot and the inspector redraw every
-few seconds (a fragment), keeping the selected node, the zoom and the filters. Env and model text
+few seconds (a fragment), keeping the selected node and the filters; the zoom is kept while the
+tree is unchanged (Streamlit remounts a plotly chart whose figure changed, so `uirevision` cannot
+carry the zoom across new nodes: the sidebar can pause following). Env and model text
 is shown only through `st.code` and data frames, never as markdown or HTML.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from functools import partial
 
@@ -194,6 +197,10 @@ with st.sidebar:
                  format_func=lambda b: "all nodes" if b == 0 else f"{b:,} nodes", on_change=_pick_budget,
                  help="Big trees are drawn in part: the selected node's path and children, then the "
                       "most-visited subtrees. A hexagon stands for a hidden subtree; select it to draw it.")
+    follow = run.status == "running" and st.toggle(
+        "Follow the search live", value=True, key="te_follow",
+        help=f"Redraw every {REFRESH_S:g} s while the run searches. A redraw that brings new nodes resets "
+             "the zoom (Streamlit draws a changed figure afresh); turn this off to zoom around at leisure.")
     if folded:
         st.caption(f"Collapsed below nodes {', '.join(str(i) for i in sorted(folded))}")
         st.button("Expand all", on_click=_expand_all, args=(tree_id,), key="te_expand_all")
@@ -235,7 +242,10 @@ def explorer(live: bool) -> None:
     raw = st.query_params.get("node", "0")
     node_id = int(raw) if raw.isdigit() and int(raw) < len(tree.nodes) else 0
     if live:
-        st.caption(f"Live: the search is running; this view redraws every {REFRESH_S:g} s.")
+        st.caption(f"Live: the search is running; this view redraws every {REFRESH_S:g} s "
+                   f"(last {time.strftime('%H:%M:%S')}).")
+    elif info.status == "running":
+        st.caption("The search is running; live redrawing is off (sidebar).")
     st.caption("Goal")
     st.code(tree.task.goal, language=None, wrap_lines=True)
 
@@ -354,7 +364,7 @@ def inspector(tree: SearchTree, node_id: int, best: list[int], inspect_col, vers
             node_table(tree, node.children, key=f"te_children_{tree_id}_{node_id}")
 
 
-live = run.status == "running"
+live = bool(follow)
 if live:
     st.fragment(run_every=REFRESH_S)(explorer)(True)
 else:

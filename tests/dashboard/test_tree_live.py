@@ -94,3 +94,17 @@ def test_a_big_tree_is_drawn_in_part_and_a_hexagon_opens_its_subtree(running) ->
     assert at.subheader[0].value == f"Node {leaf}"
     at.selectbox(key="te_budget").select(0).run()
     assert at.query_params["max_nodes"] == "all"
+
+
+def test_following_can_be_paused(running) -> None:
+    _, run_id = running
+    at = AppTest.from_file(str(APP), default_timeout=60).run()
+    at.switch_page(TREE_PAGE)
+    at.query_params.update(run=run_id, task="goal-3")
+    at.run()
+    assert any(c.value.startswith("Live:") for c in at.caption)
+    at.toggle(key="te_follow").set_value(False).run()
+    assert not at.exception
+    assert not any(c.value.startswith("Live:") for c in at.caption)
+    assert any("live redrawing is off" in c.value for c in at.caption)
+    assert at.get("progress"), "the progress still shows"
