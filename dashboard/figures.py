@@ -312,3 +312,83 @@ def eval_figure(rows: Sequence[dict], metric: str) -> go.Figure:
     fig.update_layout(barmode="group", yaxis={"title": label, "range": [0, 1.05]}, height=340,
                       legend={"title": "mode"}, margin={"l": 50, "r": 10, "t": 20, "b": 80})
     return fig
+
+
+# --- a revision's two paths on the tree (Trajectories page) -------------------------------------------
+
+LOSS_MARKS = (  # (loss flag of the sample's turn at a node, legend label, colour)
+    (True, "trained (loss)", "#2e7d32"),
+    (None, "unspecified (trained)", "#7cb342"),
+    (False, "no loss (bad step)", "#c62828"),
+)
+NOT_IN_SAMPLE = "#ffffff"
+
+
+def paths_figure(
+    tree: SearchTree, good_path: Sequence[int], bad_path: Sequence[int], t_prime_node: int | None,
+    losses: dict[int, bool | None], height: int = 420,
+) -> go.Figure:
+    """The good and the bad path of an Agent-R revision (docs/algorithms.md §4) drawn on their tree: both
+    paths with their siblings as context, the shared prefix black, the good suffix green, the bad one
+    red (dashed), every path node coloured by the loss flag of its turn in the sample (`losses`: node ->
+    flag; a node the sample does not contain is white), t' and the split ringed. Node ids in customdata."""
+    good, bad = [0, *good_path], [0, *bad_path]
+    split = next((i for i, (g, b) in enumerate(zip(good, bad)) if g != b), min(len(good), len(bad)))
+    opened = {v for v in (*good[:-1], *bad[:-1]) if v < len(tree.nodes)}
+    lay = layout_tree(tree, opened=opened)
+    pos = {v: (float(lay.x[i]), float(-lay.y[i])) for i, v in enumerate(lay.ids.tolist())}
+    good, bad = [v for v in good if v in pos], [v for v in bad if v in pos]
+    on_path = set(good) | set(bad)
+
+    def xy(ids: Sequence[int]) -> tuple[list[float], list[float]]:
+        return [pos[v][0] for v in ids], [pos[v][1] for v in ids]
+
+    child = np.arange(1, len(lay))
+    par = lay.parent_index[1:]
+    nan = np.full(len(lay) - 1, np.nan)
+    x, y = lay.x, -lay.y
+    traces = [go.Scatter(x=np.column_stack([x[par], x[child], nan]).ravel(),
+                         y=np.column_stack([y[par], y[child], nan]).ravel(), mode="lines",
+                         line={"color": EDGE_COLOR, "width": 1}, hoverinfo="skip", showlegend=False, name="edges")]
+    for ids, colour, dash, label in ((good[: split], "#212121", "solid", "shared prefix"),
+                                     (good[max(split - 1, 0):], "#2e7d32", "solid", "good path"),
+                                     (bad[max(split - 1, 0):], "#c62828", "dash", "bad path")):
+        if len(ids) > 1:
+            px, py = xy(ids)
+            traces.append(go.Scatter(x=px, y=py, mode="lines", line={"color": colour, "width": 4, "dash": dash},
+                                     hoverinfo="skip", name=label))
+    context = [v for v in lay.ids.tolist() if v not in on_path]
+    if context:
+        cx, cy = xy(context)
+        traces.append(go.Scatter(x=cx, y=cy, mode="markers", customdata=context, name="other nodes",
+                                 marker={"color": "#bdbdbd", "size": 6},
+                                 text=[html.escape(short_command(tree.nodes[v])) for v in context],
+                                 hovertemplate="#%{customdata} %{text}<extra></extra>"))
+    groups = [(label, colour, [v for v in good + bad if v in losses and losses[v] is flag])
+              for flag, label, colour in LOSS_MARKS]
+    groups.append(("not in the sample", NOT_IN_SAMPLE, [v for v in dict.fromkeys(good + bad) if v not in losses]))
+    for label, colour, ids in groups:
+        ids = list(dict.fromkeys(ids))
+        if ids:
+            px, py = xy(ids)
+            traces.append(go.Scatter(
+                x=px, y=py, mode="markers", customdata=ids, name=label,
+                marker={"color": colour, "size": 12, "line": {"color": "#424242", "width": 1}},
+                text=[html.escape(short_command(tree.nodes[v])) for v in ids],
+                hovertemplate="#%{customdata} %{text}<extra>" + label + "</extra>"))
+    marks = []
+    if split >= 1 and good[split - 1] in pos:
+        marks.append((good[split - 1], "split", "#212121"))
+    if t_prime_node is not None and t_prime_node in pos:
+        marks.append((t_prime_node, "t'", "#ff6f00"))
+    for v, label, colour in marks:
+        traces.append(go.Scatter(
+            x=[pos[v][0]], y=[pos[v][1]], mode="markers+text", text=[label], textposition="middle right",
+            textfont={"size": 14, "color": colour}, customdata=[v], name=f"{label} (node {v})",
+            marker={"symbol": "circle-open", "size": 24, "color": colour, "line": {"width": 3}},
+            hovertemplate=f"#{v} {label}<extra></extra>"))
+    fig = go.Figure(data=traces)
+    fig.update_layout(height=height, margin={"l": 10, "r": 10, "t": 10, "b": 10}, xaxis={"visible": False},
+                      yaxis={"visible": False}, hovermode="closest", plot_bgcolor="white",
+                      legend={"orientation": "h", "y": -0.02})
+    return fig

@@ -398,3 +398,37 @@ def test_the_tree_grows_live_keeping_the_selection_and_the_zoom(big_server, tmp_
             expect(page.get_by_text("run finished · ", exact=False)).to_be_visible()
         finally:
             browser.close()
+
+
+def test_trajectories_tree_click_opens_the_tree_explorer_at_t_prime(server, tmp_path: Path) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    url, db, runs = server
+    with Store(db) as store:
+        sample = next(s for s in store.samples(kind="revision", run_id=runs["main"])
+                      if any(j["answer"] == JUDGE_BAD for j in s.source["judgements"]))
+    t_prime = sample.source["t_prime_node"]
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1500, "height": 2200})
+            page.goto(f"{url}/trajectories?run={runs['main']}&task={sample.task.id}&sample={sample.id}")
+            page.wait_for_function("() => { const gd = document.querySelector('.js-plotly-plot');"
+                                   " return gd && gd._fullData && gd._fullData.some(t => t.name.startsWith(\"t'\")) }",
+                                   timeout=30_000)
+            settle(page)
+            page.screenshot(path=tmp_path / "trajectory_tree.png", full_page=True)
+            xy = page.evaluate("""() => {
+              const gd = document.querySelector('.js-plotly-plot');
+              const tr = gd._fullData.find(t => t.name.startsWith("t'"));
+              const xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis, box = gd.getBoundingClientRect();
+              return {x: box.left + xa._offset + xa.l2p(tr.x[0]), y: box.top + ya._offset + ya.l2p(tr.y[0])};
+            }""")
+            page.mouse.move(xy["x"], xy["y"])
+            page.wait_for_timeout(300)
+            page.mouse.click(xy["x"], xy["y"])
+            expect(page.get_by_role("heading", name="Tree explorer")).to_be_visible(timeout=30_000)
+            expect(page.get_by_role("heading", name=f"Node {t_prime}", exact=True)).to_be_visible(timeout=30_000)
+            assert f"node={t_prime}" in page.url and f"task={sample.task.id}" in page.url
+        finally:
+            browser.close()
