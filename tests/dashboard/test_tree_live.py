@@ -108,3 +108,14 @@ def test_following_can_be_paused(running) -> None:
     assert not any(c.value.startswith("Live:") for c in at.caption)
     assert any("live redrawing is off" in c.value for c in at.caption)
     assert at.get("progress"), "the progress still shows"
+
+
+def test_a_bad_budget_in_the_url_is_one_warning(running) -> None:
+    _, run_id = running
+    at = AppTest.from_file(str(APP), default_timeout=60).run()
+    at.switch_page(TREE_PAGE)
+    at.query_params.update(run=run_id, task="goal-3", max_nodes="12abc")
+    at.run()
+    assert not at.exception
+    assert any("max_nodes in the URL must be one of 1000, 3000, 10000 or all" in w.value for w in at.warning)
+    assert at.selectbox(key="te_budget").value == 3000
