@@ -16,12 +16,14 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from functools import partial
+from typing import Any
 
 import pandas as pd
 import streamlit as st
 
 from dashboard import data, figures, lod
 from engine.search.tree import TERMINALS, Node, SearchTree
+from engine.store import RunInfo
 
 MAX_TABLE_ROWS = 500
 NODE_INPUT = "te_node"
@@ -214,7 +216,7 @@ collapsed = tuple(sorted(folded))
 budget = st.session_state.get("te_budget", lod.DEFAULT_BUDGET) or None
 
 
-def progress_line(info) -> None:
+def progress_line(info: RunInfo) -> None:
     """The run's progress and success count (numbers from the store), a bar while it runs."""
     planned = int(info.config.get("simulations", 0)) * len(info.task_ids)
     text = f"run {info.status} · {info.simulations} / {planned or '?'} simulations · " \
@@ -284,7 +286,7 @@ def explorer(live: bool) -> None:
     inspector(tree, node_id, best, inspect_col, version)
 
 
-def inspector(tree: SearchTree, node_id: int, best: list[int], inspect_col, version: tuple[int, ...]) -> None:
+def inspector(tree: SearchTree, node_id: int, best: list[int], inspect_col: Any, version: tuple[int, ...]) -> None:
     """The selected node: values, composite action, observation, siblings, path, children."""
     node = tree.nodes[node_id]
     with inspect_col:
