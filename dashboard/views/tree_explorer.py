@@ -218,7 +218,8 @@ budget = st.session_state.get("te_budget", lod.DEFAULT_BUDGET) or None
 
 def progress_line(info: RunInfo) -> None:
     """The run's progress and success count (numbers from the store), a bar while it runs."""
-    planned = int(info.config.get("simulations", 0)) * len(info.task_ids)
+    per_task = info.config.get("simulations")
+    planned = per_task * len(info.task_ids) if isinstance(per_task, int) and per_task > 0 else 0
     text = f"run {info.status} · {info.simulations} / {planned or '?'} simulations · " \
            f"{info.solved} / {info.trees} tasks solved"
     if info.status == "running" and planned:
