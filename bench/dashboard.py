@@ -1,22 +1,37 @@
-"""Dashboard server-side cost for big trees: load from the store, tidy layout, plotly figure.
+"""Dashboard cost for big trees: on the server (load, layout, figure, JSON) and in a real browser.
 
 Builds synthetic MCTS-shaped SearchTrees (random branching 1-4, realistic composite actions,
 observations, critic ranks, log-probs and terminals, every expansion followed by a simulation that is
 back-propagated by the engine), writes each to a temporary store through the Store API, and times
 what the Tree explorer does on a first view: `Store.load_tree`, `layout_tree`, `tree_figure`, and
-the JSON serialisation Streamlit performs (`plotly.io.to_json`). Goals: 10k nodes < 1 s, 100k < 5 s.
+the JSON serialisation Streamlit performs (`plotly.io.to_json`), for the whole tree ("full", what the
+page drew before it had a level of detail) and for what it draws now ("lod", `dashboard.lod`).
+
+Browser figures (`--browser-sizes`): `streamlit run` on one store holding those trees, headless Debian
+Chromium through Playwright: navigation -> the plot drawn -> a click on a marker answered (the
+inspector shows that node), and the bytes that came over the websocket, for the page as it is and
+with `?max_nodes=all` (the whole tree, the old drawing) as the baseline. "cold": the first view of
+a tree on a fresh server (the tree is read from the store); "warm": a later view (cached). "floor":
+the same page on a 50-node tree, what Streamlit itself costs on this machine; "-floor" subtracts it
+(on a busy machine the floor dominates: read the goals against "-floor" and the load average).
+Goals: 10k nodes interactive <= 1 s, 100k <= 3 s.
 
     .venv/bin/python bench/dashboard.py [--sizes 1000 10000 100000] [--repeat 3]
+                                        [--browser-sizes 10000 100000] [--no-baseline]
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import random
+import socket
+import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -29,6 +44,7 @@ import plotly.io as pio
 from dashboard.data import read_tree
 from dashboard.figures import tree_figure
 from dashboard.layout import layout_tree
+from dashboard.lod import DEFAULT_BUDGET, choose_open
 from engine.actions import CompositeAction, render
 from engine.envs.base import TaskSpec
 from engine.search.tree import SearchTree, Simulation
@@ -88,13 +104,19 @@ def synthetic_tree(n_nodes: int, seed: int = 0, depth_limit: int = 40) -> Search
     return tree
 
 
-def write_store(path: Path, tree: SearchTree) -> int:
+def write_store(path: Path, tree: SearchTree, name: str = "bench") -> int:
     """The whole tree in one transaction, through the Store API; returns its tree id."""
+    return write_run(path, tree, name)[1]
+
+
+def write_run(path: Path, tree: SearchTree, name: str = "bench") -> tuple[str, int]:
+    """Like `write_store`, as a finished run of its own; returns (run id, tree id)."""
     with Store(path) as store:
-        run_id = store.create_run("bench", "synthetic", "none", {"alpha": 0.5, "k": 4}, [tree.task])
+        run_id = store.create_run(name, "synthetic", "none", {"alpha": 0.5, "k": 4}, [tree.task])
         ((tree_id, _),) = store.tree_ids(run_id)
         store.save_simulation(tree_id, tree, tree.simulations[-1], first_new=0)
-    return tree_id
+        store.set_run_status(run_id, "finished")
+    return run_id, tree_id
 
 
 def best_of(fn: Callable[[], T], repeat: int) -> tuple[float, T]:
@@ -106,14 +128,146 @@ def best_of(fn: Callable[[], T], repeat: int) -> tuple[float, T]:
     return best, out  # type: ignore[return-value]
 
 
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--no-first-run"]  # as tests/dashboard/test_browser.py
+# The node markers drawn (plotly.js internals): how many, and the page position of the i-th (or the next
+# one that is not a hexagon: selecting a hexagon draws its subtree, a second figure, timed apart).
+MARKERS = """() => { const gd = document.querySelector('.js-plotly-plot');
+  const tr = gd && gd._fullData && gd._fullData.find(t => t.name === 'nodes');
+  return tr && tr.customdata ? tr.customdata.length : 0 }"""
+MARKER_AT = """(i) => { const gd = document.querySelector('.js-plotly-plot');
+  const tr = gd._fullData.find(t => t.name === 'nodes'), sym = tr.marker.symbol;
+  while (Array.isArray(sym) && sym[i] === 'hexagon' && i + 1 < sym.length) i++;  // not a hidden subtree
+  const xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis, box = gd.getBoundingClientRect();
+  return {id: Number(tr.customdata[i]), x: box.left + xa._offset + xa.l2p(tr.x[i]),
+          y: box.top + ya._offset + ya.l2p(tr.y[i])} }"""
+
+
+def start_server(db: Path, log: Path) -> tuple[subprocess.Popen, str]:
+    """`streamlit run dashboard/app.py` on `db`, loopback only, once healthy."""
+    with socket.socket() as s_:
+        s_.bind(("127.0.0.1", 0))
+        port = s_.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", str(ROOT / "dashboard" / "app.py"), "--server.headless", "true",
+         "--server.port", str(port), "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false"],
+        cwd=ROOT, env={**os.environ, "ORCHARD_DB": str(db)}, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+    )
+    deadline = time.time() + 90
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"streamlit exited with {proc.returncode} (log: {log})")
+        try:
+            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
+                if r.read().strip() == b"ok":
+                    return proc, url
+        except OSError:
+            time.sleep(0.3)
+    proc.kill()
+    raise TimeoutError("streamlit did not become healthy")
+
+
+def open_tree(context, url: str, timeout_ms: int = 120_000) -> dict[str, float]:
+    """A new page in `context` (static files cached, as for anyone on their second visit): navigate to
+    `url` (a Tree explorer view), wait for the markers, click one in the middle and wait for the
+    inspector to show it. Times are from the navigation start; bytes: what the websocket brought until
+    the plot was drawn, then for the click (selecting a hexagon draws its subtree: a new figure)."""
+    from playwright.sync_api import expect
+
+    page = context.new_page()
+    ws_bytes = [0]
+    page.on("websocket", lambda ws: ws.on(
+        "framereceived", lambda payload: ws_bytes.__setitem__(0, ws_bytes[0] + len(payload))))
+    try:
+        t0 = time.perf_counter()
+        page.goto(url)
+        page.wait_for_function(MARKERS, timeout=timeout_ms)
+        drawn = time.perf_counter() - t0
+        to_draw = ws_bytes[0]
+        n = page.evaluate(MARKERS)
+        target = page.evaluate(MARKER_AT, n // 2 if n > 1 else 0)
+        page.mouse.move(target["x"], target["y"])
+        page.mouse.click(target["x"], target["y"])
+        page.wait_for_url(lambda u: "node=0" not in u, timeout=timeout_ms)
+        node = page.url.split("node=")[1].split("&")[0]
+        expect(page.get_by_role("heading", name=f"Node {node}", exact=True)).to_be_visible(timeout=timeout_ms)
+        clicked = time.perf_counter() - t0
+        return {"drawn": drawn, "clicked": clicked, "markers": n, "ws_mb": to_draw / 1e6,
+                "click_mb": (ws_bytes[0] - to_draw) / 1e6}
+    finally:
+        page.close()
+
+
+def browser_figures(sizes: list[int], baseline: bool, tmp: Path) -> None:
+    """Navigation -> interactive tree in headless Chromium, and bytes sent, per size and drawing."""
+    from playwright.sync_api import sync_playwright
+
+    if not CHROMIUM.exists():
+        print(f"browser figures skipped: no {CHROMIUM} (apt-get install chromium)")
+        return
+    db = tmp / "browser.db"
+    views: list[tuple[int, str, str]] = []  # (nodes, run id, task id); first a tiny tree: the page's floor
+    for size in [50, *sizes]:
+        tree = synthetic_tree(size, seed=1)
+        run_id, _ = write_run(db, tree, name=f"bench-{size}")
+        views.append((len(tree.nodes), run_id, tree.task.id))
+    proc, url = start_server(db, tmp / "streamlit.log")
+    rows = []
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+            try:
+                context = browser.new_context(viewport={"width": 1500, "height": 1400})
+                open_tree(context, f"{url}/tree?run={views[0][1]}&task={views[0][2]}")  # cache the static files
+                for i, (n, run_id, task) in enumerate(views):
+                    view = f"{url}/tree?run={run_id}&task={task}"
+                    if i == 0:
+                        rows.append((n, "floor", "warm", open_tree(context, view)))
+                        continue
+                    rows.append((n, "lod", "cold", open_tree(context, view)))
+                    rows.append((n, "lod", "warm", open_tree(context, view)))
+                    if baseline:
+                        rows.append((n, "full", "warm", open_tree(context, view + "&max_nodes=all")))
+            finally:
+                browser.close()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    print(f"\nbrowser (headless Chromium; lod = at most {DEFAULT_BUDGET} markers, full = ?max_nodes=all; "
+          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; floor = a 50-node tree: the page's own cost)")
+    print(f"{'nodes':>8} {'drawing':>7} {'server':>6} {'markers':>8} {'drawn s':>8} {'click s':>8} "
+          f"{'-floor':>7} {'ws MB':>7} {'click MB':>8} {'goal s':>6}")
+    floor = rows[0][3]["clicked"]
+    for n, mode, state, r in rows:
+        goal = "" if mode == "floor" else "1.0" if n <= 10_001 else "3.0"
+        print(f"{n:>8} {mode:>7} {state:>6} {r['markers']:>8} {r['drawn']:>8.2f} {r['clicked']:>8.2f} "
+              f"{r['clicked'] - floor:>+7.2f} {r['ws_mb']:>7.2f} {r['click_mb']:>8.2f} {goal:>6}")
+    if baseline:
+        for n, _, _ in views[1:]:
+            new = next(r for m, mode, state, r in rows if m == n and mode == "lod" and state == "warm")
+            old = next(r for m, mode, _, r in rows if m == n and mode == "full")
+            print(f"{n:>8} nodes: interactive {old['clicked']:.2f} s -> {new['clicked']:.2f} s "
+                  f"(x{old['clicked'] / new['clicked']:.1f} faster), websocket {old['ws_mb']:.2f} MB -> "
+                  f"{new['ws_mb']:.2f} MB (x{old['ws_mb'] / max(new['ws_mb'], 1e-9):.0f} less)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[1_000, 10_000, 100_000])
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--browser-sizes", type=int, nargs="*", default=[10_000, 100_000],
+                    help="tree sizes for the browser figures (none: skip them)")
+    ap.add_argument("--no-baseline", action="store_true", help="skip the whole-tree drawing in the browser")
     args = ap.parse_args()
 
     print(f"{'nodes':>8} {'load s':>8} {'layout s':>9} {'figure s':>9} {'total s':>8} {'json s':>7} "
-          f"{'+json s':>8} {'json MB':>8}")
+          f"{'+json s':>8} {'json MB':>8} | {'lod s':>6} {'+json s':>8} {'json MB':>8}")
     layout_per_node: dict[int, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for size in args.sizes:
@@ -128,15 +282,24 @@ def main() -> None:
             t_json, spec = best_of(lambda fig=fig: pio.to_json(fig.to_dict(), validate=False), args.repeat)
             total = t_load + t_layout + t_fig
             layout_per_node[len(loaded.nodes)] = t_layout / len(loaded.nodes)
+
+            def drawn_part(t=loaded):  # what the page does now: choose, lay out and draw the part shown
+                part = layout_tree(t, opened=choose_open(t, DEFAULT_BUDGET))
+                return pio.to_json(tree_figure(t, part, "q", 0.5, t.best_path(0.5)).to_dict(), validate=False)
+
+            t_lod, lod_spec = best_of(drawn_part, args.repeat)
             print(f"{len(loaded.nodes):>8} {t_load:>8.3f} {t_layout:>9.3f} {t_fig:>9.3f} {total:>8.3f} "
-                  f"{t_json:>7.3f} {total + t_json:>8.3f} {len(spec) / 1e6:>8.1f}")
-    sizes = sorted(layout_per_node)
-    if len(sizes) >= 2:
-        lo, hi = sizes[0], sizes[-1]
-        ratio = layout_per_node[hi] * hi / (layout_per_node[lo] * lo)
-        print(f"layout {lo} -> {hi} nodes ({hi / lo:.0f}x): time x{ratio:.1f}, "
-              f"per node {layout_per_node[lo] * 1e6:.2f} -> {layout_per_node[hi] * 1e6:.2f} us "
-              f"(linear keeps per-node time flat; quadratic would be x{(hi / lo) ** 2:.0f})")
+                  f"{t_json:>7.3f} {total + t_json:>8.3f} {len(spec) / 1e6:>8.1f} | {t_lod:>6.3f} "
+                  f"{t_load + t_lod:>8.3f} {len(lod_spec) / 1e6:>8.2f}")
+        sizes = sorted(layout_per_node)
+        if len(sizes) >= 2:
+            lo, hi = sizes[0], sizes[-1]
+            ratio = layout_per_node[hi] * hi / (layout_per_node[lo] * lo)
+            print(f"layout {lo} -> {hi} nodes ({hi / lo:.0f}x): time x{ratio:.1f}, "
+                  f"per node {layout_per_node[lo] * 1e6:.2f} -> {layout_per_node[hi] * 1e6:.2f} us "
+                  f"(linear keeps per-node time flat; quadratic would be x{(hi / lo) ** 2:.0f})")
+        if args.browser_sizes:
+            browser_figures(args.browser_sizes, not args.no_baseline, Path(tmp))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,6 @@
-"""Plotly figures. The tree is two WebGL traces (edges, nodes) whatever its size, plus small overlays.
+"""Plotly figures. The tree is two WebGL traces (edges, nodes) whatever its size, plus small overlays
+(best path, search matches, "+n" counts of hidden subtrees). What part of a big tree is drawn is
+chosen by `dashboard.lod`; arrays go to the browser as typed arrays (plotly's base64 `bdata`).
 
 Values shown come from the engine (`Node.Q_mcts`, `Node.Q_critic`, `Node.value(alpha)` = eq. 10,
 `SearchTree.best_path`); this module only maps them to marks. Traces are built with plotly's
@@ -17,7 +19,7 @@ import plotly.graph_objects as go
 import streamlit as st
 from plotly.colors import get_colorscale
 
-from dashboard import data
+from dashboard import data, lod
 from dashboard.layout import TreeLayout, layout_tree
 from engine.search.tree import Node, SearchTree
 
@@ -36,9 +38,11 @@ SYMBOLS: dict[str | None, str] = {
     "stopped": "triangle-down",
 }
 COLLAPSED_SYMBOL = "hexagon"  # a node whose descendants are hidden
+MAX_COUNT_LABELS = 100  # "+n" labels drawn beside the hexagons that hide the most
 LEGEND = (
     "circle: open or inner node · star: success · x: failure · diamond: format error · "
-    "square: depth limit · triangle: stopped (STATUS ≠ CONTINUE) · hexagon: has hidden descendants · "
+    "square: depth limit · triangle: stopped (STATUS ≠ CONTINUE) · hexagon: has hidden descendants "
+    "(+count; click it to draw its subtree) · "
     "size: visits N · grey: no value (Q^ of the root) · blue line: best path (eq. 10) · magenta ring: search match"
 )
 # Diverging red (0) -> green (1), spelled out: plotly.js has no "RdYlGn" of its own (plotly.py expands
@@ -136,7 +140,7 @@ def tree_figure(
     small, extra = (5.0, 13.0) if m <= 2000 else (3.0, 9.0)  # big trees: smaller marks, less overlap
     size = small + extra * np.sqrt(visits / max(1.0, float(visits.max(initial=0.0))))
     symbol = [COLLAPSED_SYMBOL if h else SYMBOLS.get(n.terminal, "circle") for n, h in zip(visible, hidden)]
-    text = [hover_text(n, alpha, h) for n, h in zip(visible, hidden)]
+    text = [hover_text(n, alpha, h) for n, h in zip(visible, hidden)]  # short; as many as marks drawn
     label = next(k for k, v in MEASURES.items() if v == measure)
 
     traces = [
@@ -154,7 +158,7 @@ def tree_figure(
             hoverinfo="skip", name="best path", showlegend=False, _validate=False,
         ))
     traces.append(go.Scattergl(
-        x=x, y=y, mode="markers", customdata=ids, text=text, hoverinfo="text", name="nodes",
+        x=x, y=y, mode="markers", customdata=ids.astype(np.int32), text=text, hoverinfo="text", name="nodes",
         showlegend=False,
         marker={
             "color": values, "colorscale": COLORSCALE, "cmin": 0.0, "cmax": 1.0, "size": size,
@@ -164,6 +168,15 @@ def tree_figure(
         unselected={"marker": {"opacity": 0.55}},
         _validate=False,
     ))
+    folded = np.flatnonzero(lay.hidden)
+    if len(folded) > MAX_COUNT_LABELS:  # WebGL text is slow to draw: label the biggest hidden subtrees
+        folded = np.sort(folded[np.argsort(-lay.hidden[folded], kind="stable")[:MAX_COUNT_LABELS]])
+    if len(folded):  # a marker that stands for a hidden subtree says how many nodes it holds (hover: all)
+        traces.append(go.Scattergl(
+            x=x[folded], y=y[folded], mode="text", text=[f"+{h}" for h in lay.hidden[folded].tolist()],
+            textposition="bottom center", textfont={"size": 9, "color": "#616161"},
+            hoverinfo="skip", name="hidden counts", showlegend=False, _validate=False,
+        ))
     hits = [pos[h] for h in matches if h in pos]
     if hits:
         idx = np.asarray(sorted(hits))
@@ -192,12 +205,29 @@ def tree_figure(
 
 @st.cache_data(show_spinner=False, max_entries=32)
 def cached_layout(
-    path: str, tree_id: int, version: tuple[int, ...], max_depth: int | None, collapsed: tuple[int, ...]
+    path: str, tree_id: int, version: tuple[int, ...], max_depth: int | None, collapsed: tuple[int, ...],
+    budget: int | None = None, focus: int | None = None,
 ) -> TreeLayout:
+    """The drawn part: all of it (within depth / collapse) when `budget` is None, else the level of
+    detail of `dashboard.lod` around `focus`."""
     tree = data.load_tree(path, tree_id, version)
     if tree is None:
         raise ValueError(f"tree {tree_id} has no nodes yet")
-    return layout_tree(tree, max_depth=max_depth, collapsed=collapsed)
+    if budget is None:
+        return layout_tree(tree, max_depth=max_depth, collapsed=collapsed)
+    return layout_tree(tree, opened=cached_open(path, tree_id, version, max_depth, collapsed, budget, focus))
+
+
+@st.cache_data(show_spinner=False, max_entries=32)
+def cached_open(
+    path: str, tree_id: int, version: tuple[int, ...], max_depth: int | None, collapsed: tuple[int, ...],
+    budget: int, focus: int | None,
+) -> frozenset[int]:
+    """`lod.choose_open` for these view settings (the nodes whose children are drawn)."""
+    tree = data.load_tree(path, tree_id, version)
+    if tree is None:
+        raise ValueError(f"tree {tree_id} has no nodes yet")
+    return lod.choose_open(tree, budget, focus, max_depth, collapsed)
 
 
 @st.cache_data(show_spinner=False, max_entries=32)
@@ -218,11 +248,13 @@ def cached_tree_figure(
     max_depth: int | None,
     collapsed: tuple[int, ...],
     query: str,
+    budget: int | None = None,
+    focus: int | None = None,
 ) -> go.Figure:
     tree = data.load_tree(path, tree_id, version)
     if tree is None:
         raise ValueError(f"tree {tree_id} has no nodes yet")
-    lay = cached_layout(path, tree_id, version, max_depth, collapsed)
+    lay = cached_layout(path, tree_id, version, max_depth, collapsed, budget, focus)
     matches = cached_matches(path, tree_id, version, query)
     return tree_figure(tree, lay, measure, alpha, tree.best_path(alpha), matches)
 
@@ -279,4 +311,84 @@ def eval_figure(rows: Sequence[dict], metric: str) -> go.Figure:
     label = dict(EVAL_METRICS).get(metric, metric)
     fig.update_layout(barmode="group", yaxis={"title": label, "range": [0, 1.05]}, height=340,
                       legend={"title": "mode"}, margin={"l": 50, "r": 10, "t": 20, "b": 80})
+    return fig
+
+
+# --- a revision's two paths on the tree (Trajectories page) -------------------------------------------
+
+LOSS_MARKS = (  # (loss flag of the sample's turn at a node, legend label, colour)
+    (True, "trained (loss)", "#2e7d32"),
+    (None, "unspecified (trained)", "#7cb342"),
+    (False, "no loss (bad step)", "#c62828"),
+)
+NOT_IN_SAMPLE = "#ffffff"
+
+
+def paths_figure(
+    tree: SearchTree, good_path: Sequence[int], bad_path: Sequence[int], t_prime_node: int | None,
+    losses: dict[int, bool | None], height: int = 420,
+) -> go.Figure:
+    """The good and the bad path of an Agent-R revision (docs/algorithms.md §4) drawn on their tree: both
+    paths with their siblings as context, the shared prefix black, the good suffix green, the bad one
+    red (dashed), every path node coloured by the loss flag of its turn in the sample (`losses`: node ->
+    flag; a node the sample does not contain is white), t' and the split ringed. Node ids in customdata."""
+    good, bad = [0, *good_path], [0, *bad_path]
+    split = next((i for i, (g, b) in enumerate(zip(good, bad)) if g != b), min(len(good), len(bad)))
+    opened = {v for v in (*good[:-1], *bad[:-1]) if v < len(tree.nodes)}
+    lay = layout_tree(tree, opened=opened)
+    pos = {v: (float(lay.x[i]), float(-lay.y[i])) for i, v in enumerate(lay.ids.tolist())}
+    good, bad = [v for v in good if v in pos], [v for v in bad if v in pos]
+    on_path = set(good) | set(bad)
+
+    def xy(ids: Sequence[int]) -> tuple[list[float], list[float]]:
+        return [pos[v][0] for v in ids], [pos[v][1] for v in ids]
+
+    child = np.arange(1, len(lay))
+    par = lay.parent_index[1:]
+    nan = np.full(len(lay) - 1, np.nan)
+    x, y = lay.x, -lay.y
+    traces = [go.Scatter(x=np.column_stack([x[par], x[child], nan]).ravel(),
+                         y=np.column_stack([y[par], y[child], nan]).ravel(), mode="lines",
+                         line={"color": EDGE_COLOR, "width": 1}, hoverinfo="skip", showlegend=False, name="edges")]
+    for ids, colour, dash, label in ((good[: split], "#212121", "solid", "shared prefix"),
+                                     (good[max(split - 1, 0):], "#2e7d32", "solid", "good path"),
+                                     (bad[max(split - 1, 0):], "#c62828", "dash", "bad path")):
+        if len(ids) > 1:
+            px, py = xy(ids)
+            traces.append(go.Scatter(x=px, y=py, mode="lines", line={"color": colour, "width": 4, "dash": dash},
+                                     hoverinfo="skip", name=label))
+    context = [v for v in lay.ids.tolist() if v not in on_path]
+    if context:
+        cx, cy = xy(context)
+        traces.append(go.Scatter(x=cx, y=cy, mode="markers", customdata=context, name="other nodes",
+                                 marker={"color": "#bdbdbd", "size": 6},
+                                 text=[html.escape(short_command(tree.nodes[v])) for v in context],
+                                 hovertemplate="#%{customdata} %{text}<extra></extra>"))
+    groups = [(label, colour, [v for v in good + bad if v in losses and losses[v] is flag])
+              for flag, label, colour in LOSS_MARKS]
+    groups.append(("not in the sample", NOT_IN_SAMPLE, [v for v in dict.fromkeys(good + bad) if v not in losses]))
+    for label, colour, ids in groups:
+        ids = list(dict.fromkeys(ids))
+        if ids:
+            px, py = xy(ids)
+            traces.append(go.Scatter(
+                x=px, y=py, mode="markers", customdata=ids, name=label,
+                marker={"color": colour, "size": 12, "line": {"color": "#424242", "width": 1}},
+                text=[html.escape(short_command(tree.nodes[v])) for v in ids],
+                hovertemplate="#%{customdata} %{text}<extra>" + label + "</extra>"))
+    marks = []
+    if split >= 1 and good[split - 1] in pos:
+        marks.append((good[split - 1], "split", "#212121"))
+    if t_prime_node is not None and t_prime_node in pos:
+        marks.append((t_prime_node, "t'", "#ff6f00"))
+    for v, label, colour in marks:
+        traces.append(go.Scatter(
+            x=[pos[v][0]], y=[pos[v][1]], mode="markers+text", text=[label], textposition="middle right",
+            textfont={"size": 14, "color": colour}, customdata=[v], name=f"{label} (node {v})",
+            marker={"symbol": "circle-open", "size": 24, "color": colour, "line": {"width": 3}},
+            hovertemplate=f"#{v} {label}<extra></extra>"))
+    fig = go.Figure(data=traces)
+    fig.update_layout(height=height, margin={"l": 10, "r": 10, "t": 10, "b": 10}, xaxis={"visible": False},
+                      yaxis={"visible": False}, hovermode="closest", plot_bgcolor="white",
+                      legend={"orientation": "h", "y": -0.02})
     return fig

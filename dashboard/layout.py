@@ -6,17 +6,18 @@ reach 100k nodes. This version is iterative (no recursion limit on deep trees) a
 Reingold–Tilford guarantees: nodes of one depth never closer than `distance`, a parent centred
 between its first and last child, identical subtrees drawn identically, children kept in order.
 
-Also here: which nodes are visible (depth limit, collapsed subtrees), since the layout is of the
-visible part only.
+Also here: which nodes are visible (depth limit, collapsed subtrees, or a level of detail chosen by
+`dashboard.lod`), since the layout is of the visible part only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from dashboard.lod import subtree_sizes
 from engine.search.tree import SearchTree
 
 
@@ -142,9 +143,12 @@ class TreeLayout:
 
 
 def layout_tree(
-    tree: SearchTree, max_depth: int | None = None, collapsed: Iterable[int] = (), distance: float = 1.0
+    tree: SearchTree, max_depth: int | None = None, collapsed: Iterable[int] = (), distance: float = 1.0,
+    opened: Collection[int] | None = None, sizes: Sequence[int] | None = None,
 ) -> TreeLayout:
-    """Lay out the part of `tree` that is shown: depth <= max_depth, nothing below a collapsed node."""
+    """Lay out the part of `tree` that is shown: depth <= max_depth, nothing below a collapsed node;
+    or, when `opened` is given (a level of detail, `dashboard.lod`), the root and the children of
+    the `opened` nodes only. `sizes`: subtree sizes, when the caller has them already."""
     children = [n.children for n in tree.nodes]
     depth = [n.depth for n in tree.nodes]
     folded = set(collapsed)
@@ -158,7 +162,7 @@ def layout_tree(
         v = ids[i]
         ch = children[v]
         if ch:
-            if v in folded or depth[v] >= limit:
+            if (v not in opened) if opened is not None else (v in folded or depth[v] >= limit):
                 cut.append(i)
             else:
                 start = len(ids)
@@ -169,16 +173,8 @@ def layout_tree(
         i += 1
     x = tidy_x(kids, 0, distance)
     hidden = [0] * len(ids)
-    if cut:  # what each cut node hides: its subtree size, accumulated bottom-up over the whole tree
-        order = [0]
-        for v in order:
-            order.extend(children[v])
-        size = [1] * len(depth)
-        parent = [n.parent for n in tree.nodes]
-        for v in reversed(order):
-            p = parent[v]
-            if p is not None:
-                size[p] += size[v]
+    if cut:  # what each cut node hides: its subtree but itself
+        size = sizes if sizes is not None else subtree_sizes(tree)
         for i in cut:
             hidden[i] = size[ids[i]] - 1
     return TreeLayout(

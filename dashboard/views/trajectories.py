@@ -41,6 +41,7 @@ LOSS = {True: "✓ trained", False: "✗ no loss", None: "– unspecified (train
 SEGMENTS = {"prefix": "shared prefix", "bad": "bad steps (to t')", "revision": "revision turn",
             "good": "good suffix"}
 ROLES = {"system": "SYSTEM", "user": "USER", "assistant": "ASSISTANT"}
+TREE_PAGE = "views/tree_explorer.py"
 
 path = data.db_path()
 db = str(path)
@@ -357,6 +358,19 @@ with right:
     st.caption(f"reward {fmt(src.get('bad_reward'))} · {len(bad_path)} steps · ◀ t' marks the first error")
     st.dataframe(path_table(tree, bad_path, split, sample, verdicts, t_prime_node), hide_index=True,
                  key=f"tr_bad_{sample.id}")
+
+if tree is not None:  # the two paths on their tree; a click opens that node in the Tree explorer
+    st.caption("On the tree: colours are each step's loss flag in this sample; click a node to open it in "
+               "the Tree explorer.")
+    losses = {t.node: t.loss for t in sample.turns if t.node is not None}
+    event = st.plotly_chart(
+        figures.paths_figure(tree, good_path, bad_path, t_prime_node, losses), key=f"tr_tree_{sample.id}",
+        on_select="rerun", selection_mode="points", config={"displaylogo": False},
+    )
+    picked = [p["customdata"] for p in event.selection.points if p.get("customdata") is not None]
+    if picked and sample.run_id:
+        node = picked[0][0] if isinstance(picked[0], list) else picked[0]
+        st.switch_page(TREE_PAGE, query_params={"run": sample.run_id, "task": sample.task.id, "node": str(node)})
 
 with st.container(border=True):
     step = t_prime_step(src)

@@ -1,25 +1,35 @@
-"""Tree explorer: one MCTS tree drawn whole, and an inspector for one node.
+"""Tree explorer: one MCTS tree drawn at a level of detail, and an inspector for one node.
 
-The URL holds run / task / node (`?run=..&task=..&node=..`), so a view can be shared. Every way of
-choosing a node (a click in the plot, a typed id, a row in the path / sibling / children / search
-tables) writes the `node` query parameter; the page reads it back. Env and model text is shown only
-through `st.code` and data frames, never as markdown or HTML.
+The URL holds run / task / node (`?run=..&task=..&node=..`, and `max_nodes=..|all` for the drawing
+budget), so a view can be shared. Every way of choosing a node (a click in the plot, a typed id, a
+row in the path / sibling / children / search tables) writes the `node` query parameter; the page
+reads it back. A big tree is drawn in part (`dashboard.lod`): selecting a marker that hides a
+subtree draws that subtree. While the run is searching, the plot and the inspector redraw every
+few seconds (a fragment), keeping the selected node and the filters; the zoom is kept while the
+tree is unchanged (Streamlit remounts a plotly chart whose figure changed, so `uirevision` cannot
+carry the zoom across new nodes: the sidebar can pause following). Env and model text
+is shown only through `st.code` and data frames, never as markdown or HTML.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from functools import partial
+from typing import Any
 
 import pandas as pd
 import streamlit as st
 
-from dashboard import data, figures
+from dashboard import data, figures, lod
 from engine.search.tree import TERMINALS, Node, SearchTree
+from engine.store import RunInfo
 
 MAX_TABLE_ROWS = 500
 NODE_INPUT = "te_node"
 PLOT = "te_plot"
+REFRESH_S = 3.0  # how often the page redraws while its run is searching
+BUDGETS = (1000, lod.DEFAULT_BUDGET, 10_000, 0)  # nodes drawn at most; 0: all of them
 
 path = data.db_path()
 db = str(path)
@@ -57,6 +67,14 @@ if tree is not None and raw_node is not None:
         notes.append("The node named in the URL is not in this tree; showing the root.")
 qp.update(run=run.id, task=task_id, node=str(node_id))  # the canonical, shareable URL
 alpha = float(run.config.get("alpha", 0.5))
+raw_budget = qp.get("max_nodes")
+if raw_budget is not None and "te_budget" not in st.session_state:
+    value = 0 if raw_budget == "all" else int(raw_budget) if raw_budget.isdigit() else None
+    if value is None or value not in BUDGETS:
+        notes.append(f"max_nodes in the URL must be one of {', '.join(map(str, BUDGETS[:-1]))} or all; "
+                     f"drawing at most {lod.DEFAULT_BUDGET}.")
+    else:
+        st.session_state["te_budget"] = value
 
 
 # --- callbacks: each writes the query parameters, the page reads them on the rerun ---------------------
@@ -106,6 +124,14 @@ def _toggle_collapse(tid: int, node: int) -> None:
     folded.symmetric_difference_update({node})
 
 
+def _pick_budget() -> None:
+    value = st.session_state["te_budget"]
+    if value == lod.DEFAULT_BUDGET:
+        st.query_params.pop("max_nodes", None)
+    else:
+        st.query_params["max_nodes"] = "all" if value == 0 else str(value)
+
+
 def _expand_all(tid: int) -> None:
     st.session_state.setdefault("te_collapsed", {}).pop(tid, None)
 
@@ -153,130 +179,196 @@ with st.sidebar:
         "Colour by", list(figures.MEASURES), key="te_measure",
         help=f"Q~: MCTS mean reward (eq. 8) · Q^: critic score · Q: eq. 10 with this run's alpha = {alpha}",
     )
-    query = st.text_input("Search actions", key="te_search", placeholder="e.g. craft stick")
+    search = st.text_input("Search actions", key="te_search", placeholder="e.g. craft stick")
 
 st.title("Tree explorer")
 for note in notes:
     st.warning(note)
-if tree is None:
+if tree is None and run.status != "running":
     st.info("This task's tree has no committed nodes yet (the search has not reached it).")
     st.stop()
 
-max_tree_depth = max(n.depth for n in tree.nodes)
+max_tree_depth = max(n.depth for n in tree.nodes) if tree is not None else 0
 folded: set[int] = st.session_state.setdefault("te_collapsed", {}).get(tree_id, set())
 with st.sidebar:
     depth_limit = max_tree_depth
     if max_tree_depth >= 2:  # a slider needs min < max
         depth_limit = st.slider("Show depth ≤", 1, max_tree_depth, max_tree_depth, key=f"te_depth_{tree_id}")
+    st.session_state.setdefault("te_budget", lod.DEFAULT_BUDGET)
+    st.selectbox("Draw at most", BUDGETS, key="te_budget",
+                 format_func=lambda b: "all nodes" if b == 0 else f"{b:,} nodes", on_change=_pick_budget,
+                 help="Big trees are drawn in part: the selected node's path and children, then the "
+                      "most-visited subtrees. A hexagon stands for a hidden subtree; select it to draw it.")
+    follow = run.status == "running" and st.toggle(
+        "Follow the search live", value=True, key="te_follow",
+        help=f"Redraw every {REFRESH_S:g} s while the run searches. A redraw that brings new nodes resets "
+             "the zoom (Streamlit draws a changed figure afresh); turn this off to zoom around at leisure.")
     if folded:
         st.caption(f"Collapsed below nodes {', '.join(str(i) for i in sorted(folded))}")
         st.button("Expand all", on_click=_expand_all, args=(tree_id,), key="te_expand_all")
     st.caption("Database")
     st.code(db, language=None, wrap_lines=True)
 
-st.caption("Goal")
-st.code(tree.task.goal, language=None, wrap_lines=True)
-
 measure = figures.MEASURES[measure_label]
+# At the slider's end: no limit, also when a live search grows the tree deeper than the slider knows.
 max_depth = None if depth_limit >= max_tree_depth else int(depth_limit)
 collapsed = tuple(sorted(folded))
-fig = figures.cached_tree_figure(db, tree_id, version, measure, alpha, max_depth, collapsed, query.strip())
-lay = figures.cached_layout(db, tree_id, version, max_depth, collapsed)
-matches = figures.cached_matches(db, tree_id, version, query.strip())
-best = tree.best_path(alpha)
+budget = st.session_state.get("te_budget", lod.DEFAULT_BUDGET) or None
 
-plot_col, inspect_col = st.columns([3, 2], gap="medium")
-with plot_col:
-    st.caption(
-        f"{len(tree.nodes)} nodes ({len(lay)} shown) · {len(tree.simulations)} simulations · "
-        f"{'solved' if tree.solved() else 'not solved'} · best path {len(best)} steps · "
-        "click a node to inspect it"
-    )
-    st.plotly_chart(
-        fig, key=PLOT, on_select=_clicked_node, selection_mode="points",
-        config={"scrollZoom": True, "displaylogo": False},
-    )
-    st.caption(figures.LEGEND)
-    if query.strip():
-        st.caption(f"{len(matches)} nodes match the search")
-        if matches:
-            node_table(tree, matches, key=f"te_matches_{tree_id}_{node_id}")
 
-# --- inspector -------------------------------------------------------------------------------------------
-
-node = tree.nodes[node_id]
-with inspect_col:
-    st.session_state[NODE_INPUT] = str(node_id)  # the input always shows the node being inspected
-    st.text_input("Node id", key=NODE_INPUT, on_change=_typed_node, args=(len(tree.nodes),))
-    error = st.session_state.pop("te_node_error", None)
-    if error:
-        st.warning(error)
-
-    st.subheader(f"Node {node.id}")
-    terminal = node.terminal if node.terminal in TERMINALS else ("unknown" if node.terminal else "—")
-    c = st.columns(3)  # three a row: a 6-digit visit count still fits beside the plot
-    c[0].metric("N (visits)", node.N)
-    c[1].metric("Q~ (MCTS)", f"{node.Q_mcts:.3f}")
-    c[2].metric("Q^ (critic)", "—" if node.Q_critic is None else f"{node.Q_critic:.3f}")
-    c = st.columns(3)
-    c[0].metric("Q (eq. 10)", f"{node.value(alpha):.3f}")
-    c[1].metric("reward", "—" if node.reward is None else f"{node.reward:g}")
-    c[2].metric("progress", "—" if node.progress is None else f"{node.progress:.2f}")
-    c = st.columns(3)
-    c[0].metric("log-prob", "—" if node.logprob is None else f"{node.logprob:.2f}")
-    c[1].metric("critic rank", "—" if node.critic_rank is None else node.critic_rank)
-    st.caption(
-        f"depth {node.depth} · terminal: {terminal} · {node.n_tokens} tokens · "
-        f"generation {node.gen_ms:.0f} ms · env {node.env_ms:.0f} ms · "
-        f"{'on' if node.id in best or node.id == 0 else 'off'} the best path"
-    )
-    if node.children:
-        label = "Expand subtree" if node.id in folded else "Collapse subtree"
-        st.button(label, on_click=_toggle_collapse, args=(tree_id, node.id), key="te_collapse")
-
-    action = node.action
-    if node.parent is None:
-        st.caption("The root: the task's first observation, before any action.")
-    elif action is None:
-        st.caption("FORMAT ERROR (the completion could not be parsed; the environment was not stepped)")
-        st.code(node.format_error or "", language=None, wrap_lines=True)
+def progress_line(info: RunInfo) -> None:
+    """The run's progress and success count (numbers from the store), a bar while it runs."""
+    per_task = info.config.get("simulations")
+    planned = per_task * len(info.task_ids) if isinstance(per_task, int) and per_task > 0 else 0
+    text = f"run {info.status} · {info.simulations} / {planned or '?'} simulations · " \
+           f"{info.solved} / {info.trees} tasks solved"
+    if info.status == "running" and planned:
+        st.progress(min(1.0, info.simulations / planned), text=text)
     else:
-        parts = [("PLAN", action.plan), ("THOUGHT", action.thought), ("ACTION", action.command),
-                 ("EXPLANATION", action.explanation), ("STATUS", action.status)]
-        for name, text in parts:
-            if name == "PLAN" and not text:
-                continue
-            st.caption(name)
-            st.code(text or "", language=None, wrap_lines=True)
-    st.caption("OBSERVATION")
-    st.code(node.observation, language=None, wrap_lines=True)
-    shot = data.node_screenshot(db, tree_id, node.id, version) if node.terminal else None
-    if shot is not None:
-        st.caption("SCREENSHOT of the final page")
-        st.image(shot)
-    if node.raw is not None:
-        with st.expander("Raw completion", expanded=action is None):
-            st.code(node.raw, language=None, wrap_lines=True)
+        st.caption(text)
 
-    if node.parent is not None:
-        st.caption("Critic's ranking of this node and its siblings (0 = best)")
-        siblings = sorted(
-            tree.nodes[node.parent].children,
-            key=lambda i: (tree.nodes[i].critic_rank is None, tree.nodes[i].critic_rank or 0, i),
+
+def explorer(live: bool) -> None:
+    """Plot and inspector, drawn from the newest committed state of the tree (a fragment while live)."""
+    version = data.db_version(path)
+    info = run
+    if live:
+        info = next((r for r in data.list_runs(db, version) if r.id == run.id), run)
+        now_folded = tuple(sorted(st.session_state.get("te_collapsed", {}).get(tree_id, set())))
+        if info.status != "running" or now_folded != collapsed:
+            st.rerun()  # the search ended (stop refreshing) or the sidebar must show a new fold
+    tree = data.load_tree(db, tree_id, version)
+    progress_line(info)
+    if tree is None:
+        st.info("This task's tree has no committed nodes yet (the search has not reached it).")
+        return
+    raw = st.query_params.get("node", "0")
+    node_id = int(raw) if raw.isdigit() and int(raw) < len(tree.nodes) else 0
+    if live:
+        st.caption(f"Live: the search is running; this view redraws every {REFRESH_S:g} s "
+                   f"(last {time.strftime('%H:%M:%S')}).")
+    elif info.status == "running":
+        st.caption("The search is running; live redrawing is off (sidebar).")
+    st.caption("Goal")
+    st.code(tree.task.goal, language=None, wrap_lines=True)
+
+    focus_of = st.session_state.setdefault("te_focus", {})
+    focus = focus_of.get(tree_id)
+    if budget is not None:
+        opened = figures.cached_open(db, tree_id, version, max_depth, collapsed, budget, focus)
+        if not lod.fully_shown(tree, opened, node_id, max_depth, folded):
+            focus = focus_of[tree_id] = node_id  # draw the selected node's path, children and subtree
+    query = search.strip()
+    fig = figures.cached_tree_figure(db, tree_id, version, measure, alpha, max_depth, collapsed, query,
+                                     budget, focus)
+    lay = figures.cached_layout(db, tree_id, version, max_depth, collapsed, budget, focus)
+    matches = figures.cached_matches(db, tree_id, version, query)
+    best = tree.best_path(alpha)
+    successes = sum(n.terminal == "success" for n in tree.nodes)
+
+    plot_col, inspect_col = st.columns([3, 2], gap="medium")
+    with plot_col:
+        hidden = int(lay.hidden.sum())
+        st.caption(
+            f"{len(tree.nodes)} nodes ({len(lay)} shown) · {len(tree.simulations)} simulations · "
+            f"{successes} success leaves · {'solved' if tree.solved() else 'not solved'} · "
+            f"best path {len(best)} steps · click a node to inspect it"
+            + (f" · {hidden} more in hexagons (select one to draw its subtree)" if hidden else "")
         )
-        node_table(
-            tree, siblings, key=f"te_siblings_{tree_id}_{node_id}",
-            extra={
-                "": ["▶" if i == node.id else "" for i in siblings],
-                "rank": [tree.nodes[i].critic_rank for i in siblings],
-                "reason": [tree.nodes[i].critic_reason or "" for i in siblings],
-            },
-            columns=["", "rank", "node", "command", "Q^", "reason", "N", "Q~", "Q", "terminal"],
+        st.plotly_chart(
+            fig, key=PLOT, on_select=_clicked_node, selection_mode="points",
+            config={"scrollZoom": True, "displaylogo": False},
         )
-    st.caption("Path from the root")
-    path_ids = [0, *(n.id for n in tree.path(node))]
-    node_table(tree, path_ids, key=f"te_path_{tree_id}_{node_id}", extra={"step": list(range(len(path_ids)))},
-               columns=["step", "node", "command", "N", "Q", "terminal"])
-    if node.children:
-        st.caption("Children")
-        node_table(tree, node.children, key=f"te_children_{tree_id}_{node_id}")
+        st.caption(figures.LEGEND)
+        if query:
+            st.caption(f"{len(matches)} nodes match the search")
+            if matches:
+                node_table(tree, matches, key=f"te_matches_{tree_id}_{node_id}")
+    inspector(tree, node_id, best, inspect_col, version)
+
+
+def inspector(tree: SearchTree, node_id: int, best: list[int], inspect_col: Any, version: tuple[int, ...]) -> None:
+    """The selected node: values, composite action, observation, siblings, path, children."""
+    node = tree.nodes[node_id]
+    with inspect_col:
+        st.session_state[NODE_INPUT] = str(node_id)  # the input always shows the node being inspected
+        st.text_input("Node id", key=NODE_INPUT, on_change=_typed_node, args=(len(tree.nodes),))
+        error = st.session_state.pop("te_node_error", None)
+        if error:
+            st.warning(error)
+
+        st.subheader(f"Node {node.id}")
+        terminal = node.terminal if node.terminal in TERMINALS else ("unknown" if node.terminal else "—")
+        c = st.columns(3)  # three a row: a 6-digit visit count still fits beside the plot
+        c[0].metric("N (visits)", node.N)
+        c[1].metric("Q~ (MCTS)", f"{node.Q_mcts:.3f}")
+        c[2].metric("Q^ (critic)", "—" if node.Q_critic is None else f"{node.Q_critic:.3f}")
+        c = st.columns(3)
+        c[0].metric("Q (eq. 10)", f"{node.value(alpha):.3f}")
+        c[1].metric("reward", "—" if node.reward is None else f"{node.reward:g}")
+        c[2].metric("progress", "—" if node.progress is None else f"{node.progress:.2f}")
+        c = st.columns(3)
+        c[0].metric("log-prob", "—" if node.logprob is None else f"{node.logprob:.2f}")
+        c[1].metric("critic rank", "—" if node.critic_rank is None else node.critic_rank)
+        st.caption(
+            f"depth {node.depth} · terminal: {terminal} · {node.n_tokens} tokens · "
+            f"generation {node.gen_ms:.0f} ms · env {node.env_ms:.0f} ms · "
+            f"{'on' if node.id in best or node.id == 0 else 'off'} the best path"
+        )
+        if node.children:
+            label = "Expand subtree" if node.id in folded else "Collapse subtree"
+            st.button(label, on_click=_toggle_collapse, args=(tree_id, node.id), key="te_collapse")
+
+        action = node.action
+        if node.parent is None:
+            st.caption("The root: the task's first observation, before any action.")
+        elif action is None:
+            st.caption("FORMAT ERROR (the completion could not be parsed; the environment was not stepped)")
+            st.code(node.format_error or "", language=None, wrap_lines=True)
+        else:
+            parts = [("PLAN", action.plan), ("THOUGHT", action.thought), ("ACTION", action.command),
+                     ("EXPLANATION", action.explanation), ("STATUS", action.status)]
+            for name, text in parts:
+                if name == "PLAN" and not text:
+                    continue
+                st.caption(name)
+                st.code(text or "", language=None, wrap_lines=True)
+        st.caption("OBSERVATION")
+        st.code(node.observation, language=None, wrap_lines=True)
+        shot = data.node_screenshot(db, tree_id, node.id, version) if node.terminal else None
+        if shot is not None:
+            st.caption("SCREENSHOT of the final page")
+            st.image(shot)
+        if node.raw is not None:
+            with st.expander("Raw completion", expanded=action is None):
+                st.code(node.raw, language=None, wrap_lines=True)
+
+        if node.parent is not None:
+            st.caption("Critic's ranking of this node and its siblings (0 = best)")
+            siblings = sorted(
+                tree.nodes[node.parent].children,
+                key=lambda i: (tree.nodes[i].critic_rank is None, tree.nodes[i].critic_rank or 0, i),
+            )
+            node_table(
+                tree, siblings, key=f"te_siblings_{tree_id}_{node_id}",
+                extra={
+                    "": ["▶" if i == node.id else "" for i in siblings],
+                    "rank": [tree.nodes[i].critic_rank for i in siblings],
+                    "reason": [tree.nodes[i].critic_reason or "" for i in siblings],
+                },
+                columns=["", "rank", "node", "command", "Q^", "reason", "N", "Q~", "Q", "terminal"],
+            )
+        st.caption("Path from the root")
+        path_ids = [0, *(n.id for n in tree.path(node))]
+        node_table(tree, path_ids, key=f"te_path_{tree_id}_{node_id}", extra={"step": list(range(len(path_ids)))},
+                   columns=["step", "node", "command", "N", "Q", "terminal"])
+        if node.children:
+            st.caption("Children")
+            node_table(tree, node.children, key=f"te_children_{tree_id}_{node_id}")
+
+
+live = bool(follow)
+if live:
+    st.fragment(run_every=REFRESH_S)(explorer)(True)
+else:
+    explorer(False)

@@ -125,3 +125,25 @@ def copy_store(source: Path, target: Path) -> Path:
         if (src := source.with_name(source.name + suffix)).exists():
             shutil.copyfile(src, target.with_name(target.name + suffix))
     return target
+
+
+def grow_tree(path: Path, run_id: str, task_id: str, parent: int, n: int) -> list[int]:
+    """What a running search commits: `n` new children of `parent` and one simulation through the
+    last of them (values backpropagated), in one transaction. Returns the new node ids."""
+    from engine.actions import CompositeAction
+    from engine.search.tree import Simulation
+
+    with Store(path) as store:
+        tree_id = store.tree_id(run_id, task_id)
+        tree = store.load_tree(tree_id)
+        first_new = len(tree.nodes)
+        for i in range(n):
+            tree.add_child(tree.nodes[parent], observation=f"live observation {first_new + i}",
+                           action=CompositeAction(thought="t", command=f"live {first_new + i}"), critic_rank=i)
+        leaf = tree.nodes[-1]
+        path_ids = tuple(p.id for p in tree.path(leaf))
+        tree.backpropagate(list(path_ids), 0.5)
+        sim = Simulation(path_ids, 0.5)
+        tree.simulations.append(sim)
+        store.save_simulation(tree_id, tree, sim, first_new)
+        return list(range(first_new, len(tree.nodes)))

@@ -102,3 +102,23 @@ def test_hover_text_escapes_markup() -> None:
     node = tree.add_child(tree.root, observation="o", action=CompositeAction(thought="t", command="<b>x</b> <script>"))
     text = hover_text(node, 0.5, hidden=0)
     assert "<b>x" not in text and "&lt;b&gt;x&lt;/b&gt; &lt;script&gt;" in text
+
+
+def test_hidden_subtrees_are_counted_beside_their_hexagon() -> None:
+    from dashboard import lod
+    from dashboard.figures import MAX_COUNT_LABELS
+
+    tree = SearchTree.new(TaskSpec(id="t", goal="g"), "start")
+    for _ in range(3 * MAX_COUNT_LABELS):
+        child = tree.add_child(tree.root, observation="o")
+        for _ in range(2 + child.id % 5):
+            tree.add_child(child, observation="o")
+    lay = layout_tree(tree, opened=lod.choose_open(tree, budget=3 * MAX_COUNT_LABELS + 1))
+    fig = tree_figure(tree, lay)
+    counts = trace(fig, "hidden counts")
+    labels = [int(t.lstrip("+")) for t in counts.text]
+    assert sorted(labels, reverse=True) == sorted(lay.hidden.tolist(), reverse=True)[:MAX_COUNT_LABELS]
+    nodes = trace(fig, "nodes")
+    assert set(np.asarray(nodes.marker.symbol)[lay.hidden > 0]) == {COLLAPSED_SYMBOL}
+    assert sum(lay.hidden.tolist()) + len(lay) == len(tree.nodes)
+    go.Figure(fig.to_dict())  # valid plotly
