@@ -22,7 +22,9 @@ Job kinds and their config (JSON):
 - eval: {"model", "env", "split", "tasks", "eval": {EvalConfig fields}, "recovery_runs": [RUN, ...]};
 - iterate: {"iterate": {IterateConfig fields}};
 - probe: {"steps": N, "seconds": S, "fail": bool} — the runner's own check: no ML imports, sleeps
-  with progress (tests and `orchard jobs` smoke checks use it).
+  with progress (tests and `orchard jobs` smoke checks use it);
+- search / pairs / revisions / refine: the long stages besides training (configs, devices and the
+  `submit_<stage>` calls in engine/stages.py).
 """
 
 from __future__ import annotations
@@ -37,9 +39,10 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import ConfigError
+from engine.stages import STAGE_KINDS
 from engine.store import JobInfo, Store
 
-JOB_KINDS = ("dpo", "sft", "rft", "eval", "iterate", "probe")
+JOB_KINDS = ("dpo", "sft", "rft", "eval", "iterate", "probe", *STAGE_KINDS)
 WORKER_MODULE = "engine.train.worker"
 STARTUP_GRACE_S = 60.0  # a claimed job with no pid yet is presumed starting for this long
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -86,6 +89,10 @@ def validate_job(kind: str, config: dict[str, Any]) -> None:
         unknown = set(config) - {"steps", "seconds", "fail"}
         if unknown:
             raise ConfigError(f"probe job: unknown field(s) {', '.join(sorted(unknown))}")
+    elif kind in STAGE_KINDS:
+        from engine.stages import validate_stage
+
+        validate_stage(kind, config)
 
 
 def check_device(device: str) -> None:

@@ -73,6 +73,10 @@ def run_job(store: Store, job: JobInfo, reporter: StoreReporter) -> str | None:
     cfg = job.config
     if job.kind == "probe":
         return _probe(cfg, reporter)
+    from engine.stages import STAGE_KINDS, run_stage
+
+    if job.kind in STAGE_KINDS:  # search, pairs, revisions, refine (engine/stages.py)
+        return run_stage(store, job, reporter)
     if job.kind in ("dpo", "sft", "rft"):
         from dataclasses import replace
 
