@@ -496,14 +496,16 @@ def _name(kind: str, config: dict[str, Any]) -> str:
     return f"{kind}-{config['run']}" if config.get("run") else kind
 
 
-def submit_search(store: Any, env: str = "textcraft", tasks: str = "", split: str = "train", model: str = "tiny",
+def submit_search(store: Any, env: str = "textcraft", tasks: str = "", split: str = "train", model: str | None = None,
                   name: str | None = None, search: dict[str, Any] | None = None, resume: str | None = None,
                   device: str | None = None) -> str:
-    """Queue a new search (or, with `resume`, the rest of an interrupted run); returns the job id."""
+    """Queue a new search (model default `tiny`) or, with `resume`, the rest of an interrupted run
+    (model default: the run's own); returns the job id."""
     if resume:
-        config: dict[str, Any] = {"resume": resume, **({"model": model} if model and model != "tiny" else {})}
+        config: dict[str, Any] = {"resume": resume, **({"model": model} if model else {})}
     else:
-        config = {"env": env, "tasks": tasks, "split": split, "model": model, "name": name, "search": search or {}}
+        config = {"env": env, "tasks": tasks, "split": split, "model": model or "tiny", "name": name,
+                  "search": search or {}}
     return submit_stage(store, "search", config, device=device)
 
 

@@ -1,0 +1,153 @@
+"""The pages that drive the loop (issue 15): New search / Resume on Runs, pairs and revisions builds on
+the Data pages, evaluations and the Loop view on Evaluation — real jobs on TextCraft with a
+random-weights model, and bad input refused at its field with nothing queued or written."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from dash_fixtures import APP
+from engine.store import Store
+from engine.train.jobs import JobRunner
+
+RUNS = "views/runs.py"
+PAIRS = "views/pairs.py"
+TRAJECTORIES = "views/trajectories.py"
+EVALUATION = "views/evaluation.py"
+SMALL = {"simulations": 1, "k": 2, "depth_limit": 2, "max_tokens": 8}
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> str:
+    from tiny_model_fixture import build_tiny_model
+
+    return str(build_tiny_model(tmp_path_factory.mktemp("model") / "m").resolve())
+
+
+@pytest.fixture()
+def db(tmp_path: Path, monkeypatch) -> Path:
+    path = tmp_path / "orchard.db"
+    monkeypatch.setenv("ORCHARD_DB", str(path))
+    monkeypatch.setenv("ORCHARD_HOME", str(tmp_path / "home"))
+    return path
+
+
+def open_page(page: str | None = None, **params: str) -> AppTest:
+    at = AppTest.from_file(str(APP), default_timeout=90).run()
+    if page is not None:
+        at.switch_page(page)
+    for key, value in params.items():
+        at.query_params[key] = value
+    return at.run()
+
+
+def errors(at: AppTest) -> str:
+    return "\n".join(e.value for e in at.error).replace("\\", "")  # md() escapes punctuation
+
+
+def fill_search(at: AppTest, model: str, tasks: str = "0:2", **settings) -> None:
+    at.text_input(key="rs_tasks").set_value(tasks)
+    at.text_input(key="rs_model").set_value(model)
+    at.text_input(key="rs_name").set_value("from-the-form")
+    for key, value in {**SMALL, **settings}.items():
+        at.number_input(key=f"rs_set_{key}").set_value(value)
+    at.checkbox(key="rs_set_critic").uncheck()
+
+
+def queue_search(at: AppTest) -> None:
+    next(b for b in at.button if b.label == "Queue the search").click()
+    at.run()
+
+
+def search_run(path: Path, model: str, name: str = "seeded") -> str:
+    from engine.stages import submit_search
+
+    with Store(path) as store:
+        job_id = submit_search(store, tasks="0:2", model=model, name=name, search={**SMALL, "critic": False})
+        done = JobRunner(store).wait(job_id, timeout=240)
+        assert done.state == "succeeded", Path(done.log_path).read_text()[-2000:]
+        return done.output_path
+
+
+def test_new_search_form_on_an_empty_database_queues_a_search_job_that_runs(db: Path, model: str) -> None:
+    at = open_page()
+    assert not at.exception, at.exception
+    assert "No runs yet" in "\n".join(i.value for i in at.info)
+    settings = {n.key for n in at.number_input}
+    from engine.config import SearchConfig
+
+    numeric = {f"rs_set_{k}" for k, v in SearchConfig.__dataclass_fields__.items()
+               if isinstance(v.default, int | float) and not isinstance(v.default, bool)}
+    assert numeric <= settings  # every numeric setting of the dataclass has its field
+    fill_search(at, model)
+    queue_search(at)
+    assert not at.exception and not at.error, errors(at)
+    with Store(db) as store:
+        (job,) = store.jobs()
+        assert job.kind == "search" and job.config["tasks"] == "0:2" and job.config["search"]["k"] == 2
+        done = JobRunner(store).wait(job.id, timeout=240)
+        assert done.state == "succeeded", Path(done.log_path).read_text()[-2000:]
+    at.run()
+    runs = next(d.value for d in at.dataframe if "revisions" in d.value)
+    assert list(runs["name"]) == ["from-the-form"] and list(runs["status"]) == ["finished"]
+    assert any("succeeded" in m.value for m in at.markdown)  # the job panel agrees with the store
+    labels = {link.proto.label for link in at.get("page_link")}
+    assert {"Tree explorer", "Preference pairs", "Trajectories", "Training", "Evaluation"} <= labels
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize(("field", "fill", "words"), [
+    ("tasks", {"tasks": "5:2"}, "bad task range"),
+    ("tasks", {"tasks": "0:100000"}, "out of range"),
+    ("alpha", {"alpha": 2.0}, "SearchConfig.alpha"),
+    ("k", {"k": 0}, "SearchConfig.k"),
+    ("model", {"model": "openai:http://127.0.0.1:PORT/v1#m"}, "did not answer"),
+    ("model", {"model": "/no/such/model"}, "no such folder"),
+    ("env", {"env_arg": "bogus"}, "takes no argument"),
+])
+def test_bad_input_in_the_new_search_form_is_told_at_its_field_and_writes_nothing(
+        db: Path, model: str, field: str, fill: dict, words: str) -> None:
+    at = open_page()
+    settings = {k: v for k, v in fill.items() if k not in ("tasks", "model", "env_arg")}
+    fill_search(at, fill.get("model", model).replace("PORT", str(_free_port())), fill.get("tasks", "0:1"), **settings)
+    if "env_arg" in fill:
+        at.text_input(key="rs_env_arg").set_value(fill["env_arg"])
+    queue_search(at)
+    assert not at.exception
+    assert words in errors(at), errors(at)
+    assert len(at.error) == 1  # one message, at the field
+    assert not db.exists()  # nothing queued, nothing written: not even a database file
+
+
+def test_resume_an_interrupted_run_from_the_runs_page(db: Path, model: str) -> None:
+    from engine.stages import Cancelled, run_search
+    from engine.train.common import MemoryReporter
+
+    class StopAfterOne(MemoryReporter):
+        def should_stop(self) -> bool:
+            return bool(self.progress_rows) and (self.progress_rows[-1].get("step") or 0) >= 1
+
+    with Store(db) as store, pytest.raises(Cancelled):
+        run_search(store, {"tasks": "0:1", "model": model, "name": "half", "search": {**SMALL, "simulations": 3}},
+                   StopAfterOne())
+    at = open_page()
+    at.text_input(key="rs_resume_model").set_value(model)
+    next(b for b in at.button if b.label == "Resume").click()
+    at.run()
+    assert not at.exception and not at.error, errors(at)
+    with Store(db) as store:
+        (job,) = store.jobs()
+        (run,) = store.runs()
+        assert job.kind == "search" and job.config == {"resume": run.id, "model": model}
+        done = JobRunner(store).wait(job.id, timeout=240)
+        assert done.state == "succeeded", Path(done.log_path).read_text()[-2000:]
+        assert store.run(run.id).status == "finished" and store.run(run.id).simulations == 3
