@@ -13,7 +13,6 @@ from __future__ import annotations
 import sqlite3
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import streamlit as st
 
@@ -82,14 +81,22 @@ def progress_text(job: JobInfo) -> str:
     return md(f"{phase} {step}/{total}{eta}" if total else phase or job.state)
 
 
-def show_job(db: str, job_id: str, key: str, extra: Callable[[JobInfo], None] | None = None) -> None:
-    """The panel's body (see the module docstring); `extra(job)` draws page-specific figures below."""
+def show_job(db: str, job_id: str, key: str, extra: Callable[[JobInfo], None] | None = None,
+             follow: bool = False) -> None:
+    """The panel's body (see the module docstring); `extra(job)` draws page-specific figures below.
+    `follow`: rerun the whole page whenever the job has done another unit (a data page's queue
+    fills as the rows land)."""
     with Store(db, readonly=True) as store:
         job = store.job(job_id)
-    live_key = f"{key}_live"
+    live_key, step_key = f"{key}_live", f"{key}_step"
     if job.final and st.session_state.get(live_key) == job_id:
         del st.session_state[live_key]
         st.rerun(scope="app")  # it just ended: the whole page reads the store again
+    step = (job_id, job.progress.get("step"))
+    if follow and not job.final and st.session_state.get(step_key) not in (None, step):
+        st.session_state[step_key] = step
+        st.rerun(scope="app")
+    st.session_state[step_key] = step
     p = job.progress
     st.markdown(f"Job **{md(job.name)}** · {md(job.kind)} on {md(job.device)} · state **{md(job.state)}**")
     step, total = p.get("step") or 0, p.get("total") or 0
@@ -112,50 +119,12 @@ def show_job(db: str, job_id: str, key: str, extra: Callable[[JobInfo], None] | 
         st.info(flash)  # built from fixed words, ids and states, or md()-escaped text
 
 
-def job_panel(db: str, job: JobInfo, key: str, extra: Callable[[JobInfo], None] | None = None) -> None:
-    """Show `job`, live while it runs (see the module docstring)."""
+def job_panel(db: str, job: JobInfo, key: str, extra: Callable[[JobInfo], None] | None = None,
+              follow: bool = False) -> None:
+    """Show `job`, live while it runs (see the module docstring and `show_job`)."""
     live_key = f"{key}_live"
     if job.final:
         st.session_state.pop(live_key, None)
     else:
         st.session_state[live_key] = job.id
-    st.fragment(run_every=None if job.final else LIVE_EVERY_S)(show_job)(db, job.id, key, extra)
-
-
-def refusal(e: Exception) -> str:
-    """An exception from a job submission as one Markdown-safe line."""
-    return md(" ".join(str(e).split()))
-
-
-def submit_errors() -> tuple[type[Exception], ...]:
-    """The errors a submission can raise for bad input (shown at a field or under the form)."""
-    from engine.cli import user_errors
-
-    return (*user_errors(), sqlite3.Error, OSError)
-
-
-def form_errors(key: str) -> dict[str, str]:
-    """The field messages of form `key` from its last submission (kept across the rerun that shows them)."""
-    return st.session_state.setdefault(f"{key}_errors", {})
-
-
-def field_error(key: str, field: str) -> None:
-    """The message for `field` of form `key`, drawn where it is called (just below the field)."""
-    message = form_errors(key).get(field)
-    if message:
-        st.error(message)
-
-
-def set_errors(key: str, errors: dict[str, str]) -> None:
-    st.session_state[f"{key}_errors"] = dict(errors)
-
-
-def config_value(cls: type, name: str, value: Any) -> str | None:
-    """None when `value` is a valid setting `name` of config dataclass `cls`, else why not (Markdown-safe)."""
-    from engine.config import from_dict
-
-    try:
-        from_dict(cls, {name: value}, where="setting")
-    except (ValueError, TypeError) as e:
-        return refusal(e)
-    return None
+    st.fragment(run_every=None if job.final else LIVE_EVERY_S)(show_job)(db, job.id, key, extra, follow)

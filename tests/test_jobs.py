@@ -194,3 +194,15 @@ def test_a_store_opened_by_a_relative_path_runs_its_jobs(tmp_path: Path, monkeyp
         assert done.state == "succeeded", Path(done.log_path or "").read_text()
         assert Path(done.log_path or "").is_absolute() and Path(done.log_path or "").parent.parent == tmp_path
     assert not (REPO_ROOT / "relative.db").exists()
+
+
+def test_a_worker_just_launched_by_another_runner_is_not_taken_for_dead(store: Store) -> None:
+    """Between fork and exec the worker's command line is its parent's: a second runner polling in that
+    window (the dashboard rerunning right after a submission) must not mark the job failed."""
+    job = store.create_job("probe", {"steps": 1}, "cpu")
+    claimed = store.claim_next_job("cpu")
+    assert claimed is not None and claimed.id == job.id
+    store.set_job_pid(job.id, os.getpid())  # alive, but not a worker's command line (as before exec)
+    JobRunner(store).poll()
+    assert store.job(job.id).state == "running"
+    store.finish_job(job.id, "cancelled", error="test over")

@@ -17,11 +17,12 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import data, loop
+from dashboard import forms as fm
 from dashboard import jobs_panel as jp
 from dashboard.text import md
 from engine.config import SearchConfig
 from engine.envs.registry import known_envs
-from engine.stages import DEFAULT_TASKS, config_fields
+from engine.stages import DEFAULT_TASKS
 from engine.store import Store
 
 TREE_PAGE = "views/tree_explorer.py"
@@ -119,7 +120,7 @@ if runs:
                                   placeholder="(empty: the stored model)",
                                   help="Its API key ($OPENAI_API_KEY) goes to a stored server URL only when you "
                                        "type that spec again here.")
-            jp.field_error("rs_resume", "model")
+            fm.field_error("rs_resume", "model")
             resume = st.form_submit_button("Resume", type="primary")
         if resume:
             errors: dict[str, str] = {}
@@ -132,9 +133,9 @@ if runs:
                     from engine.stages import check_model
 
                     check_model(model)
-                except jp.submit_errors() as e:
-                    errors["model"] = jp.refusal(e)
-            jp.set_errors("rs_resume", errors)
+                except fm.submit_errors() as e:
+                    errors["model"] = fm.refusal(e)
+            fm.set_errors("rs_resume", errors)
             if not errors:
                 try:
                     from engine.stages import submit_search
@@ -142,15 +143,15 @@ if runs:
                     with Store(db) as store:
                         job_id = submit_search(store, resume=chosen, model=model)
                     state["rs_flash"] = f"Queued job {job_id}: resume run {chosen}."
-                except jp.submit_errors() as e:
-                    state["rs_error"] = f"Not resumed: {jp.refusal(e)}"
+                except fm.submit_errors() as e:
+                    state["rs_error"] = f"Not resumed: {fm.refusal(e)}"
             st.rerun()
 else:
     st.info("No runs yet: start a search below (or `make run`).")
 
 # --- a new search ----------------------------------------------------------------------------------------
 
-errors = jp.form_errors(FORM)
+errors = fm.form_errors(FORM)
 with st.expander("New search", expanded=not runs or bool(errors)), st.form(FORM, border=False):
     left, mid, right = st.columns(3)
     envs = known_envs()
@@ -159,34 +160,19 @@ with st.expander("New search", expanded=not runs or bool(errors)), st.form(FORM,
     env_arg = left.text_input("Env argument", key="rs_env_arg", placeholder="(none)",
                               help="NAME:ARG is passed to the env, e.g. babyai:GoToLocal.")
     with left:
-        jp.field_error(FORM, "env")
+        fm.field_error(FORM, "env")
     split = mid.selectbox("Split", ["train", "test"], key="rs_split")
     tasks = mid.text_input("Tasks", key="rs_tasks", placeholder=f"(empty: the first {DEFAULT_TASKS})",
                            help="Index range START:STOP[:STEP] into the split, or ids a,b,c.")
     with mid:
-        jp.field_error(FORM, "tasks")
+        fm.field_error(FORM, "tasks")
     model = right.text_input("Model", value="tiny", key="rs_model",
                              help="tiny | PATH | hf:PATH | openai:URL#MODEL | vllm:PATH")
     with right:
-        jp.field_error(FORM, "model")
+        fm.field_error(FORM, "model")
     name = right.text_input("Name", key="rs_name", placeholder="(empty: ENV-DATE-TIME)")
     st.markdown("**Search settings** (docs/algorithms.md §2)")
-    values = {}
-    cols = st.columns(4)
-    for i, (field_name, default, help_text) in enumerate(config_fields(SearchConfig)):
-        with cols[i % 4]:
-            key = f"rs_set_{field_name}"
-            label = field_name.replace("_", " ")
-            tip = f"{help_text} (default {default})" if help_text else f"default {default}"
-            if isinstance(default, bool):
-                values[field_name] = st.checkbox(label, value=default, key=key, help=tip)
-            elif isinstance(default, int):
-                values[field_name] = st.number_input(label, value=default, step=1, key=key, help=tip)
-            elif isinstance(default, float):
-                values[field_name] = st.number_input(label, value=default, step=0.05, format="%g", key=key, help=tip)
-            else:
-                values[field_name] = st.text_input(label, value=str(default), key=key, help=tip)
-            jp.field_error(FORM, field_name)
+    values = fm.settings_inputs(SearchConfig, FORM, "rs_set_")
     submitted = st.form_submit_button("Queue the search", type="primary")
 
 
@@ -198,34 +184,31 @@ def check_new_search() -> tuple[dict[str, str], dict]:
 
     problems: dict[str, str] = {}
     spec = f"{env}:{env_arg.strip()}" if env_arg.strip() else env
-    settings = {k: v for k, v in values.items() if v != SearchConfig.__dataclass_fields__[k].default}
+    settings = fm.changed(SearchConfig, values)
     config = {"env": spec, "tasks": tasks.strip(), "split": split, "model": model.strip() or "tiny",
               "name": name.strip() or f"{env}-{time.strftime('%Y%m%d-%H%M%S')}", "search": settings}
     try:
         env_factory(spec)
-    except jp.submit_errors() as e:
-        problems["env"] = jp.refusal(e)
+    except fm.submit_errors() as e:
+        problems["env"] = fm.refusal(e)
     else:
         try:
             search_tasks(config)
         except EnvError as e:
-            problems["tasks" if "task" in str(e) else "env"] = jp.refusal(e)
-        except jp.submit_errors() as e:
-            problems["env"] = jp.refusal(e)
+            problems["tasks" if "task" in str(e) else "env"] = fm.refusal(e)
+        except fm.submit_errors() as e:
+            problems["env"] = fm.refusal(e)
     try:
         check_model(config["model"])
-    except jp.submit_errors() as e:
-        problems["model"] = jp.refusal(e)
-    for key, value in values.items():
-        why = jp.config_value(SearchConfig, key, value)
-        if why:
-            problems[key] = why
+    except fm.submit_errors() as e:
+        problems["model"] = fm.refusal(e)
+    problems.update(fm.check_settings(SearchConfig, values))
     return problems, config
 
 
 if submitted:
     problems, config = check_new_search()
-    jp.set_errors(FORM, problems)
+    fm.set_errors(FORM, problems)
     if not problems:
         from engine.stages import submit_stage
 
@@ -233,8 +216,8 @@ if submitted:
             with Store(db) as store:
                 job_id = submit_stage(store, "search", config)
             state["rs_flash"] = f"Queued job {job_id}: search {md(config['name'])}."
-        except jp.submit_errors() as e:
-            state["rs_error"] = f"The search was not queued: {jp.refusal(e)}"
+        except fm.submit_errors() as e:
+            state["rs_error"] = f"The search was not queued: {fm.refusal(e)}"
     st.rerun()
 
 if "rs_error" in state:

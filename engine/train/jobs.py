@@ -45,6 +45,9 @@ from engine.store import JobInfo, Store
 JOB_KINDS = ("dpo", "sft", "rft", "eval", "iterate", "probe", *STAGE_KINDS)
 WORKER_MODULE = "engine.train.worker"
 STARTUP_GRACE_S = 60.0  # a claimed job with no pid yet is presumed starting for this long
+# Between fork and exec a just-launched worker still has its parent's command line; for this long after
+# its claim another poller (a second JobRunner, the dashboard's next rerun) only asks whether it is alive.
+EXEC_GRACE_S = 10.0
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -200,7 +203,8 @@ class JobRunner:
             if job.pid is None:
                 dead = job.started_at is not None and now - job.started_at > STARTUP_GRACE_S
             else:
-                dead = not process_alive(job.pid, job.id)
+                young = job.started_at is not None and now - job.started_at < EXEC_GRACE_S
+                dead = not process_alive(job.pid, None if young else job.id)
             if dead:
                 self.store.finish_job(job.id, "failed", error=f"the job's process (pid {job.pid}) died without "
                                                                f"recording an outcome; see {job.log_path}")

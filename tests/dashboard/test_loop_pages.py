@@ -151,3 +151,58 @@ def test_resume_an_interrupted_run_from_the_runs_page(db: Path, model: str) -> N
         done = JobRunner(store).wait(job.id, timeout=240)
         assert done.state == "succeeded", Path(done.log_path).read_text()[-2000:]
         assert store.run(run.id).status == "finished" and store.run(run.id).simulations == 3
+
+
+def test_pairs_page_builds_pairs_for_its_run_and_refuses_a_bad_theta(db: Path, model: str) -> None:
+    run_id = search_run(db, model)
+    at = open_page(PAIRS, run=run_id)
+    assert not at.exception, at.exception
+    at.number_input(key="pb_theta").set_value(-1.0)
+    next(b for b in at.button if b.label == "Build pairs").click()
+    at.run()
+    assert "pairs theta" in errors(at) and len(at.error) == 1
+    with Store(db, readonly=True) as store:
+        assert [j.kind for j in store.jobs()] == ["search"]  # nothing queued
+    at.number_input(key="pb_theta").set_value(0.0)
+    next(b for b in at.button if b.label == "Build pairs").click()
+    at.run()
+    assert not at.error, errors(at)
+    with Store(db) as store:
+        job = store.jobs()[-1]
+        assert job.kind == "pairs" and job.config["run"] == run_id and job.config["theta"] == 0.0
+        done = JobRunner(store).wait(job.id, timeout=240)
+        assert done.state == "succeeded", Path(done.log_path).read_text()[-2000:]
+        total = store.pair_counts(run_id=run_id)["total"]
+    at.run()
+    assert any("succeeded" in m.value for m in at.markdown)
+    assert f"{total} pairs match the filters" in "\n".join(c.value for c in at.caption)
+
+
+def test_trajectories_page_builds_revisions_with_a_judge_and_refuses_bad_input(db: Path, model: str) -> None:
+    run_id = search_run(db, model)
+    at = open_page(TRAJECTORIES, run=run_id)
+    assert not at.exception, at.exception
+    at.text_input(key="rb_model").set_value("/no/such/judge")
+    next(b for b in at.button if b.label == "Build revisions").click()
+    at.run()
+    assert "no such folder" in errors(at) and len(at.error) == 1
+    at.text_input(key="rb_model").set_value(model)
+    at.number_input(key="rb_alpha_good").set_value(1.5)
+    next(b for b in at.button if b.label == "Build revisions").click()
+    at.run()
+    assert "alpha_good" in errors(at) and len(at.error) == 1
+    with Store(db, readonly=True) as store:
+        assert [j.kind for j in store.jobs()] == ["search"]
+    at.number_input(key="rb_alpha_good").set_value(0.3)
+    at.number_input(key="rb_beta_gap").set_value(0.2)
+    next(b for b in at.button if b.label == "Build revisions").click()
+    at.run()
+    assert not at.error, errors(at)
+    with Store(db) as store:
+        job = store.jobs()[-1]
+        assert job.kind == "revisions" and job.config == {"run": run_id, "model": model, "alpha_good": 0.3,
+                                                          "beta_gap": 0.2}
+        done = JobRunner(store).wait(job.id, timeout=240)
+        assert done.state == "succeeded", Path(done.log_path).read_text()[-2000:]
+    at.run()
+    assert any("succeeded" in m.value for m in at.markdown)
