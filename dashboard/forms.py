@@ -101,4 +101,9 @@ def changed(cls: type, values: dict[str, Any]) -> dict[str, Any]:
 
 def check_settings(cls: type, values: dict[str, Any]) -> dict[str, str]:
     """{field: why} for every value that is not a valid setting of `cls`."""
-    return {k: why for k, v in values.items() if (why := config_value(cls, k, v))}
+    fields = cls.__dataclass_fields__
+    out = {k: why for k, v in values.items() if (why := config_value(cls, k, v))}
+    for k, v in values.items():
+        if isinstance(fields[k].default, tuple) and not isinstance(v, tuple):
+            out[k] = md(f"{k}: expected comma-separated numbers, got {v!r}")
+    return out

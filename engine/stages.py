@@ -574,3 +574,59 @@ def config_fields(cls: type) -> list[tuple[str, Any, str]]:
         source = ""
     comments = dict(re.findall(r"^\s+(\w+):[^=\n]*=[^#\n]*#\s*(.+)$", source, re.MULTILINE))
     return [(f.name, f.default, comments.get(f.name, "").strip()) for f in fields(cls)]
+
+
+# ------------------------------------------------------------------ evaluations and the loop
+
+
+def eval_job_config(model: str, env: str = "textcraft", split: str = "test", tasks: str = "",
+                    eval: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"model": model, "env": env, "split": split, "tasks": tasks, "eval": eval or {}}
+
+
+def check_eval(config: dict[str, Any]) -> None:
+    """An eval job's inputs: its config, its env and task selection (EnvError), its model."""
+    from engine.train.cli_commands import eval_tasks
+    from engine.train.jobs import validate_job
+
+    validate_job("eval", config)
+    eval_tasks(config)
+    check_model(config["model"])
+
+
+def submit_eval(store: Any, model: str, env: str = "textcraft", split: str = "test", tasks: str = "",
+                eval: dict[str, Any] | None = None, device: str | None = None) -> str:
+    """Queue an evaluation (`eval`: EvalConfig fields: mode greedy | sampled | mcts, its budget ...)."""
+    from engine.train.jobs import JobRunner
+
+    config = eval_job_config(model, env, split, tasks, eval)
+    check_eval(config)
+    job = JobRunner(store).submit("eval", config, device=device or stage_device("eval", config),
+                                  name=f"eval-{(eval or {}).get('mode', 'greedy')}", validate=False)
+    return job.id
+
+
+def next_iteration_config(store: Any, loop_id: str) -> dict[str, Any]:
+    """The iterate job that runs loop `loop_id`'s next iteration: the loop's own settings, its newest
+    model as the policy, one iteration numbered after its last, no base evaluation."""
+    records = store.iterations(loop_id)
+    if not records:
+        raise ConfigError(f"loop {loop_id!r}: no iterations recorded")
+    base = next((r.get("config") for r in records if isinstance(r.get("config"), dict)), None) or {}
+    last = max(records, key=lambda r: r["idx"])
+    model = next((str(r["model"]) for r in sorted(records, key=lambda r: -r["idx"]) if r.get("model")),
+                 base.get("model", "tiny"))
+    return {**base, "method": last.get("method", base.get("method", "agentq")), "model": model, "iterations": 1,
+            "evaluate_base": False, "name": loop_id, "first_iteration": int(last["idx"]) + 1}
+
+
+def submit_iterate(store: Any, iterate: dict[str, Any], device: str | None = None) -> str:
+    """Queue an iterate job (`iterate`: IterateConfig fields); its model is checked first."""
+    from engine.train.iterate import IterateConfig
+    from engine.train.jobs import JobRunner, default_device
+
+    IterateConfig.from_dict(iterate)
+    check_model(str(iterate.get("model", "tiny")))
+    job = JobRunner(store).submit("iterate", {"iterate": iterate}, device=device or default_device(),
+                                  name=f"iterate-{iterate.get('name') or iterate.get('method', 'agentq')}")
+    return job.id

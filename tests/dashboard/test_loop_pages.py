@@ -8,9 +8,9 @@ import socket
 from pathlib import Path
 
 import pytest
+from dash_fixtures import APP
 from streamlit.testing.v1 import AppTest
 
-from dash_fixtures import APP
 from engine.store import Store
 from engine.train.jobs import JobRunner
 
@@ -206,3 +206,99 @@ def test_trajectories_page_builds_revisions_with_a_judge_and_refuses_bad_input(d
         assert done.state == "succeeded", Path(done.log_path).read_text()[-2000:]
     at.run()
     assert any("succeeded" in m.value for m in at.markdown)
+
+
+def _eval_page(db: Path) -> AppTest:
+    with Store(db) as store:  # the Evaluation page needs a database; a run keeps the app's other pages happy
+        store.create_job("probe", {"steps": 1}, "cpu", name="seed")
+        store.finish_job(store.jobs()[0].id, "succeeded")
+    return open_page(EVALUATION)
+
+
+def test_launch_an_evaluation_and_compare_models_side_by_side(db: Path, model: str) -> None:
+    at = _eval_page(db)
+    assert not at.exception, at.exception
+    at.text_input(key="ev_model").set_value(model)
+    at.text_input(key="ev_tasks").set_value("0:2")
+    at.number_input(key="ev_set_max_steps").set_value(2)
+    at.number_input(key="ev_set_max_tokens").set_value(8)
+    at.number_input(key="ev_set_bootstrap").set_value(50)
+    next(b for b in at.button if b.label == "Launch the evaluation").click()
+    at.run()
+    assert not at.error, errors(at)
+    with Store(db) as store:
+        job = store.jobs()[-1]
+        assert job.kind == "eval" and job.config["eval"] == {"mode": "greedy", "max_steps": 2, "max_tokens": 8,
+                                                             "bootstrap": 50}
+        done = JobRunner(store).wait(job.id, timeout=240)
+        assert done.state == "succeeded", Path(done.log_path).read_text()[-2000:]
+        from engine.envs.registry import env_factory
+        from engine.evaluate import EvalConfig, evaluate_and_store
+        from engine.llm.registry import load_generator
+
+        evaluate_and_store(store, load_generator(model), "textcraft", "test", env_factory("textcraft")().tasks("test")[:2],
+                           EvalConfig(mode="sampled", seeds=(0, 1), max_steps=2, max_tokens=8, bootstrap=50),
+                           model="tiny-copy")
+    at.run()
+    assert not at.exception, at.exception
+    side = next(d.value for d in at.dataframe if "success rate" in d.value.index)
+    assert len(side.columns) == 2 and any("greedy" in c for c in side.columns) and any("sampled" in c for c in side.columns)
+    assert all("[" in v for v in side.loc["success rate"])  # every figure with its interval
+
+
+@pytest.mark.parametrize(("fill", "words"), [
+    ({"ev_tasks": "9:3"}, "bad task range"),
+    ({"ev_model": "openai:http://127.0.0.1:PORT/v1#m"}, "did not answer"),
+    ({"ev_set_mcts_simulations": 0}, "EvalConfig.mcts_simulations"),
+    ({"ev_set_seeds": "a,b"}, "comma-separated"),
+])
+def test_bad_input_in_the_evaluation_form_is_told_at_its_field_and_queues_nothing(db: Path, fill, words) -> None:
+    at = _eval_page(db)
+    for key, value in fill.items():
+        widget = at.number_input(key=key) if key.startswith("ev_set_") and key != "ev_set_seeds" else at.text_input(key=key)
+        widget.set_value(value.replace("PORT", str(_free_port())) if isinstance(value, str) else value)
+    at.radio(key="ev_mode").set_value("mcts")
+    next(b for b in at.button if b.label == "Launch the evaluation").click()
+    at.run()
+    assert not at.exception
+    assert words in errors(at) and len(at.error) == 1, errors(at)
+    with Store(db, readonly=True) as store:
+        assert [j.kind for j in store.jobs()] == ["probe"]
+
+
+def test_loop_view_shows_each_stage_and_next_iteration_continues_the_loop_with_its_newest_model(db: Path) -> None:
+    with Store(db) as store:
+        base = {"method": "agentq", "model": "tiny", "env": "textcraft", "iterations": 1, "tasks_per_iteration": 2,
+                "name": "loop-a", "search": {"simulations": 1}}
+        store.save_iteration("loop-a", 0, "agentq", {"model": "tiny", "config": base,
+                                                     "eval": {"success": {"mean": 0.1, "low": 0.0, "high": 0.3}}})
+        store.save_iteration("loop-a", 1, "agentq", {"run_id": "r1", "solved_in_search": 1, "pairs": 5,
+                                                     "model": "tiny", "train": {"train_loss": 0.5}, "config": base,
+                                                     "eval": {"success": {"mean": 0.2, "low": 0.0, "high": 0.4}}})
+    at = _eval_page(db)
+    assert not at.exception, at.exception
+    stages = next(d.value for d in at.dataframe if "curation" in d.value)
+    assert list(stages["iteration"]) == ["base", "1"]
+    assert stages.iloc[1]["data"] == "✓ 5 rows" and stages.iloc[1]["train"] == "✓"
+    assert stages.iloc[1]["evaluate"] == "0.200 [0.000, 0.400]"
+    at.button(key="ev_next").click()
+    at.run()
+    assert not at.error, errors(at)
+    with Store(db) as store:
+        job = store.jobs()[-1]
+        JobRunner(store).cancel(job.id, grace_s=30)  # the config is what matters here
+    assert job.kind == "iterate"
+    cfg = job.config["iterate"]
+    assert cfg["name"] == "loop-a" and cfg["first_iteration"] == 2 and cfg["iterations"] == 1
+    assert cfg["evaluate_base"] is False and cfg["model"] == "tiny" and cfg["search"] == {"simulations": 1}
+
+
+def test_start_a_loop_refuses_a_bad_held_out_selection_and_queues_nothing(db: Path) -> None:
+    at = _eval_page(db)
+    at.text_input(key="ev_loop_eval").set_value("0:99999")
+    next(b for b in at.button if b.label == "Start the loop").click()
+    at.run()
+    assert not at.exception
+    assert "out of range" in errors(at) and len(at.error) == 1, errors(at)
+    with Store(db, readonly=True) as store:
+        assert [j.kind for j in store.jobs()] == ["probe"]
