@@ -128,3 +128,20 @@ def test_config_fields_read_every_search_setting_with_its_help() -> None:
     by_name = {name: (default, help_) for name, default, help_ in rows}
     assert by_name["k"] == (4, "candidates sampled per expansion")
     assert by_name["alpha"][1].startswith("eq. 10 weight")
+
+
+def test_a_refine_job_reports_personas_and_writes_its_file(tmp_path: Path, model: str) -> None:
+    from engine.stages import submit_refine
+
+    out = tmp_path / "refine.jsonl"
+    with Store(tmp_path / "orchard.db") as store:
+        job_id = submit_refine(store, model=model, n=2, out=str(out),
+                               refine={"script_max_tokens": 8, "trajectory_max_tokens": 8, "script_attempts": 1})
+        done = JobRunner(store).wait(job_id, timeout=240)
+        assert done.state == "succeeded", Path(done.log_path).read_text()[-2000:]
+        assert done.output_path == str(out) and out.exists()
+        assert done.progress["step"] == done.progress["total"] == 2  # both personas done (verified or dropped)
+        assert "refine: 2 personas ->" in Path(done.log_path).read_text()
+        with pytest.raises(ConfigError, match="'n' must be an integer >= 1"):
+            submit_refine(store, model=model, n=0)
+        assert len(store.jobs()) == 1
