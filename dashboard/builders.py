@@ -47,6 +47,14 @@ def _submit(db: str, form: str, kind: str, config: dict[str, Any], model: str | 
         st.session_state[f"{form}_flash_error"] = f"Not queued: {fm.refusal(e)}"
 
 
+def _count(db: str, what: str, run_id: str) -> int:
+    """The run's pairs, or its revision / good / recovery samples (open the form while there are none)."""
+    with Store(db, readonly=True) as store:
+        if what == "pairs":
+            return store.pair_counts(run_id=run_id)["total"]
+        return store.sample_counts(run_id=run_id, kind=["revision", "good", "recovery"])["total"]
+
+
 def _poll(db: str) -> None:
     problem = jp.poll(db)
     if problem:
@@ -66,7 +74,8 @@ def pairs_builder(db: str, run: RunInfo | None) -> None:
 
     form = "pb_build"
     _poll(db)
-    with st.expander("Build pairs for this run", expanded=bool(fm.form_errors(form))):
+    empty = run is not None and _count(db, "pairs", run.id) == 0
+    with st.expander("Build pairs for this run", expanded=bool(fm.form_errors(form)) or empty):
         if run is None:
             st.caption("Choose a run in the sidebar to build its pairs.")
         else:
@@ -93,7 +102,8 @@ def revisions_builder(db: str, run: RunInfo | None, default_model: str = "tiny")
 
     form = "rb_build"
     _poll(db)
-    with st.expander("Build revisions for this run", expanded=bool(fm.form_errors(form))):
+    empty = run is not None and _count(db, "samples", run.id) == 0
+    with st.expander("Build revisions for this run", expanded=bool(fm.form_errors(form)) or empty):
         if run is None:
             st.caption("Choose a run in the sidebar to build its revision trajectories.")
         else:

@@ -81,6 +81,11 @@ class _Units:
                                 "eta_s": eta, **self.extra})
         self.check()
 
+    def finish(self) -> None:
+        """The stage is done: the units it did are the whole (a search can end early, e.g. a tree exhausted)."""
+        self.reporter.progress({"phase": self.phase, "step": self.done, "total": self.done, "eta_s": 0.0,
+                                **self.extra})
+
     def check(self) -> None:
         if self.reporter.should_stop():
             raise Cancelled(f"{self.phase}: cancelled after {self.done} of {self.total}")
@@ -272,6 +277,7 @@ def run_search(store: Any, config: dict[str, Any], reporter: Any, make_env: Call
             units.step()
 
         run_id, stats = resume_run(store, run_id, generator, progress=on_sim_resume, make_env=make_env)
+        units.finish()
     else:
         cfg = search_config(config)
         if prepared:
@@ -294,6 +300,7 @@ def run_search(store: Any, config: dict[str, Any], reporter: Any, make_env: Call
             units.step(solved=len(solved), run_id=known["run_id"])
 
         run_id, stats = new_run(store, env_spec, tasks, generator, cfg, name, on_sim, make_env)
+        units.finish()
     info = store.run(run_id)
     line = (f"run {run_id} ({info.name}): {info.trees} trees, {stats.simulations} simulations, {info.solved} solved, "
             f"{stats.wall_s:.1f}s; db {store.path}")
@@ -435,6 +442,7 @@ def run_refine(config: dict[str, Any], reporter: Any, generator: Any = None) -> 
                 units.step(stats.rows + stats.failed - units.done, rows=stats.rows)
 
             result = generate(generator, personas, settings, on_sample=write, on_batch=on_batch)
+        units.finish()
     except BaseException:
         if written:
             reporter.log(f"refine: stopped; the {written} verified rows so far are in {partial}")
