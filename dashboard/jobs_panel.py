@@ -78,7 +78,9 @@ def progress_text(job: JobInfo) -> str:
     step, total = p.get("step") or 0, p.get("total") or 0
     eta = f", ETA {p['eta_s']:.0f} s" if p.get("eta_s") is not None and not job.final else ""
     phase = p.get("phase") or ("waiting in the queue" if job.state == "queued" else "")
-    return md(f"{phase} {step}/{total}{eta}" if total else phase or job.state)
+    if total:
+        return md(f"{phase} {step}/{total}{eta}")
+    return md(f"{phase} {step}" if step else phase or job.state)  # units without a known total
 
 
 def show_job(db: str, job_id: str, key: str, extra: Callable[[JobInfo], None] | None = None,

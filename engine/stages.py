@@ -77,8 +77,8 @@ class _Units:
         self.extra.update(extra)
         elapsed = time.monotonic() - self.began
         eta = elapsed / self.done * max(0, self.total - self.done) if self.done else None
-        self.reporter.progress({"phase": self.phase, "step": min(self.done, self.total), "total": self.total,
-                                "eta_s": eta, **self.extra})
+        self.reporter.progress({"phase": self.phase, "step": min(self.done, self.total) if self.total else self.done,
+                                "total": self.total, "eta_s": eta if self.total else None, **self.extra})
         self.check()
 
     def finish(self) -> None:
@@ -638,3 +638,42 @@ def submit_iterate(store: Any, iterate: dict[str, Any], device: str | None = Non
     job = JobRunner(store).submit("iterate", {"iterate": iterate}, device=device or default_device(),
                                   name=f"iterate-{iterate.get('name') or iterate.get('method', 'agentq')}")
     return job.id
+
+
+class CountedGenerator:
+    """A Generator whose batched calls are an evaluation's units: progress after each, and a cancel
+    honoured before the next (an eval job's `Cancelled`). With policy modes one call advances every
+    episode one step, so the total is the step budget; MCTS makes many calls per step (no total)."""
+
+    def __init__(self, inner: Any, units: _Units) -> None:
+        self.inner, self.units, self.name = inner, units, inner.name
+
+    def sample(self, requests: Any) -> Any:
+        self.units.check()
+        out = self.inner.sample(requests)
+        self.units.step()
+        return out
+
+    def logprobs(self, prompts: Any, completions: Any) -> Any:
+        return self.inner.logprobs(prompts, completions)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def run_eval_job(store: Any, job: Any, reporter: Any) -> str:
+    """An eval job: `run_eval` with its generator counted (progress, cancel at the next model call);
+    returns the evaluation id."""
+    from engine.train.cli_commands import run_eval
+
+    settings = job.config.get("eval") or {}
+    mode = settings.get("mode", "greedy")
+    if mode == "mcts":
+        units = _Units(reporter, "evaluate (mcts): model calls", 0)
+    else:
+        steps = int(settings.get("max_steps", 15)) * (2 if job.config.get("recovery_runs") else 1)
+        units = _Units(reporter, f"evaluate ({mode}): steps", steps)
+    eval_id = run_eval(store, job.config, log=reporter.log, job_id=job.id,
+                       wrap=lambda generator: CountedGenerator(generator, units))
+    units.finish()
+    return eval_id

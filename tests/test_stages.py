@@ -145,3 +145,28 @@ def test_a_refine_job_reports_personas_and_writes_its_file(tmp_path: Path, model
         with pytest.raises(ConfigError, match="'n' must be an integer >= 1"):
             submit_refine(store, model=model, n=0)
         assert len(store.jobs()) == 1
+
+
+def test_an_eval_job_reports_its_steps_and_a_cancel_stops_it_at_the_next_model_call(tmp_path: Path,
+                                                                                  model: str) -> None:
+    from engine.stages import CountedGenerator, _Units, submit_eval
+
+    with Store(tmp_path / "orchard.db") as store:
+        job_id = submit_eval(store, model, tasks="0:2", eval={"max_steps": 2, "max_tokens": 8, "bootstrap": 20})
+        done = JobRunner(store).wait(job_id, timeout=240)
+        assert done.state == "succeeded", Path(done.log_path).read_text()[-2000:]
+        assert done.progress["phase"] == "evaluate (greedy): steps"
+        assert 1 <= done.progress["step"] == done.progress["total"] <= 2
+        assert done.output_path == store.evaluations()[0]["id"]
+
+    class Echo:
+        name = "echo"
+
+        def sample(self, requests):
+            return [[] for _ in requests]
+
+    counted = CountedGenerator(Echo(), _Units(StopAfter(2), "evaluate (greedy): steps", 5))
+    counted.sample([1])
+    with pytest.raises(Cancelled, match="cancelled after 2 of 5"):
+        counted.sample([1])
+    assert counted.name == "echo"

@@ -208,9 +208,10 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
 
 def run_eval(store: Any, cfg: dict[str, Any], log: Any = _log, job_id: str | None = None,
-             selection: tuple[str, Any, str, list[Any]] | None = None) -> str:
+             selection: tuple[str, Any, str, list[Any]] | None = None, wrap: Any = None) -> str:
     """Evaluate per an eval job config; returns the evaluation id. `selection`: `eval_tasks(cfg)`
-    when the caller has it already."""
+    when the caller has it already; `wrap`: applied to the loaded generator (a job's progress and
+    cancel: engine.stages.eval_progress)."""
     from engine.evaluate import evaluate_and_store, format_metrics, recovery_starts
     from engine.llm.registry import load_generator
     from engine.train.jobs import eval_config
@@ -221,6 +222,8 @@ def run_eval(store: Any, cfg: dict[str, Any], log: Any = _log, job_id: str | Non
     for run in cfg.get("recovery_runs") or []:
         recovery.extend(recovery_starts(store.samples(run_id=store.find_run(run), kind="recovery")))
     generator = load_generator(cfg["model"], log=log)
+    if wrap is not None:
+        generator = wrap(generator)
     result = evaluate_and_store(store, generator, env_spec, split, tasks, config, recovery=recovery,
                                 model=cfg["model"], job_id=job_id, make_env=make_env)
     log(f"evaluation {result.eval_id}: {cfg['model']} on {len(tasks)} {split} tasks, mode {config.mode}\n"

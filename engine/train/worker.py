@@ -104,9 +104,9 @@ def run_job(store: Store, job: JobInfo, reporter: StoreReporter) -> str | None:
         _register_model(store, job, result, str(base))
         return str(result.output)
     if job.kind == "eval":
-        from engine.train.cli_commands import run_eval
+        from engine.stages import run_eval_job
 
-        return run_eval(store, cfg, log=reporter.log, job_id=job.id)
+        return run_eval_job(store, job, reporter)
     if job.kind == "iterate":
         from engine.train.iterate import IterateConfig, run_loop
 
