@@ -157,6 +157,8 @@ def curves(job: JobInfo) -> None:
     (one read of the metric stream for both, so the tiles and the curves always agree)."""
     with Store(db, readonly=True) as store:
         metrics = store.job_metrics(job.id)
+    if not metrics and job.kind not in ("dpo", "sft", "rft"):
+        return  # a search, data build or evaluation job: no training curves
     last = last_values(metrics, tuple(k for k, _ in TILES))
     for col, (key, label) in zip(st.columns(len(TILES)), TILES, strict=True):
         col.metric(label, f"{last[key]:.4g}" if key in last else "—")

@@ -140,6 +140,12 @@ def test_resume_an_interrupted_run_from_the_runs_page(db: Path, model: str) -> N
         run_search(store, {"tasks": "0:1", "model": model, "name": "half", "search": {**SMALL, "simulations": 3}},
                    StopAfterOne())
     at = open_page()
+    at.text_input(key="rs_resume_model").set_value("/no/such/model")
+    next(b for b in at.button if b.label == "Resume").click()
+    at.run()
+    assert "no such folder" in errors(at) and len(at.error) == 1
+    with Store(db, readonly=True) as store:
+        assert store.jobs() == []
     at.text_input(key="rs_resume_model").set_value(model)
     next(b for b in at.button if b.label == "Resume").click()
     at.run()
