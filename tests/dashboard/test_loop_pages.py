@@ -308,3 +308,24 @@ def test_start_a_loop_refuses_a_bad_held_out_selection_and_queues_nothing(db: Pa
     assert "out of range" in errors(at) and len(at.error) == 1, errors(at)
     with Store(db, readonly=True) as store:
         assert [j.kind for j in store.jobs()] == ["probe"]
+
+
+def test_run_stages_follow_a_run_from_search_to_evaluation(db: Path) -> None:
+    from doubles import ScriptedGenerator, SnapshotLineEnv
+
+    from dashboard.loop import run_stages
+    from engine.config import SearchConfig
+    from engine.search.runner import new_run
+
+    with Store(db) as store:
+        run_id, _ = new_run(store, "line", SnapshotLineEnv().tasks()[:1], ScriptedGenerator(),
+                            SearchConfig(simulations=2, k=2, depth_limit=3), "staged", make_env=SnapshotLineEnv)
+        before = run_stages(str(db), (0,))[run_id].row()
+        assert before == {"searched": "finished", "pairs": 0, "revisions": 0, "trained": 0, "evaluated": 0}
+        job = store.create_job("dpo", {"model": "tiny", "runs": [run_id]}, "cpu")
+        store.claim_next_job("cpu")
+        store.finish_job(job.id, "succeeded", output_path="/models/dpo-1")
+        store.save_evaluation("/models/dpo-1", "line", "test", ["goal-1"], "greedy", {},
+                              {"success": {"mean": 1.0, "low": 1.0, "high": 1.0}, "episodes": 1}, [])
+        after = run_stages(str(db), (1,))[run_id].row()
+    assert after["trained"] == 1 and after["evaluated"] == 1
