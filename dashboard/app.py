@@ -34,6 +34,7 @@ PAGES: dict[str, list[st.Page]] = {
 }
 CURATION_PAGES = {p.url_path for p in PAGES["Data"]}
 RUNLESS_PAGES = {"refinement", "training", "evaluation"}  # their data can exist before any search run
+LAUNCH_PAGES = {""}  # the Runs page (default): it starts the first search, so it opens on an empty database
 
 page = st.navigation(PAGES)
 if page.url_path in CURATION_PAGES:
@@ -43,7 +44,7 @@ if page.url_path in CURATION_PAGES:
 
 path = data.db_path()
 problem = data.db_problem(path, need_runs=page.url_path not in RUNLESS_PAGES)
-if problem is not None:
+if problem is not None and not (problem[0] == "empty" and page.url_path in LAUNCH_PAGES):
     kind, message = problem
     if kind == "empty":
         st.info(message)

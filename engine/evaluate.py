@@ -488,9 +488,12 @@ def format_metrics(metrics: dict[str, Any]) -> str:
 
 
 def run_eval(store: Store, cfg: dict[str, Any], log: Callable[[str], None] = print, job_id: str | None = None,
-             selection: tuple[str, Callable[[], Env], str, list[TaskSpec]] | None = None) -> str:
+             selection: tuple[str, Callable[[], Env], str, list[TaskSpec]] | None = None,
+             wrap: Callable[[Any], Any] | None = None) -> str:
     """Evaluate per an eval job config (engine.train.jobs); returns the evaluation id. Used by
-    `orchard eval` and by the job worker. `selection`: `eval_tasks(cfg)` when the caller has it already."""
+    `orchard eval` and by the job worker. `selection`: `eval_tasks(cfg)` when the caller has it
+    already; `wrap`: applied to the loaded generator (a job's progress and cancel:
+    engine.stages.eval_progress)."""
     from engine.llm.registry import load_generator
 
     config = EvalConfig.from_dict(cfg.get("eval") or {})
@@ -499,6 +502,8 @@ def run_eval(store: Store, cfg: dict[str, Any], log: Callable[[str], None] = pri
     for run in cfg.get("recovery_runs") or []:
         recovery.extend(recovery_starts(store.samples(run_id=store.find_run(run), kind="recovery")))
     generator = load_generator(cfg["model"], log=log)
+    if wrap is not None:
+        generator = wrap(generator)
     result = evaluate_and_store(store, generator, env_spec, split, tasks, config, recovery=recovery,
                                 model=cfg["model"], job_id=job_id, make_env=make_env)
     log(f"evaluation {result.eval_id}: {cfg['model']} on {len(tasks)} {split} tasks, mode {config.mode}\n"

@@ -308,3 +308,15 @@ def test_cancelling_a_running_eval_job_ends_well_under_the_grace_period(store: S
     assert cancelled.state == "cancelled" and took < 10.0, (took, log.read_text()[-2000:])
     assert "signal 15: stopped at once" in log.read_text() and "Traceback" not in log.read_text()
     assert store.evaluations() == []
+
+
+def test_a_worker_just_launched_by_another_runner_is_not_taken_for_dead(store: Store) -> None:
+    """Between fork and exec the worker's command line is its parent's: a second runner polling in that
+    window (the dashboard rerunning right after a submission) must not mark the job failed."""
+    job = store.create_job("probe", {"steps": 1}, "cpu")
+    claimed = store.claim_next_job("cpu")
+    assert claimed is not None and claimed.id == job.id
+    store.set_job_pid(job.id, os.getpid())  # alive, but not a worker's command line (as before exec)
+    JobRunner(store).poll()
+    assert store.job(job.id).state == "running"
+    store.finish_job(job.id, "cancelled", error="test over")

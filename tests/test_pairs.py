@@ -252,24 +252,24 @@ def test_pairs_from_a_real_search_are_what_the_model_saw_and_said(tmp_path):
 
 
 def test_the_cli_explains_empty_trajectory_data_for_rollout_successes_stored_without_steps() -> None:
-    from engine.cli.data import _rollout_only_hint
     from engine.datasets.samples import TreeRef
     from engine.envs.base import TaskSpec
     from engine.search.tree import SearchTree, Simulation
+    from engine.stages import rollout_only_hint
 
     tree = SearchTree.new(TaskSpec(id="t", goal="g"), "start")
     child = tree.add_child(tree.root, observation="o")
     tree.simulations.append(Simulation((child.id,), 1.0, ("a", "b")))
     ref = TreeRef(tree=tree, run_id="r")
-    hint = _rollout_only_hint([ref], 1.0)
+    hint = rollout_only_hint([ref], 1.0)
     assert hint is not None and "1 simulations succeeded in rollouts stored without their steps" in hint
     tree.simulations[0] = Simulation((child.id,), 1.0, ("a", "b"), (("Action: a", "o1"), ("Action: b", "won")))
-    assert _rollout_only_hint([ref], 1.0) is None  # the steps were kept: RFT rows exist
+    assert rollout_only_hint([ref], 1.0) is None  # the steps were kept: RFT rows exist
     child.terminal, child.reward = "success", 1.0  # a success leaf in the tree: nothing to explain
-    assert _rollout_only_hint([ref], 1.0) is None
+    assert rollout_only_hint([ref], 1.0) is None
     tree.simulations[0] = Simulation((child.id,), 0.0, ("a",))
     child.terminal, child.reward = None, None
-    assert _rollout_only_hint([ref], 1.0) is None  # no success anywhere: nothing to explain either
+    assert rollout_only_hint([ref], 1.0) is None  # no success anywhere: nothing to explain either
 
 
 def test_successful_rollouts_become_rft_rows_and_survive_the_store(tmp_path) -> None:

@@ -78,3 +78,27 @@ def test_loop_config_is_checked_before_running(tmp_path: Path) -> None:
         IterateConfig(dpo={"lerning_rate": 1.0})
     with pytest.raises(ConfigError, match="simulations"):
         IterateConfig(search={"simulations": 0})
+
+
+def test_next_iteration_continues_a_loop_under_its_id_from_its_newest_model(tmp_path: Path, model: Path) -> None:
+    """The dashboard's "Next iteration": one more iteration of the same loop, numbered after its last, with
+    the loop's own settings and its newest model as the policy; the base is not evaluated again."""
+    from dataclasses import replace
+
+    from engine.stages import next_iteration_config
+
+    def load(path: Path) -> ScriptedGenerator:
+        return ScriptedGenerator(p_right=0.6)
+
+    with Store(tmp_path / "o.db") as store:
+        loop_id = run_loop(store, replace(_config(tmp_path, "agentq", model), iterations=1),
+                           make_env=lambda: LineEnv(6), load=load)
+        first = store.iterations(loop_id)[-1]
+        cfg = next_iteration_config(store, loop_id)
+        assert cfg["model"] == first["model"] and cfg["first_iteration"] == 2 and cfg["evaluate_base"] is False
+        again = run_loop(store, IterateConfig.from_dict(cfg), make_env=lambda: LineEnv(6), load=load)
+        assert again == loop_id
+        rows = store.iterations(loop_id)
+        assert [r["idx"] for r in rows] == [0, 1, 2]
+        assert rows[2]["parent"] == first["model"] and rows[2]["model"] == str((tmp_path / "loop" / "iter-2").resolve())
+        assert rows[2]["tasks"] != first["tasks"] or len(rows[2]["tasks"]) == 6  # a new batch of train tasks

@@ -1,25 +1,41 @@
-"""Evaluation: success, progress and loop rate (and recovery score where measured) per model and per
-iteration of a training loop, each with its bootstrap interval over tasks.
+"""Evaluation: launch an evaluation (model, split, mode greedy / sampled / MCTS with its budget); compare
+models side by side, each figure with its bootstrap interval over tasks; and the Loop view —
+Algorithm 1 per iteration (search -> data -> curation -> train -> evaluate) with each stage's status
+and a "Next iteration" button.
 
 Why intervals everywhere: on a few dozen held-out tasks, a difference of a few points between two
 models is usually noise; the page shows the interval next to every figure so nobody reads a gain
-into overlapping bars. Everything here is read from the store (`orchard eval`, evaluation jobs and
-`orchard iterate` write it).
+into overlapping bars. Why "Next iteration" is one iterate job: the loop's stages depend on each
+other's outputs (the run a search makes, the model a training makes), and `orchard iterate` already
+runs them in order and records each; the job continues the selected loop under its own id with its
+newest model (engine.stages.next_iteration_config).
 """
 
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import streamlit as st
 
-from dashboard import data, figures
+from dashboard import data, figures, loop
+from dashboard import forms as fm
+from dashboard import jobs_panel as jp
+from dashboard.text import md
+from engine.envs.registry import known_envs
+from engine.evaluate import MODES, EvalConfig
 from engine.store import Store
 
+FORM = "ev_new"
+MODE_HELP = {"greedy": "one episode per task, temperature 0", "sampled": "one episode per task and seed, sampled",
+             "mcts": "MCTS at every step with the budget below (simulations, K)"}
+
 path = data.db_path()
+db = str(path)
+state = st.session_state
 st.title("Evaluation")
 
 
@@ -40,55 +56,238 @@ def interval(m: Any) -> str:
     return f"{m['mean']:.3f} [{m['low']:.3f}, {m['high']:.3f}]"
 
 
-evaluations, iterations = read(str(path), data.db_version(path))
+problem = jp.poll(db)
+if problem:
+    st.error(problem)
+
+# --- launch an evaluation ---------------------------------------------------------------------------------
+
+newest = loop.newest_model(db)
+with st.expander("Launch an evaluation", expanded=bool(fm.form_errors(FORM))), st.form(FORM, border=False):
+    left, mid, right = st.columns(3)
+    model = left.text_input("Model", value=newest, key="ev_model",
+                            help="tiny | PATH | hf:PATH | openai:URL#MODEL | vllm:PATH (default: the newest trained)")
+    with left:
+        fm.field_error(FORM, "model")
+    envs = known_envs()
+    env_name = mid.selectbox("Environment", envs, index=envs.index("textcraft") if "textcraft" in envs else 0,
+                             key="ev_env_new")
+    env_arg = mid.text_input("Env argument", key="ev_env_arg", placeholder="(none)")
+    with mid:
+        fm.field_error(FORM, "env")
+    split = right.selectbox("Split", ["test", "train"], key="ev_split_new")
+    tasks = right.text_input("Tasks", key="ev_tasks", placeholder="(empty: the whole split)",
+                             help="Index range START:STOP[:STEP] into the split, or ids a,b,c.")
+    with right:
+        fm.field_error(FORM, "tasks")
+    mode = st.radio("Mode", list(MODES), horizontal=True, key="ev_mode",
+                    captions=[MODE_HELP[m] for m in MODES])
+    st.markdown("**Settings** (the MCTS budget: mcts simulations, mcts k)")
+    values = fm.settings_inputs(EvalConfig, FORM, "ev_set_", skip=("mode",))
+    launch = st.form_submit_button("Launch the evaluation", type="primary")
+
+
+def check_eval_form() -> tuple[dict[str, str], dict[str, Any]]:
+    from engine.envs.base import EnvError
+    from engine.envs.registry import env_factory
+    from engine.evaluate import eval_tasks
+    from engine.stages import check_model, eval_job_config
+
+    problems: dict[str, str] = {}
+    spec = f"{env_name}:{env_arg.strip()}" if env_arg.strip() else env_name
+    settings = fm.changed(EvalConfig, values)
+    config = eval_job_config(model.strip() or "tiny", spec, split, tasks.strip(),
+                             {"mode": mode, **{k: list(v) if isinstance(v, tuple) else v for k, v in settings.items()}})
+    try:
+        env_factory(spec)
+    except fm.submit_errors() as e:
+        problems["env"] = fm.refusal(e)
+    else:
+        try:
+            eval_tasks(config)
+        except EnvError as e:
+            problems["tasks" if "task" in str(e) else "env"] = fm.refusal(e)
+        except fm.submit_errors() as e:
+            problems["env"] = fm.refusal(e)
+    try:
+        check_model(config["model"])
+    except fm.submit_errors() as e:
+        problems["model"] = fm.refusal(e)
+    problems.update(fm.check_settings(EvalConfig, values))
+    return problems, config
+
+
+if launch:
+    problems, config = check_eval_form()
+    fm.set_errors(FORM, problems)
+    if not problems:
+        from engine.stages import submit_eval
+
+        try:
+            with Store(db) as store:
+                job_id = submit_eval(store, config["model"], config["env"], config["split"], config["tasks"],
+                                     config["eval"])
+            state["ev_flash"] = f"Queued job {job_id}: evaluate {md(model_label(config['model']))} ({mode})."
+        except fm.submit_errors() as e:
+            state["ev_error"] = f"The evaluation was not queued: {fm.refusal(e)}"
+    st.rerun()
+
+if "ev_error" in state:
+    st.error(state.pop("ev_error"))  # md()-escaped when set
+if "ev_flash" in state:
+    st.success(state.pop("ev_flash"))
+if path.exists() and (job := jp.latest_job(db, ("eval", "iterate"))) is not None:
+    jp.job_panel(db, job, "ev_job")
+
+# --- compare models ---------------------------------------------------------------------------------------
+
+evaluations, iterations = read(db, data.db_version(path)) if path.exists() else ([], [])
 if not evaluations:
-    st.info("No evaluations yet: run `orchard eval --model tiny --tasks test --mode greedy`, or "
-            "`orchard iterate`, then reload.")
-    st.stop()
-
-left, mid, right = st.columns(3)
-envs = sorted({e["env"] for e in evaluations})
-env = left.selectbox("Environment", envs, key="ev_env")
-splits = sorted({e["split"] for e in evaluations if e["env"] == env})
-split = mid.selectbox("Split", splits, index=splits.index("test") if "test" in splits else 0, key="ev_split")
-metric = right.selectbox("Metric", [k for k, _ in figures.EVAL_METRICS], key="ev_metric",
-                         format_func=lambda k: dict(figures.EVAL_METRICS)[k])
-chosen = [e for e in evaluations if e["env"] == env and e["split"] == split]
-
-rows = []
-for e in chosen:
-    m = e["metrics"]
-    rows.append({"label": f"{model_label(e['model'])} · {e['id'][:6]}", "mode": e["mode"],
-                 **{k: m.get(k) for k, _ in figures.EVAL_METRICS}})
-if any(isinstance(r.get(metric), dict) for r in rows):
-    st.plotly_chart(figures.eval_figure(rows, metric), key="ev_chart", config={"displayModeBar": False})
+    st.info("No evaluations yet: launch one above (or `orchard eval --model tiny --tasks test --mode greedy`, "
+            "or `orchard iterate`).")
 else:
-    st.caption(f"No evaluation here measured {dict(figures.EVAL_METRICS)[metric]}.")
+    st.subheader("Compare models")
+    left, mid, right = st.columns(3)
+    envs_seen = sorted({e["env"] for e in evaluations})
+    env = left.selectbox("Environment", envs_seen, key="ev_env")
+    splits = sorted({e["split"] for e in evaluations if e["env"] == env})
+    split_seen = mid.selectbox("Split", splits, index=splits.index("test") if "test" in splits else 0,
+                               key="ev_split")
+    metric = right.selectbox("Metric", [k for k, _ in figures.EVAL_METRICS], key="ev_metric",
+                             format_func=lambda k: dict(figures.EVAL_METRICS)[k])
+    chosen = [e for e in evaluations if e["env"] == env and e["split"] == split_seen]
+    labels = {e["id"]: f"{model_label(e['model'])} · {e['mode']} · {e['id'][:6]}" for e in chosen}
+    # The newest evaluation of each (model, mode) by default: one column per model, side by side.
+    newest_each: dict[tuple[str, str], str] = {}
+    for e in chosen:
+        newest_each[(e["model"], e["mode"])] = e["id"]
+    picked = st.multiselect("Evaluations side by side", list(labels), default=list(newest_each.values())[-4:],
+                            format_func=labels.get, key="ev_pick")
+    shown = [e for e in chosen if e["id"] in picked] or chosen
+    rows = [{"label": labels[e["id"]], "mode": e["mode"], **{k: e["metrics"].get(k) for k, _ in figures.EVAL_METRICS}}
+            for e in shown]
+    if any(isinstance(r.get(metric), dict) for r in rows):
+        st.plotly_chart(figures.eval_figure(rows, metric), key="ev_chart", config={"displayModeBar": False})
+    else:
+        st.caption(f"No evaluation here measured {dict(figures.EVAL_METRICS)[metric]}.")
+    side = pd.DataFrame({labels[e["id"]]: {label: interval(e["metrics"].get(key)) for key, label in figures.EVAL_METRICS}
+                         | {"tasks": str(len(e["task_ids"])), "episodes": str(e["metrics"].get("episodes"))}
+                         for e in shown})
+    st.dataframe(side, key="ev_side")
+    st.caption("Each figure: mean [low, high] of a bootstrap interval resampling tasks; overlapping intervals are "
+               "no evidence of a difference.")
+    with st.expander("Every evaluation"):
+        st.dataframe(pd.DataFrame([{
+            "id": e["id"], "model": model_label(e["model"]), "mode": e["mode"], "tasks": len(e["task_ids"]),
+            "episodes": e["metrics"].get("episodes"),
+            **{label: interval(e["metrics"].get(key)) for key, label in figures.EVAL_METRICS},
+            "created": pd.Timestamp(e["created_at"], unit="s").floor("s"), "path": e["model"],
+        } for e in reversed(chosen)]), hide_index=True, key="ev_table")
 
-st.dataframe(pd.DataFrame([{
-    "id": e["id"], "model": model_label(e["model"]), "mode": e["mode"], "tasks": len(e["task_ids"]),
-    "episodes": e["metrics"].get("episodes"),
-    **{label: interval(e["metrics"].get(key)) for key, label in figures.EVAL_METRICS},
-    "created": pd.Timestamp(e["created_at"], unit="s").floor("s"), "path": e["model"],
-} for e in reversed(chosen)]), hide_index=True, key="ev_table")
-st.caption("Each figure: mean [low, high] of a bootstrap interval resampling tasks.")
+# --- the loop (Algorithm 1) -------------------------------------------------------------------------------
 
-# --- training loops ---------------------------------------------------------------------------------------
-
+st.subheader("Loop")
+st.caption("Algorithm 1 (docs/algorithms.md §3) per iteration: search → data → curation → train → evaluate.")
 loops: dict[str, list[dict[str, Any]]] = {}
 for it in iterations:
     loops.setdefault(it["loop_id"], []).append(it)
+
+
+def stage_rows(records: list[dict[str, Any]], pair_counts: dict[str, dict[str, int]]) -> pd.DataFrame:
+    """One row per iteration, one column per stage, each cell its status."""
+    rows = []
+    for r in sorted(records, key=lambda r: r["idx"]):
+        if r["idx"] == 0:
+            rows.append({"iteration": "base", "search": "—", "data": "—", "curation": "—", "train": "—",
+                         "evaluate": interval((r.get("eval") or {}).get("success")), "model": model_label(
+                             str(r.get("model", "")))})
+            continue
+        counts = pair_counts.get(r.get("run_id") or "", {})
+        data_n = r.get("pairs", r.get("samples"))
+        rows.append({
+            "iteration": str(r["idx"]),
+            "search": f"✓ run {r.get('run_id')} · {r.get('solved_in_search', 0)} solved" if r.get("run_id") else "—",
+            "data": f"✓ {data_n} rows" if data_n else "✗ none",
+            "curation": (f"{counts.get('approved', 0)} approved · {counts.get('pending', 0)} pending (loop trains on "
+                         "pending)") if counts else "—",
+            "train": "✓" if r.get("train") else f"skipped: {r['skipped']}" if r.get("skipped") else "✗",
+            "evaluate": interval((r.get("eval") or {}).get("success")) if r.get("eval") else "—",
+            "model": model_label(str(r.get("model", ""))),
+        })
+    return pd.DataFrame(rows)
+
+
 if loops:
-    st.subheader("Training loops")
     loop_id = st.selectbox("Loop", list(reversed(loops)), key="ev_loop",
                            format_func=lambda i: f"{loops[i][0]['method']} · {i} · {len(loops[i])} records")
     its = sorted(loops[loop_id], key=lambda r: r["idx"])
+    with Store(db, readonly=True) as store:
+        pc = {r["run_id"]: store.pair_counts(run_id=r["run_id"]) for r in its if r.get("run_id")}
+    st.dataframe(stage_rows(its, pc), hide_index=True, key="ev_loop_stages")
     scored = [{"label": f"iteration {r['idx']}" if r["idx"] else "base", "mode": "held-out",
                **{k: (r.get("eval") or {}).get(k) for k, _ in figures.EVAL_METRICS}} for r in its]
-    if any(isinstance(r.get(metric), dict) for r in scored):
-        st.plotly_chart(figures.eval_figure(scored, metric), key="ev_loop_chart", config={"displayModeBar": False})
-    st.dataframe(pd.DataFrame([{
-        "iteration": r["idx"], "model": model_label(str(r.get("model", ""))),
-        **{label: interval((r.get("eval") or {}).get(key)) for key, label in figures.EVAL_METRICS[:3]},
-        "note": r.get("skipped", ""), "seconds": r.get("seconds"),
-    } for r in its]), hide_index=True, key="ev_loop_table")
+    if any(isinstance(r.get(metric if evaluations else "success"), dict) for r in scored):
+        st.plotly_chart(figures.eval_figure(scored, metric if evaluations else "success"), key="ev_loop_chart",
+                        config={"displayModeBar": False})
+    if st.button("Next iteration", key="ev_next", type="primary",
+                 help="One more iteration of this loop, with its newest model (an iterate job)."):
+        from engine.stages import next_iteration_config, submit_iterate
+
+        try:
+            with Store(db) as store:
+                cfg = next_iteration_config(store, loop_id)
+                job_id = submit_iterate(store, cfg)
+            state["ev_flash"] = (f"Queued job {job_id}: iteration {cfg['first_iteration']} of loop {md(loop_id)} "
+                                 f"from {md(model_label(cfg['model']))}.")
+        except fm.submit_errors() as e:
+            state["ev_error"] = f"The next iteration was not queued: {fm.refusal(e)}"
+        st.rerun()
+else:
+    st.caption("No loop yet. Start one: its first iteration searches with the newest model, builds the data, "
+               "trains and evaluates (an iterate job; `orchard iterate` does the same).")
+    with st.form("ev_loop_new", border=True):
+        left, mid, right = st.columns(3)
+        method = left.selectbox("Method", ["agentq", "agentr"], key="ev_loop_method",
+                                help="agentq: step pairs + DPO; agentr: revisions + SFT")
+        loop_model = mid.text_input("Model", value=newest, key="ev_loop_model")
+        fm.field_error("ev_loop_new", "model")
+        loop_env = right.selectbox("Environment", envs, index=envs.index("textcraft") if "textcraft" in envs else 0,
+                                   key="ev_loop_env")
+        per_it = left.number_input("Tasks per iteration", value=8, step=1, key="ev_loop_tasks")
+        fm.field_error("ev_loop_new", "tasks_per_iteration")
+        eval_tasks_spec = mid.text_input("Held-out tasks", key="ev_loop_eval", placeholder="(empty: the test split)")
+        fm.field_error("ev_loop_new", "eval_tasks")
+        start = st.form_submit_button("Start the loop", type="primary")
+    if start:
+        from engine.stages import check_model, submit_iterate
+
+        cfg = {"method": method, "model": loop_model.strip() or "tiny", "env": loop_env, "iterations": 1,
+               "tasks_per_iteration": int(per_it), "eval_tasks": eval_tasks_spec.strip(),
+               "name": f"{method}-{time.strftime('%Y%m%d-%H%M%S')}"}
+        problems: dict[str, str] = {}
+        try:
+            check_model(cfg["model"])
+        except fm.submit_errors() as e:
+            problems["model"] = fm.refusal(e)
+        try:
+            from engine.envs.base import close_env
+            from engine.envs.registry import env_factory
+            from engine.train.iterate import IterateConfig, loop_tasks
+
+            env = env_factory(loop_env)()
+            try:
+                loop_tasks(IterateConfig.from_dict(cfg), env)
+            finally:
+                close_env(env)
+        except fm.submit_errors() as e:
+            problems["eval_tasks" if "task" in str(e) and "per_iteration" not in str(e) else "tasks_per_iteration"] = (
+                fm.refusal(e))
+        fm.set_errors("ev_loop_new", problems)
+        if not problems:
+            try:
+                with Store(db) as store:
+                    job_id = submit_iterate(store, cfg)
+                state["ev_flash"] = f"Queued job {job_id}: loop {md(cfg['name'])}, iteration 1."
+            except fm.submit_errors() as e:
+                state["ev_error"] = f"The loop was not started: {fm.refusal(e)}"
+        st.rerun()

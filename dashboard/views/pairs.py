@@ -24,7 +24,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from dashboard import data
+from dashboard import builders, data
 from engine.actions import FormatError, parse
 from engine.datasets.pairs import Pair
 from engine.store import CURATION_STATUSES, ConflictError, EditError, HistoryEntry, Store, StoreError
@@ -307,6 +307,7 @@ order = ORDERS[order_label]
 st.title("Preference pairs")
 for note in notes:
     st.warning(note)
+builders.pairs_builder(db, run_info)
 
 counts = data.pair_counts(db, f, version)
 total = counts["total"]

@@ -1,18 +1,48 @@
-"""Runs: every search run in the database with its key settings; pick one to explore its trees."""
+"""Runs: every search run with its key settings and where it stands in the loop (searched / pairs /
+revisions / trained / evaluated), links to the pages that show each stage; a "New search" form and
+"Resume" for an interrupted run, both queued as search jobs (engine/stages.py) and followed live.
+
+Why the form checks each field itself: a bad env, task range, model or setting is told at its field
+and nothing is queued or written; the job's own checks (the same ones, in engine.stages) run again
+on submission. The settings are read from SearchConfig's fields, so a new setting appears here
+with its default and its help without touching this page.
+"""
 
 from __future__ import annotations
+
+import os
+import time
 
 import pandas as pd
 import streamlit as st
 
-from dashboard import data
+from dashboard import data, loop
+from dashboard import forms as fm
+from dashboard import jobs_panel as jp
+from dashboard.text import md
+from engine.config import SearchConfig
+from engine.envs.registry import known_envs
+from engine.stages import DEFAULT_TASKS
+from engine.store import Store
 
 TREE_PAGE = "views/tree_explorer.py"
+FORM = "rs_new"
+STAGE_PAGES = (("views/tree_explorer.py", "Tree explorer", ":material/account_tree:"),
+               ("views/pairs.py", "Preference pairs", ":material/compare_arrows:"),
+               ("views/trajectories.py", "Trajectories", ":material/alt_route:"),
+               ("views/training.py", "Training", ":material/model_training:"),
+               ("views/evaluation.py", "Evaluation", ":material/leaderboard:"))
 
 st.title("Runs")
 
 path = data.db_path()
-runs = list(reversed(data.list_runs(str(path), data.db_version(path))))  # newest first
+db = str(path)
+state = st.session_state
+problem = jp.poll(db) if path.exists() and path.stat().st_size else None
+if problem:
+    st.error(problem)
+runs = list(reversed(data.list_runs(db, data.db_version(path)))) if path.exists() and path.stat().st_size else []
+stages = loop.run_stages(db, data.db_version(path)) if runs else {}
 
 rows = []
 for r in runs:
@@ -23,6 +53,7 @@ for r in runs:
         "env": r.env,
         "model": r.model,
         "status": r.status,
+        **{k: v for k, v in stages[r.id].row().items() if k != "searched"},
         "trees": r.trees,
         "solved": r.solved,
         "success rate": r.solved / r.trees if r.trees else None,
@@ -36,32 +67,168 @@ for r in runs:
     })
 table = pd.DataFrame(rows)
 
-st.caption("Select a row to open the run in the Tree explorer.")
-event = st.dataframe(
-    table,
-    hide_index=True,
-    key="runs_table",
-    on_select="rerun",
-    selection_mode="single-row",
-    column_config={
-        "success rate": st.column_config.ProgressColumn(
-            "success rate", help="solved / trees", min_value=0.0, max_value=1.0, format="percent"
-        ),
-        "created": st.column_config.DatetimeColumn("created", format="YYYY-MM-DD HH:mm:ss"),
-        "sims/task": st.column_config.NumberColumn("sims/task", help="MCTS simulations per task (T)"),
-        "depth": st.column_config.NumberColumn("depth", help="depth limit D"),
-        "k": st.column_config.NumberColumn("k", help="candidates sampled per expansion (K)"),
-        "alpha": st.column_config.NumberColumn("alpha", help="eq. 10 weight of Q~ against Q^"),
-    },
-)
-if event.selection.rows:
-    st.switch_page(TREE_PAGE, query_params={"run": table.iloc[event.selection.rows[0]]["id"]})
+if runs:
+    st.caption("Select a row to open the run in the Tree explorer.")
+    event = st.dataframe(
+        table,
+        hide_index=True,
+        key="runs_table",
+        on_select="rerun",
+        selection_mode="single-row",
+        column_config={
+            "status": st.column_config.TextColumn("status", help="searched: running, interrupted or finished"),
+            "pairs": st.column_config.NumberColumn("pairs", help="preference pairs built from the run"),
+            "revisions": st.column_config.NumberColumn("revisions", help="revision, good and recovery samples"),
+            "trained": st.column_config.NumberColumn("trained", help="models trained on the run's data"),
+            "evaluated": st.column_config.NumberColumn("evaluated", help="evaluations of those models"),
+            "success rate": st.column_config.ProgressColumn(
+                "success rate", help="solved / trees", min_value=0.0, max_value=1.0, format="percent"
+            ),
+            "created": st.column_config.DatetimeColumn("created", format="YYYY-MM-DD HH:mm:ss"),
+            "sims/task": st.column_config.NumberColumn("sims/task", help="MCTS simulations per task (T)"),
+            "depth": st.column_config.NumberColumn("depth", help="depth limit D"),
+            "k": st.column_config.NumberColumn("k", help="candidates sampled per expansion (K)"),
+            "alpha": st.column_config.NumberColumn("alpha", help="eq. 10 weight of Q~ against Q^"),
+        },
+    )
+    if event.selection.rows:
+        st.switch_page(TREE_PAGE, query_params={"run": table.iloc[event.selection.rows[0]]["id"]})
 
-# The same choice without the table (keyboard users, and scripted tests).
-by_id = {r.id: r for r in runs}
-left, right = st.columns([3, 1], vertical_alignment="bottom")
-chosen = left.selectbox(
-    "Run", list(by_id), format_func=lambda i: f"{by_id[i].name} · {i} · {by_id[i].env}", key="runs_pick"
-)
-if right.button("Open in Tree explorer", key="runs_open", type="primary", disabled=chosen is None):
-    st.switch_page(TREE_PAGE, query_params={"run": chosen})
+    # The same choice without the table (keyboard users, and scripted tests).
+    by_id = {r.id: r for r in runs}
+    left, right = st.columns([3, 1], vertical_alignment="bottom")
+    chosen = left.selectbox(
+        "Run", list(by_id), format_func=lambda i: f"{by_id[i].name} · {i} · {by_id[i].env}", key="runs_pick"
+    )
+    if right.button("Open in Tree explorer", key="runs_open", type="primary", disabled=chosen is None):
+        st.switch_page(TREE_PAGE, query_params={"run": chosen})
+    run, run_stage = by_id[chosen], stages[chosen]
+    marks = {"searched": run.status, "pairs": f"{run_stage.pairs} pairs", "revisions": f"{run_stage.revisions} rows",
+             "trained": f"{len(run_stage.models)} models", "evaluated": f"{run_stage.evaluations} evaluations"}
+    st.markdown(" → ".join(f"**{name}** {md(value)}" for name, value in marks.items()))
+    for col, (page, label, icon) in zip(st.columns(len(STAGE_PAGES)), STAGE_PAGES, strict=True):
+        params = {"run": chosen} if page.endswith(("tree_explorer.py", "pairs.py", "trajectories.py")) else None
+        col.page_link(page, label=label, icon=icon, query_params=params)
+    if run.status == "interrupted":
+        stored = run.model
+        needs_retype = stored.startswith("openai:") and bool(os.environ.get("OPENAI_API_KEY"))
+        with st.form("rs_resume", border=True):
+            st.markdown(f"Run **{md(run.name)}** is interrupted at {run.simulations} simulations: resume it.")
+            st.caption("Stored model:")
+            st.code(stored, language=None)
+            typed = st.text_input("Model for the resume", key="rs_resume_model",
+                                  placeholder="(empty: the stored model)",
+                                  help="Its API key ($OPENAI_API_KEY) goes to a stored server URL only when you "
+                                       "type that spec again here.")
+            fm.field_error("rs_resume", "model")
+            resume = st.form_submit_button("Resume", type="primary")
+        if resume:
+            errors: dict[str, str] = {}
+            model = typed.strip() or None
+            if model is None and needs_retype:
+                errors["model"] = ("The stored model's URL comes from the database: type the spec again to send "
+                                   "$OPENAI\\_API\\_KEY there.")
+            elif model is not None:
+                try:
+                    from engine.stages import check_model
+
+                    check_model(model)
+                except fm.submit_errors() as e:
+                    errors["model"] = fm.refusal(e)
+            fm.set_errors("rs_resume", errors)
+            if not errors:
+                try:
+                    from engine.stages import submit_search
+
+                    with Store(db) as store:
+                        job_id = submit_search(store, resume=chosen, model=model)
+                    state["rs_flash"] = f"Queued job {job_id}: resume run {chosen}."
+                except fm.submit_errors() as e:
+                    state["rs_error"] = f"Not resumed: {fm.refusal(e)}"
+            st.rerun()
+else:
+    st.info("No runs yet: start a search below (or `make run`).")
+
+# --- a new search ----------------------------------------------------------------------------------------
+
+errors = fm.form_errors(FORM)
+with st.expander("New search", expanded=not runs or bool(errors)), st.form(FORM, border=False):
+    left, mid, right = st.columns(3)
+    envs = known_envs()
+    env = left.selectbox("Environment", envs, index=envs.index("textcraft") if "textcraft" in envs else 0,
+                         key="rs_env", help="Built-in envs and the plugins of the `orchard.envs` entry points.")
+    env_arg = left.text_input("Env argument", key="rs_env_arg", placeholder="(none)",
+                              help="NAME:ARG is passed to the env, e.g. babyai:GoToLocal.")
+    with left:
+        fm.field_error(FORM, "env")
+    split = mid.selectbox("Split", ["train", "test"], key="rs_split")
+    tasks = mid.text_input("Tasks", key="rs_tasks", placeholder=f"(empty: the first {DEFAULT_TASKS})",
+                           help="Index range START:STOP[:STEP] into the split, or ids a,b,c.")
+    with mid:
+        fm.field_error(FORM, "tasks")
+    model = right.text_input("Model", value="tiny", key="rs_model",
+                             help="tiny | PATH | hf:PATH | openai:URL#MODEL | vllm:PATH")
+    with right:
+        fm.field_error(FORM, "model")
+    name = right.text_input("Name", key="rs_name", placeholder="(empty: ENV-DATE-TIME)")
+    st.markdown("**Search settings** (docs/algorithms.md §2)")
+    values = fm.settings_inputs(SearchConfig, FORM, "rs_set_")
+    submitted = st.form_submit_button("Queue the search", type="primary")
+
+
+def check_new_search() -> tuple[dict[str, str], dict]:
+    """Field messages for the form's values (empty: good), and the search job's config."""
+    from engine.envs.base import EnvError
+    from engine.envs.registry import env_factory
+    from engine.stages import check_model, search_tasks
+
+    problems: dict[str, str] = {}
+    spec = f"{env}:{env_arg.strip()}" if env_arg.strip() else env
+    settings = fm.changed(SearchConfig, values)
+    config = {"env": spec, "tasks": tasks.strip(), "split": split, "model": model.strip() or "tiny",
+              "name": name.strip() or f"{env}-{time.strftime('%Y%m%d-%H%M%S')}", "search": settings}
+    try:
+        env_factory(spec)
+    except fm.submit_errors() as e:
+        problems["env"] = fm.refusal(e)
+    else:
+        try:
+            search_tasks(config)
+        except EnvError as e:
+            problems["tasks" if "task" in str(e) else "env"] = fm.refusal(e)
+        except fm.submit_errors() as e:
+            problems["env"] = fm.refusal(e)
+    try:
+        check_model(config["model"])
+    except fm.submit_errors() as e:
+        problems["model"] = fm.refusal(e)
+    problems.update(fm.check_settings(SearchConfig, values))
+    return problems, config
+
+
+if submitted:
+    problems, config = check_new_search()
+    fm.set_errors(FORM, problems)
+    if not problems:
+        from engine.stages import submit_stage
+
+        try:
+            with Store(db) as store:
+                job_id = submit_stage(store, "search", config)
+            state["rs_flash"] = f"Queued job {job_id}: search {md(config['name'])}."
+        except fm.submit_errors() as e:
+            state["rs_error"] = f"The search was not queued: {fm.refusal(e)}"
+    st.rerun()
+
+if "rs_error" in state:
+    st.error(state.pop("rs_error"))  # md()-escaped when it was set
+if "rs_flash" in state:
+    st.success(state.pop("rs_flash"))
+
+# --- the newest search job, live ------------------------------------------------------------------------
+
+if path.exists() and path.stat().st_size:
+    job = jp.latest_job(db, ("search",))
+    if job is not None:
+        st.subheader("Search job")
+        jp.job_panel(db, job, "rs_job")

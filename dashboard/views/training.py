@@ -12,21 +12,19 @@ shown with `st.code`, names inside Markdown elements through `dashboard.text.md`
 from __future__ import annotations
 
 import sqlite3
-from collections import deque
 from pathlib import Path
 
 import pandas as pd
 import streamlit as st
 
 from dashboard import data, figures
+from dashboard import jobs_panel as jp
 from dashboard.text import md
 from engine.config import ConfigError
 from engine.store import JobInfo, Store, StoreError
 from engine.train.jobs import JobRunner, job_summary
 from engine.train.presets import DATA_CHOICES, PRESETS, device_of, job_config, rows_to_train
 
-LIVE_EVERY_S = 2.0
-LOG_TAIL_LINES = 40
 ERROR = "tr_error"
 FLASH = "tr_flash"
 JOB = "job"  # query parameter: the job on screen
@@ -40,13 +38,10 @@ st.title("Training")
 
 
 def _poll() -> None:
-    """Start queued jobs whose device is free and mark dead ones failed (the dashboard is one of
-    the job queue's pollers; see engine.train.jobs)."""
-    try:
-        with Store(db) as store:
-            JobRunner(store).poll()
-    except (StoreError, sqlite3.Error, OSError) as e:
-        state[ERROR] = f"Could not update the job queue: {md(e)}"
+    """Start queued jobs whose device is free and mark dead ones failed (see dashboard.jobs_panel)."""
+    problem = jp.poll(db)
+    if problem:
+        state[ERROR] = problem
 
 
 def _launch(data_key: str, preset: str, model: str, runs: list[str], include_pending: bool,
@@ -70,32 +65,10 @@ def _launch(data_key: str, preset: str, model: str, runs: list[str], include_pen
     qp[JOB] = job.id
 
 
-def _cancel(job_id: str) -> None:
-    state.pop(ERROR, None)
-    try:
-        with Store(db) as store:
-            job = JobRunner(store).cancel(job_id, grace_s=15.0)
-    except (StoreError, sqlite3.Error, OSError) as e:
-        state[ERROR] = f"Could not cancel job {job_id}: {md(e)}"
-        return
-    state[FLASH] = f"Job {job_id} is {job.state}."
-
-
 def read_jobs() -> tuple[list[JobInfo], list]:
     """Jobs and every job's model record (those replaced in their folder by a later job too)."""
     with Store(db, readonly=True) as store:
         return store.jobs(), store.models(include_replaced=True)
-
-
-def log_tail(log_path: str | None, lines: int = LOG_TAIL_LINES) -> str:
-    """The last lines of a job's log ('' when it has none yet); undecodable bytes replaced."""
-    if not log_path:
-        return ""
-    try:
-        with open(log_path, encoding="utf-8", errors="replace") as f:
-            return "".join(deque(f, maxlen=lines))
-    except OSError:
-        return ""
 
 
 # --- launch ----------------------------------------------------------------------------------------------
@@ -144,61 +117,62 @@ ids = [j.id for j in reversed(jobs)]  # newest first
 wanted = qp.get(JOB)
 current = wanted if wanted in by_id else ids[0]
 chosen = st.selectbox("Job", ids, index=ids.index(current), key=f"tr_job_{current}",
-                      format_func=lambda i: f"{by_id[i].name} · {i} · {by_id[i].state}")
+                      format_func=lambda i: f"{by_id[i].name} · {i} · {by_id[i].kind}")
 if chosen != current:
     qp[JOB] = chosen
     st.rerun()
 qp[JOB] = chosen
 
-st.dataframe(pd.DataFrame([{
-    "id": j.id, "name": j.name, "kind": j.kind, "state": j.state, "device": j.device,
-    "step": j.progress.get("step"), "total": j.progress.get("total"),
-    "created": pd.Timestamp(j.created_at, unit="s").floor("s"), "output": j.output_path or "",
-    "error": j.error or "",
-} for j in reversed(jobs)]), hide_index=True, key="tr_jobs_table")
 
 
-def show_job(job_id: str) -> None:
-    """Progress, metric curves and log tail of one job; reruns itself while the job is live."""
+def jobs_table() -> None:
+    """Every job as the store has it now (a fragment: refreshed with the live panel while jobs run)."""
+    fresh, _ = read_jobs()
+    st.dataframe(pd.DataFrame([{
+        "id": j.id, "name": j.name, "kind": j.kind, "state": j.state, "device": j.device,
+        "step": j.progress.get("step"), "total": j.progress.get("total"),
+        "created": pd.Timestamp(j.created_at, unit="s").floor("s"), "output": j.output_path or "",
+        "error": j.error or "",
+    } for j in reversed(fresh)]), hide_index=True, key="tr_jobs_table")
+
+
+# The picker's labels never carry a job's state: Streamlit's frontend keeps showing the label an option had
+# when the selectbox was first drawn (streamlit/streamlit#13788), so a state in it would go stale.
+st.fragment(run_every=jp.LIVE_EVERY_S if any(not j.final for j in jobs) else None)(jobs_table)()
+
+
+def last_values(metrics: list[dict], keys: tuple[str, ...]) -> dict[str, float]:
+    """Each key's latest value in the metric stream. Not simply the last record's: a trainer ends with
+    a summary record (train_runtime, train_loss, ...) that has none of the per-step keys."""
+    out: dict[str, float] = {}
+    for record in reversed(metrics):
+        for key in keys:
+            if key not in out and isinstance(record.get(key), int | float):
+                out[key] = record[key]
+        if len(out) == len(keys):
+            break
+    return out
+
+
+TILES = (("loss", "loss"), ("rewards/margins", "reward margin"), ("rewards/accuracies", "reward accuracy"))
+
+
+def curves(job: JobInfo) -> None:
+    """Below the job's progress: the latest value of each training metric, and the curves they come from
+    (one read of the metric stream for both, so the tiles and the curves always agree)."""
     with Store(db, readonly=True) as store:
-        job = store.job(job_id)
-        metrics = store.job_metrics(job_id)
-    if job.final and state.get("tr_live") == job_id:
-        del state["tr_live"]
-        st.rerun(scope="app")  # it just ended: refresh the whole page (table, models) and stop updating
-    p = job.progress
-    st.markdown(f"**{md(job.name)}** — {md(job.kind)} on {md(job.device)} — state **{md(job.state)}**")
-    step, total = p.get("step") or 0, p.get("total") or 0
-    eta = f", ETA {p['eta_s']:.0f} s" if p.get("eta_s") is not None and not job.final else ""
-    phase = p.get("phase") or ("waiting in the queue" if job.state == "queued" else "")
-    st.progress(min(1.0, step / total) if total else (1.0 if job.state == "succeeded" else 0.0),
-                text=md(f"{phase} {step}/{total}{eta}" if total else phase or job.state))
-    if job.error:  # may quote a remote server (an OpenAI or AgentGym error body): shown as text
-        (st.warning if job.state == "cancelled" else st.error)(f"Job {md(job.state)}:")
-        st.code(job.error, language=None, wrap_lines=True)
-    if job.output_path:
-        st.caption("Model folder:")
-        st.code(job.output_path, language=None)
-    cols = st.columns(3)
-    last = metrics[-1] if metrics else {}
-    for col, key, label in zip(cols, ("loss", "rewards/margins", "rewards/accuracies"),
-                               ("loss", "reward margin", "reward accuracy"), strict=True):
-        col.metric(label, f"{last[key]:.4g}" if isinstance(last.get(key), int | float) else "—")
+        metrics = store.job_metrics(job.id)
+    if not metrics and job.kind not in ("dpo", "sft", "rft"):
+        return  # a search, data build or evaluation job: no training curves
+    last = last_values(metrics, tuple(k for k, _ in TILES))
+    for col, (key, label) in zip(st.columns(len(TILES)), TILES, strict=True):
+        col.metric(label, f"{last[key]:.4g}" if key in last else "—")
     fig = figures.metric_curves(metrics)
     if fig is not None:
-        st.plotly_chart(fig, key=f"tr_curves_{job_id}", config={"displayModeBar": False})
-    st.caption(f"Log (last {LOG_TAIL_LINES} lines): {md(job.log_path)}")
-    st.code(log_tail(job.log_path) or "(empty)", language=None)
-    if not job.final:
-        st.button("Cancel job", key=f"tr_cancel_{job_id}", on_click=_cancel, args=(job_id,))
+        st.plotly_chart(fig, key=f"tr_curves_{job.id}", config={"displayModeBar": False})
 
 
-live = not by_id[chosen].final
-if live:
-    state["tr_live"] = chosen
-else:  # this full run already shows the final state: the fragment need not ask for another
-    state.pop("tr_live", None)
-st.fragment(run_every=LIVE_EVERY_S if live else None)(show_job)(chosen)
+jp.job_panel(db, by_id[chosen], "tr", extra=curves)
 
 # --- models ----------------------------------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from dashboard import data, figures
+from dashboard import builders, data, figures, loop
 from dashboard.text import md
 from engine.actions import FormatError, parse
 from engine.datasets.samples import Sample, to_messages
@@ -220,9 +220,10 @@ with st.sidebar:
 
 st.title("Trajectories")
 st.caption("Agent-R revision trajectories: the bad path up to its first error t' (no loss), a revision turn, "
-           "then the good path (loss). Build them with `orchard revisions build RUN --model JUDGE`.")
+           "then the good path (loss). Build them below, or with `orchard revisions build RUN --model JUDGE`.")
 for note in notes:
     st.warning(note)
+builders.revisions_builder(db, next((r for r in runs if r.id == run_id), None), loop.newest_model(db))
 
 f = data.filters(kind=KIND, run_id=run_id, task_id=task_id, status=statuses)
 counts = data.sample_counts(db, f, version)

@@ -12,13 +12,9 @@ from __future__ import annotations
 
 import argparse
 import getpass
-import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from engine.cli.flags import add_flags, given
-
-if TYPE_CHECKING:
-    from engine.store import Store
 
 SAMPLE_KINDS = "revision,good,rft,recovery,refine,imported"
 PAIRS_FLAGS = {"theta": "--theta", "trajectory_pairs": "--trajectory-pairs"}
@@ -34,86 +30,35 @@ def _who() -> str:
         return "orchard"
 
 
-def _trees(store: Store, run_id: str) -> list[Any]:
-    """The run's committed trees as TreeRefs, with the env description their prompts used."""
-    from engine.datasets.samples import TreeRef
-    from engine.envs.registry import env_factory
-
-    info = store.run(run_id)
-    description = env_factory(info.env)().describe()
-    refs = []
-    for tree_id, _ in store.tree_ids(run_id):
-        tree = store.load_tree(tree_id)
-        if tree is not None:
-            refs.append(TreeRef(tree=tree, run_id=run_id, tree_id=tree_id, env_description=description))
-    return refs
-
-
 def _list(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
-def _rollout_only_hint(refs: list[Any], threshold: float) -> str | None:
-    """Why whole-trajectory data came out empty when the search did succeed: runs stored before
-    rollout steps were kept have, for a success that happened in a rollout, only its commands."""
-    wins = sum(1 for ref in refs for sim in ref.tree.simulations
-               if sim.reward >= threshold and sim.rollout and not sim.turns)
-    leaves = sum(1 for ref in refs for n in ref.tree.nodes if n.terminal is not None and (n.reward or 0) >= threshold)
-    if wins and not leaves:
-        return (f"note: {wins} simulations succeeded in rollouts stored without their steps (a run from an "
-                "older Orchard), and no tree leaf is a success, so no whole successful trajectory exists "
-                "here; search again to keep the rollouts' steps")
-    return None
-
-
 def cmd_pairs_build(args: argparse.Namespace) -> int:
-    from engine.config import from_dict
-    from engine.datasets.pairs import PairsConfig, build_pairs
+    """The pairs stage in the foreground (its body is engine.stages.run_pairs, as for a job)."""
+    from engine.stages import ConsoleReporter, run_pairs
     from engine.store import Store
 
+    config = {"run": args.run, "alpha": args.alpha, **given(args, PAIRS_FLAGS)}
     with Store(args.db, must_exist=True) as store:
-        run_id = store.find_run(args.run)
-        info = store.run(run_id)
-        alpha = args.alpha if args.alpha is not None else info.config.get("alpha", 0.5)
-        config = from_dict(PairsConfig, {"alpha": alpha, **given(args, PAIRS_FLAGS)}, where="command line")
-        refs = _trees(store, run_id)
-        built = build_pairs(refs, config)
-        who = _who()
-        with store.transaction():  # pairs and RFT rows of one build: both saved or neither
-            pairs = store.save_pairs(run_id, [*built.step, *built.trajectory], who=who)
-            rft = store.save_samples(built.rft, prune_run=run_id, prune_kinds=("rft",), who=who)
-        print(f"run {run_id}: {len(refs)} trees -> {len(built.step)} step pairs, {len(built.trajectory)} trajectory "
-              f"pairs (alpha={config.alpha}, theta={config.theta}), {len(built.rft)} RFT rows")
-        print(f"pairs: {pairs}; RFT rows: {rft}; db {store.path}")
-        hint = None if built.rft else _rollout_only_hint(refs, 1.0)
-        if hint:
-            print(hint)
+        reporter = ConsoleReporter(unit="tree")
+        result = run_pairs(store, config, reporter, who=_who())
+        reporter.close()
+    print("\n".join(result.lines))
     return 0
 
 
 def cmd_revisions_build(args: argparse.Namespace) -> int:
-    from engine.config import from_dict
-    from engine.datasets.revisions import RevisionConfig, build_revisions
-    from engine.llm.registry import load_generator
+    """The revisions stage in the foreground (its body is engine.stages.run_revisions, as for a job)."""
+    from engine.stages import ConsoleReporter, run_revisions
     from engine.store import Store
 
-    config = from_dict(RevisionConfig, given(args, REVISION_FLAGS), where="command line")
+    config = {"run": args.run, "model": args.model, **given(args, REVISION_FLAGS)}
     with Store(args.db, must_exist=True) as store:
-        run_id = store.find_run(args.run)
-        refs = _trees(store, run_id)
-        judge = load_generator(args.model, log=lambda m: print(m, file=sys.stderr, flush=True))
-        built = build_revisions(refs, judge, config)
-        report = store.save_samples(built.samples, prune_run=run_id, prune_kinds=("revision", "good", "recovery"),
-                                    who=_who())
-        found = sum(1 for s in built.revision if s.source["error_found"])
-        print(f"run {run_id}: {len(refs)} trees -> {len(built.revision)} revision trajectories ({found} with a "
-              f"judged error), {len(built.good)} good trajectories, {len(built.recovery)} recovery prefixes; "
-              f"judge {judge.name}: {built.judge_calls} batched calls, {built.judge_requests} judgements, "
-              f"{built.garbled} garbled")
-        print(f"samples: {report}; db {store.path}")
-        hint = None if built.good else _rollout_only_hint(refs, 1.0)
-        if hint:
-            print(hint)
+        reporter = ConsoleReporter(unit="tree")
+        result = run_revisions(store, config, reporter, who=_who())
+        reporter.close()
+    print("\n".join(result.lines))
     return 0
 
 

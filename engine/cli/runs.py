@@ -33,25 +33,15 @@ def _search_config(args: argparse.Namespace):
     return from_dict(SearchConfig, {**asdict(base), **overrides}, where="command line")
 
 
-def _progress_bar(total: int, desc: str):
-    from tqdm import tqdm
-
-    bar = tqdm(total=total, desc=desc, unit="sim", file=sys.stderr, dynamic_ncols=True)
-
-    def update(job, sim) -> None:
-        bar.update(1)
-        bar.set_postfix(reward=f"{sim.reward:.2f}", refresh=False)
-
-    return bar, update
-
-
 def cmd_search(args: argparse.Namespace) -> int:
-    from engine.envs.base import close_env
-    from engine.envs.registry import env_factory, select_tasks
+    """The search stage in the foreground (its body is engine.stages.run_search, as for a job)."""
+    from dataclasses import asdict
+
     from engine.llm.registry import load_generator
-    from engine.search.runner import new_run, resume_run
+    from engine.stages import ConsoleReporter, run_search, search_tasks
     from engine.store import Store
 
+    reporter = ConsoleReporter(unit="sim")
     if args.resume:
         with Store(args.db, must_exist=True) as store:
             run_id = store.find_run(args.resume)
@@ -59,33 +49,20 @@ def cmd_search(args: argparse.Namespace) -> int:
             if args.model is None:
                 _confirm_stored_endpoint(info.model, run_id)
             generator = load_generator(args.model or info.model, log=_log, allow_http_key=args.allow_http_key)
-            remaining = info.config["simulations"] * info.trees - info.simulations
-            bar, update = _progress_bar(remaining, f"resume {run_id}")
-            with bar:
-                run_id, stats = resume_run(store, run_id, generator, progress=update)
-        _log(f"run {run_id} finished: {stats.simulations} simulations in {stats.wall_s:.1f}s; db {store.path}")
+            result = run_search(store, {"resume": run_id}, reporter, prepared=(None, [], generator))
+        reporter.close()
+        _log(result.lines[0])
         return 0
 
-    config = _search_config(args)
-    make_env = env_factory(args.env)
-    env = make_env()
-    try:
-        tasks = select_tasks(env, args.tasks, args.split) if args.tasks else env.tasks(args.split)[:8]
-        if tasks:  # an env that cannot start (no browser, no Java) is refused before anything is loaded or written
-            env.reset(tasks[0].id)
-    finally:
-        close_env(env)  # the probe; every tree makes its own env
-    generator = load_generator(args.model or "tiny", log=_log, allow_http_key=args.allow_http_key)
-    name = args.name or f"{args.env}-{time.strftime('%Y%m%d-%H%M%S')}"
+    config = {"env": args.env, "tasks": args.tasks or "", "split": args.split, "model": args.model or "tiny",
+              "name": args.name or f"{args.env}-{time.strftime('%Y%m%d-%H%M%S')}",
+              "search": asdict(_search_config(args))}
+    make_env, tasks = search_tasks(config)  # an env that cannot start is refused before anything is loaded
+    generator = load_generator(config["model"], log=_log, allow_http_key=args.allow_http_key)
     with Store(args.db) as store:
-        bar, update = _progress_bar(config.simulations * len(tasks), name)
-        with bar:
-            run_id, stats = new_run(store, args.env, tasks, generator, config, name, update, make_env)
-        solved = store.run(run_id).solved
-        _log(
-            f"run {run_id} ({name}): {len(tasks)} trees, {stats.simulations} simulations, "
-            f"{solved} solved, {stats.wall_s:.1f}s; db {store.path}"
-        )
+        result = run_search(store, config, reporter, prepared=(make_env, tasks, generator))
+    reporter.close()
+    _log(result.lines[0])
     return 0
 
 

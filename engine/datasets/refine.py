@@ -770,8 +770,10 @@ def _strip_overlap(prefix: Sequence[dict[str, Any]], cont: list[Any]) -> list[An
 
 class _Pipeline:
     def __init__(self, generator: Generator, config: RefineConfig, stats: RefineStats,
-                 on_sample: Callable[[Sample], None] | None) -> None:
+                 on_sample: Callable[[Sample], None] | None,
+                 on_batch: Callable[[RefineStats], None] | None = None) -> None:
         self.generator, self.config, self.stats, self.on_sample = generator, config, stats, on_sample
+        self.on_batch = on_batch
         self.samples: list[Sample] = []
         self.failures: list[dict[str, Any]] = []
 
@@ -787,6 +789,8 @@ class _Pipeline:
             for job, req, out in zip(active, requests, outputs, strict=True):
                 self._receive(job, req, out[0] if out else Completion(text="", finish_reason="error"))
             active = [job for job in active if not job.done]
+            if self.on_batch is not None:
+                self.on_batch(self.stats)
 
     def _request(self, job: _Job) -> SampleRequest:
         c = self.config
@@ -912,12 +916,14 @@ def generate(
     config: RefineConfig | None = None,
     scripts: Sequence[Script | None] | None = None,
     on_sample: Callable[[Sample], None] | None = None,
+    on_batch: Callable[[RefineStats], None] | None = None,
 ) -> RefineResult:
     """Refinement samples for `personas` (one attempt each, at most one sample each).
 
     `scripts` (same length, optional) skips script generation for personas whose entry is a
     checked Script (e.g. hand-written, or kept from an earlier run). `on_sample` sees each one as soon
-    as it is verified (the CLI streams them to disk). Generator errors propagate."""
+    as it is verified (the CLI streams them to disk); `on_batch` sees the stats after every model call
+(progress, and a cancel: an exception it raises stops the run). Generator errors propagate."""
     config = config or RefineConfig()
     if scripts is not None and len(scripts) != len(personas):
         raise ValueError(f"{len(scripts)} scripts for {len(personas)} personas")
@@ -930,7 +936,25 @@ def generate(
         else:
             jobs.append(_Job(i, persona, script, trajectory_prompt(script, config), "trajectory"))
     start = time.monotonic()
-    pipeline = _Pipeline(generator, config, stats, on_sample)
+    pipeline = _Pipeline(generator, config, stats, on_sample, on_batch)
     pipeline.run(jobs)
     stats.wall_s = time.monotonic() - start
     return RefineResult(pipeline.samples, pipeline.failures, stats)
+
+
+def summary(s: dict[str, Any]) -> list[str]:
+    """Human-readable counts, costs and rejections of one run (`s`: `RefineStats.to_dict()`)."""
+
+    def counts(d: dict[str, int]) -> str:
+        return ", ".join(f"{k} {v}" for k, v in sorted(d.items())) or "none"
+
+    head = f"refine: {s['personas']} personas -> {s['rows']} rows, {s['failed']} failed"
+    cost = f"cost: {s['calls']} model calls in {s['batches']} batches ({counts(s['calls_by_stage'])})"
+    tokens = f"{s['completion_tokens']} completion tokens, {s['prompt_chars']} prompt chars"
+    retries = f"retries: {s['script_retries']} script, {s['continuations']} continuations"
+    return [
+        f"{head} ({counts(s['failures_by_stage'])}) in {s['wall_s']:.1f}s",
+        f"{cost}; {tokens}",
+        f"{retries}, {s['regenerations']} regenerations; {s['scripts_kept']} scripts kept",
+        f"rejections: script [{counts(s['script_rejections'])}]; trajectory [{counts(s['trajectory_rejections'])}]",
+    ]

@@ -39,7 +39,9 @@ METHODS = ("agentq", "agentr")
 class IterateConfig:
     """A loop. `search`, `dpo`, `sft`, `eval` hold overrides of SearchConfig, DPOTrainConfig,
     SFTTrainConfig and EvalConfig. `revision_shares[i]` is iteration i's revision share (the last
-    one repeats). `eval_tasks`: a range or ids within `eval_split` ("" = the whole split)."""
+    one repeats). `eval_tasks`: a range or ids within `eval_split` ("" = the whole split).
+    `first_iteration`: the index of the first iteration run (a loop continued under its `name` by
+    another job — the dashboard's "Next iteration" — numbers on from its last one)."""
 
     method: str = field(default="agentq", metadata={"help": "Agent Q (DPO on step pairs) or Agent-R (SFT on "
                                                             "revisions)", "choices": METHODS})
@@ -57,6 +59,7 @@ class IterateConfig:
     revision_shares: tuple[float, ...] = (0.25, 0.5, 0.75)
     output_root: str | None = None
     name: str | None = field(default=None, metadata={"help": "loop id"})
+    first_iteration: int = field(default=1, metadata={"help": "number of the first iteration (a continued loop)"})
     search: dict[str, Any] = field(default_factory=dict)
     dpo: dict[str, Any] = field(default_factory=dict)
     sft: dict[str, Any] = field(default_factory=dict)
@@ -66,6 +69,7 @@ class IterateConfig:
         checks = {
             "method": self.method in METHODS,
             "iterations": self.iterations >= 1,
+            "first_iteration": self.first_iteration >= 1,
             "tasks_per_iteration": self.tasks_per_iteration >= 1,
             "theta": self.theta >= 0,
             "revision_shares": bool(self.revision_shares) and all(0 < s <= 1 for s in self.revision_shares),
@@ -169,31 +173,33 @@ def run_loop(store: Store, config: IterateConfig, reporter: Reporter | None = No
     env = make_env()
     description = env.describe()
     train_tasks, eval_tasks = loop_tasks(config, env)
-    rng = random.Random(config.seed)
+    first = config.first_iteration
+    rng = random.Random(config.seed if first == 1 else f"{config.seed}:{first}")  # a continuation draws new tasks
     # Training needs the weights at hand: a vllm:PATH policy trains from PATH, and is searched and
     # evaluated on vLLM (engine/train/vllm_policy.py).
     policy = resolve_model_path(config.model.strip().removeprefix("vllm:") if on_vllm else config.model,
                                 log=reporter.log)
     search = config.search_config()
     total = config.iterations
-    if config.evaluate_base:
+    if config.evaluate_base and first == 1:
         reporter.progress({"phase": "evaluate base", "step": 0, "total": total})
         scores = _evaluate(store, policy, config, eval_tasks, make_env, reporter, job_id, load)
         store.save_iteration(loop_id, 0, config.method, {"model": str(policy), "eval": scores, "config": asdict(config)})
-    for i in range(1, total + 1):
+    for i in range(first, first + total):
         if reporter.should_stop():
             reporter.log(f"stopped before iteration {i}")
             break
         began = time.perf_counter()
         batch = rng.sample(train_tasks, config.tasks_per_iteration)
-        reporter.progress({"phase": f"iteration {i}: search", "step": i - 1, "total": total})
+        reporter.progress({"phase": f"iteration {i}: search", "step": i - first, "total": total})
         generator = load(policy)
         run_id, stats = new_run(store, config.env, batch, generator, replace(search, seed=search.seed + i),
                                 f"{loop_id}-it{i}", make_env=make_env)
         refs = _trees(store, run_id, description)
         record: dict[str, Any] = {"run_id": run_id, "parent": str(policy), "tasks": [t.id for t in batch],
-                                  "solved_in_search": store.run(run_id).solved, "search_s": stats.wall_s}
-        reporter.progress({"phase": f"iteration {i}: data", "step": i - 1, "total": total})
+                                  "solved_in_search": store.run(run_id).solved, "search_s": stats.wall_s,
+                                  "config": asdict(config)}  # what a continuation of the loop runs with
+        reporter.progress({"phase": f"iteration {i}: data", "step": i - first, "total": total})
         out_dir = out_root / f"iter-{i}"
         if config.method == "agentq":
             built = build_pairs(refs, PairsConfig(alpha=search.alpha, theta=config.theta))
@@ -207,7 +213,7 @@ def run_loop(store: Store, config: IterateConfig, reporter: Reporter | None = No
             if not pairs:
                 record["skipped"] = "no preference pairs (no node had two explored children differing by theta)"
             else:
-                reporter.progress({"phase": f"iteration {i}: dpo", "step": i - 1, "total": total})
+                reporter.progress({"phase": f"iteration {i}: dpo", "step": i - first, "total": total})
                 tokens = store.node_token_counts([(p.tree_id, n) for p in pairs for n in (p.chosen_node, p.rejected_node)])
                 del generator
                 result = train_dpo(policy, pairs, train_cfg, out_dir, reporter, node_tokens=tokens, parent=str(policy),
@@ -224,7 +230,7 @@ def run_loop(store: Store, config: IterateConfig, reporter: Reporter | None = No
             if not samples:
                 record["skipped"] = "no revision or good trajectories (no successful leaf in the trees)"
             else:
-                reporter.progress({"phase": f"iteration {i}: sft", "step": i - 1, "total": total})
+                reporter.progress({"phase": f"iteration {i}: sft", "step": i - first, "total": total})
                 del generator
                 result = train_sft(policy, samples, train_cfg, out_dir, reporter, kind="sft", parent=str(policy))
         if "skipped" not in record:
@@ -237,12 +243,12 @@ def run_loop(store: Store, config: IterateConfig, reporter: Reporter | None = No
             record["model"] = str(result.output)
             record["train"] = dict(result.metrics)
             policy = result.output
-            reporter.progress({"phase": f"iteration {i}: evaluate", "step": i - 1, "total": total})
+            reporter.progress({"phase": f"iteration {i}: evaluate", "step": i - first, "total": total})
             record["eval"] = _evaluate(store, policy, config, eval_tasks, make_env, reporter, job_id, load)
         else:
             record["model"] = str(policy)
             reporter.log(f"iteration {i}: {record['skipped']}; the policy is unchanged")
         record["seconds"] = time.perf_counter() - began
         store.save_iteration(loop_id, i, config.method, record)
-        reporter.progress({"phase": f"iteration {i} done", "step": i, "total": total})
+        reporter.progress({"phase": f"iteration {i} done", "step": i - first + 1, "total": total})
     return loop_id

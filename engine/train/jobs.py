@@ -30,7 +30,9 @@ Job kinds and their config (JSON):
 - eval: {"model", "env", "split", "tasks", "eval": {EvalConfig fields}, "recovery_runs": [RUN, ...]};
 - iterate: {"iterate": {IterateConfig fields}};
 - probe: {"steps": N, "seconds": S, "fail": bool} — the runner's own check: no ML imports, sleeps
-  with progress (tests and `orchard jobs` smoke checks use it).
+  with progress (tests and `orchard jobs` smoke checks use it);
+- search / pairs / revisions / refine: the long stages besides training (configs, devices and the
+  `submit_<stage>` calls in engine/stages.py).
 Every path in a config (model folders, outputs) is made absolute when the job is submitted
 (`resolve_job_paths`): the worker runs in the repository root, not where the job was typed.
 """
@@ -48,13 +50,17 @@ from typing import Any
 
 from engine.config import ConfigError
 from engine.paths import REPO_ROOT, jobs_dir
+from engine.stages import STAGE_KINDS
 from engine.store import JobInfo, Store
 
-JOB_KINDS = ("dpo", "sft", "rft", "eval", "iterate", "probe")
+JOB_KINDS = ("dpo", "sft", "rft", "eval", "iterate", "probe", *STAGE_KINDS)
 WORKER_MODULE = "engine.train.worker"
 STARTUP_GRACE_S = 60.0  # a claimed job with no pid yet is presumed starting for this long
 HEARTBEAT_EVERY_S = 5.0  # a worker's heartbeat thread beats this often (ORCHARD_JOB_HEARTBEAT_S overrides)
 HEARTBEAT_TIMEOUT_S = 120.0  # a running job whose last beat is older than this has hung: failed, killed
+# Between fork and exec a just-launched worker still has its parent's command line; for this long after
+# its claim another poller (a second JobRunner, the dashboard's next rerun) only asks whether it is alive.
+EXEC_GRACE_S = 10.0
 
 
 def default_device() -> str:
@@ -104,6 +110,10 @@ def validate_job(kind: str, config: dict[str, Any]) -> None:
         unknown = set(config) - {"steps", "seconds", "fail"}
         if unknown:
             raise ConfigError(f"probe job: unknown field(s) {', '.join(sorted(unknown))}")
+    elif kind in STAGE_KINDS:
+        from engine.stages import validate_stage
+
+        validate_stage(kind, config)
 
 
 def absolute_path(text: str, cwd: str | Path | None = None) -> str:
@@ -353,7 +363,8 @@ class JobRunner:
             if job.pid is None:
                 dead = job.started_at is not None and now - job.started_at > STARTUP_GRACE_S
             else:
-                dead = not process_alive(job.pid, job.id)
+                young = job.started_at is not None and now - job.started_at < EXEC_GRACE_S
+                dead = not process_alive(job.pid, None if young else job.id)
             if dead:
                 self.store.finish_job(job.id, "failed", error=f"the job's process (pid {job.pid}) died without "
                                                                f"recording an outcome; see {job.log_path}")

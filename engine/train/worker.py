@@ -126,15 +126,19 @@ def run_job(store: Store, job: JobInfo, reporter: StoreReporter) -> str | None:
     cfg = job.config
     if job.kind == "probe":
         return _probe(cfg, reporter)
+    from engine.stages import STAGE_KINDS, run_stage
+
+    if job.kind in STAGE_KINDS:  # search, pairs, revisions, refine (engine/stages.py)
+        return run_stage(store, job, reporter)
     if job.kind in ("dpo", "sft", "rft"):
         from engine.train.training import run_training
 
         result = run_training(store, job.kind, cfg, reporter, job=job)
         return None if result.stopped else str(result.output)
     if job.kind == "eval":
-        from engine.evaluate import run_eval
+        from engine.stages import run_eval_job
 
-        return run_eval(store, cfg, log=reporter.log, job_id=job.id)
+        return run_eval_job(store, job, reporter)
     if job.kind == "iterate":
         from engine.train.iterate import IterateConfig, run_loop
 

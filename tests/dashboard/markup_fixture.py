@@ -95,6 +95,16 @@ class MarkupRefiner:
         return [None] * len(completions)
 
 
+def _failed_job(store: Store, kind: str, config: dict[str, Any]) -> None:
+    """A failed job of `kind` with payloads in its name, phase, error and log."""
+    job = store.create_job(kind, config, "cpu", name=P["JOBNAME"])
+    store.claim_next_job("cpu")
+    store.update_job_progress(job.id, {"step": 1, "total": 2, "phase": P["JOBPHASE"]})
+    store.finish_job(job.id, "failed", error=f"{P['JOBERR']}\nsecond line")
+    Path(job.log_path).parent.mkdir(parents=True, exist_ok=True)
+    Path(job.log_path).write_text(f"starting\n{P['JOBLOG']}\n", encoding="utf-8")
+
+
 def build_markup_store(path: Path) -> dict[str, str]:
     """One search run (named with a payload) and everything built from it, a failed job with payloads
     in its name, error and log, and an evaluation of a model named with a payload."""
@@ -123,6 +133,9 @@ def build_markup_store(path: Path) -> dict[str, str]:
         store.finish_job(job.id, "failed", error=f"{P['JOBERR']}\nsecond line")
         Path(job.log_path).parent.mkdir(parents=True, exist_ok=True)
         Path(job.log_path).write_text(f"starting\n{P['JOBLOG']}\n", encoding="utf-8")
+        for kind, config in (("search", {"env": "line", "name": P["RUNNAME"]}), ("pairs", {"run": run_id}),
+                             ("revisions", {"run": run_id, "model": "tiny"}), ("eval", {"model": P["EVALMODEL"]})):
+            _failed_job(store, kind, config)  # what the Runs, Data and Evaluation pages' job panels show
         store.save_evaluation(P["EVALMODEL"], "line", "test", ["goal-1"], "greedy", {},
                               {"success": {"mean": 0.5, "low": 0.0, "high": 1.0}, "episodes": 1}, [])
         return {"run": run_id, "job": job.id}

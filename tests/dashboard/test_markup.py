@@ -105,7 +105,7 @@ def test_escape_helper_renders_exactly_the_text() -> None:
 def test_search_pages_show_untrusted_text_as_text(markup_db, monkeypatch) -> None:
     path, ids = markup_db
     monkeypatch.setenv("ORCHARD_DB", str(path))
-    check_page("views/runs.py", ("RUNNAME",))
+    check_page("views/runs.py", ("RUNNAME", "JOBNAME", "JOBERR", "JOBPHASE", "JOBLOG"))
     with Store(path) as store:
         trees = {task: store.load_tree(tid) for tid, task in store.tree_ids(ids["run"])}
     task, tree = next((t, tr) for t, tr in trees.items() if any(n.format_error for n in tr.nodes))
@@ -118,10 +118,14 @@ def test_search_pages_show_untrusted_text_as_text(markup_db, monkeypatch) -> Non
 
 
 def test_data_pages_show_untrusted_text_as_text(markup_db, monkeypatch) -> None:
-    path, _ = markup_db
+    path, ids = markup_db
     monkeypatch.setenv("ORCHARD_DB", str(path))
     check_page("views/trajectories.py", ("RUNNAME", "GOAL", "JUDGE", "JUDGEMODEL", "IMPORTED"))
     check_page("views/pairs.py", ("RUNNAME", "GOAL", "THOUGHT"))
+    # with a run chosen: its build forms and the build jobs' panels
+    run = ids["run"]
+    check_page("views/trajectories.py", ("RUNNAME", "JOBNAME", "JOBERR", "JOBPHASE", "JOBLOG"), run=run)
+    check_page("views/pairs.py", ("RUNNAME", "JOBNAME", "JOBERR", "JOBPHASE", "JOBLOG"), run=run)
     check_page("views/refinement.py", ("PERSONA", "DMOBS", "PLAYER", "IMPORTED"))
 
 
@@ -129,4 +133,4 @@ def test_model_pages_show_untrusted_text_as_text(markup_db, monkeypatch) -> None
     path, ids = markup_db
     monkeypatch.setenv("ORCHARD_DB", str(path))
     check_page("views/training.py", ("RUNNAME", "JOBNAME", "JOBERR", "JOBPHASE", "JOBLOG"), job=ids["job"])
-    check_page("views/evaluation.py", ("EVALMODEL",))
+    check_page("views/evaluation.py", ("EVALMODEL", "JOBNAME", "JOBERR", "JOBPHASE", "JOBLOG"))

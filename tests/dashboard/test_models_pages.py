@@ -180,3 +180,49 @@ def test_a_launch_into_a_folder_holding_other_files_is_refused(db, tmp_path: Pat
     assert (mine / "notes.txt").read_text() == "keep me"
     with Store(path, readonly=True) as store:
         assert store.jobs() == []
+
+
+def _finished_job_with_metrics(path: Path, final: bool = True) -> str:
+    """A job whose metric stream ends, as a trainer's does, with a summary record lacking the step keys."""
+    with Store(path) as store:
+        job = store.create_job("probe", {"steps": 2}, "cpu", name="dpo-cpu-quick")
+        store.claim_next_job("cpu")
+        store.add_job_metrics(job.id, {"loss": 0.5, "rewards/margins": 0.1, "rewards/accuracies": 0.5}, step=1)
+        store.add_job_metrics(job.id, {"loss": 0.25, "rewards/margins": 0.5, "rewards/accuracies": 0.75}, step=2)
+        store.add_job_metrics(job.id, {"train_runtime": 20.0, "train_loss": 0.375}, step=2)
+        store.update_job_progress(job.id, {"phase": "dpo", "step": 2, "total": 2})
+        if final:
+            store.finish_job(job.id, "succeeded")
+        return job.id
+
+
+def test_metric_tiles_show_the_last_values_of_the_curves_below_them(db) -> None:
+    """Issue 15 item 8: the tiles said '—' above curves full of values (the last record is the summary)."""
+    path, _ = db
+    job_id = _finished_job_with_metrics(path)
+    at = open_page(TRAINING, job=job_id)
+    assert not at.exception
+    assert [m.value for m in at.metric] == ["0.25", "0.5", "0.75"]
+    (chart,) = at.get("plotly_chart")
+    assert '"loss"' in chart.proto.spec
+
+
+def test_job_picker_table_and_panel_agree_with_the_store_after_a_job_ends(db) -> None:
+    """Issue 15 item 8: the picker still said 'running' when the table said 'succeeded'. The frontend keeps
+    an option's first label, so the label must not carry the state; table and panel read the store."""
+    path, _ = db
+    job_id = _finished_job_with_metrics(path, final=False)
+    at = open_page(TRAINING, job=job_id)
+    assert not at.exception
+    picker = at.selectbox(key=f"tr_job_{job_id}")
+    before = list(picker.options)
+    assert frame(at, "state")["state"].tolist() == ["running"]
+    assert any("state **running**" in m.value for m in at.markdown)
+    with Store(path) as store:
+        store.finish_job(job_id, "succeeded")
+    at.run()
+    assert list(at.selectbox(key=f"tr_job_{job_id}").options) == before  # what the browser keeps showing
+    assert "running" not in " ".join(before)
+    assert frame(at, "state")["state"].tolist() == ["succeeded"]
+    assert any("state **succeeded**" in m.value for m in at.markdown)
+    assert not any("state **running**" in m.value for m in at.markdown)

@@ -1,0 +1,127 @@
+"""The Data pages build their own data: a pairs build (alpha, theta) on Preference pairs and a revisions
+build (judge model, alpha_good, beta_gap, ...) on Trajectories, for the run chosen in the sidebar,
+each queued as a job (engine/stages.py) and followed live — the page reruns as the job's units land,
+so the queue below fills while it runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import streamlit as st
+
+from dashboard import forms as fm
+from dashboard import jobs_panel as jp
+from dashboard.text import md
+from engine.store import RunInfo, Store
+
+PAIR_HELP = {"alpha": "eq. 10 weight of the MCTS value Q~ against the critic's Q^ (default: the run's)",
+             "theta": "minimum Q gap between chosen and rejected, strict",
+             "trajectory_pairs": "success-vs-failure trajectory pairs per task at most"}
+REVISION_HELP = {"alpha_good": "a good leaf has a final reward above this",
+                 "beta_gap": "pair a bad leaf when the good one's reward is higher by more than this",
+                 "max_per_task": "revision trajectories per task at most",
+                 "noop_command": "the revision turn's command",
+                 "judge_max_tokens": "tokens per judgement",
+                 "seed": "judge request seeds"}
+
+
+def _submit(db: str, form: str, kind: str, config: dict[str, Any], model: str | None) -> None:
+    """Check the model (at its field), then queue; a refusal is told under the form."""
+    from engine.stages import check_model, submit_stage
+
+    errors: dict[str, str] = {}
+    if model is not None:
+        try:
+            check_model(model)
+        except fm.submit_errors() as e:
+            errors["model"] = fm.refusal(e)
+    fm.set_errors(form, errors)
+    if errors:
+        return
+    try:
+        with Store(db) as store:
+            job_id = submit_stage(store, kind, config)
+        st.session_state[f"{form}_flash"] = f"Queued job {job_id}: {kind} build for run {config['run']}."
+    except fm.submit_errors() as e:
+        st.session_state[f"{form}_flash_error"] = f"Not queued: {fm.refusal(e)}"
+
+
+def _count(db: str, what: str, run_id: str) -> int:
+    """The run's pairs, or its revision / good / recovery samples (open the form while there are none)."""
+    with Store(db, readonly=True) as store:
+        if what == "pairs":
+            return store.pair_counts(run_id=run_id)["total"]
+        return store.sample_counts(run_id=run_id, kind=["revision", "good", "recovery"])["total"]
+
+
+def _poll(db: str) -> None:
+    problem = jp.poll(db)
+    if problem:
+        st.error(problem)  # md()-escaped
+
+
+def _outcome(form: str) -> None:
+    if f"{form}_flash_error" in st.session_state:
+        st.error(st.session_state.pop(f"{form}_flash_error"))  # md()-escaped when set
+    if f"{form}_flash" in st.session_state:
+        st.success(st.session_state.pop(f"{form}_flash"))
+
+
+def pairs_builder(db: str, run: RunInfo | None) -> None:
+    """The 'Build pairs' form for `run` and its newest pairs job, live."""
+    from engine.datasets.pairs import PairsConfig
+
+    form = "pb_build"
+    _poll(db)
+    empty = run is not None and _count(db, "pairs", run.id) == 0
+    with st.expander("Build pairs for this run", expanded=bool(fm.form_errors(form)) or empty):
+        if run is None:
+            st.caption("Choose a run in the sidebar to build its pairs.")
+        else:
+            with st.form(form, border=False):
+                st.markdown(f"Run **{md(run.name)}** · {md(run.id)}: step pairs, trajectory pairs and RFT rows "
+                            "(docs/algorithms.md §3). Curation decisions on pairs that remain are kept.")
+                values = fm.settings_inputs(PairsConfig, form, "pb_", columns=3,
+                                            defaults={"alpha": float(run.config.get("alpha", 0.5))}, helps=PAIR_HELP)
+                go = st.form_submit_button("Build pairs", type="primary")
+            if go:
+                errors = fm.check_settings(PairsConfig, values)
+                fm.set_errors(form, errors)
+                if not errors:
+                    _submit(db, form, "pairs", {"run": run.id, **values}, None)
+                st.rerun()
+        _outcome(form)
+    if run is not None and (job := jp.latest_job(db, ("pairs",), run.id)) is not None:
+        jp.job_panel(db, job, "pb_job", follow=True)
+
+
+def revisions_builder(db: str, run: RunInfo | None, default_model: str = "tiny") -> None:
+    """The 'Build revisions' form for `run` (judge model and RevisionConfig) and its newest job, live."""
+    from engine.datasets.revisions import RevisionConfig
+
+    form = "rb_build"
+    _poll(db)
+    empty = run is not None and _count(db, "samples", run.id) == 0
+    with st.expander("Build revisions for this run", expanded=bool(fm.form_errors(form)) or empty):
+        if run is None:
+            st.caption("Choose a run in the sidebar to build its revision trajectories.")
+        else:
+            with st.form(form, border=False):
+                st.markdown(f"Run **{md(run.name)}** · {md(run.id)}: first errors judged by a model, spliced "
+                            "revision trajectories, good trajectories and recovery prefixes (docs/algorithms.md §4).")
+                model = st.text_input("Judge model", value=default_model, key="rb_model",
+                                      help="tiny | PATH | hf:PATH | openai:URL#MODEL | vllm:PATH")
+                fm.field_error(form, "model")
+                values = fm.settings_inputs(RevisionConfig, form, "rb_", columns=3, helps=REVISION_HELP)
+                go = st.form_submit_button("Build revisions", type="primary")
+            if go:
+                errors = fm.check_settings(RevisionConfig, values)
+                fm.set_errors(form, errors)
+                if not errors:
+                    _submit(db, form, "revisions", {"run": run.id, "model": model.strip() or "tiny",
+                                                   **fm.changed(RevisionConfig, values)}, model.strip() or "tiny")
+                st.rerun()
+        _outcome(form)
+    if run is not None and (job := jp.latest_job(db, ("revisions",), run.id)) is not None:
+        jp.job_panel(db, job, "rb_job", follow=True)
