@@ -28,7 +28,8 @@ REVISION_HELP = {"alpha_good": "a good leaf has a final reward above this",
 
 def _submit(db: str, form: str, kind: str, config: dict[str, Any], model: str | None) -> None:
     """Check the model (at its field), then queue; a refusal is told under the form."""
-    from engine.stages import check_model, submit_stage
+    from engine.stages import check_model
+    from engine.submit import submit_stage
 
     errors: dict[str, str] = {}
     if model is not None:

@@ -242,18 +242,6 @@ def check_model(spec: str, timeout: float = MODEL_TIMEOUT_S) -> None:
     _model_dir(spec.removeprefix("vllm:").removeprefix("hf:"))
 
 
-def stage_device(kind: str, config: dict[str, Any]) -> str:
-    """The queue slot of a stage job (see the module docstring)."""
-    if kind == "pairs":
-        return "cpu"
-    model = str(config.get("model") or "tiny")
-    if model == "tiny" or model.startswith("openai:"):
-        return "cpu"
-    from engine.train.jobs import default_device
-
-    return default_device()
-
-
 # ------------------------------------------------------------------ bodies
 
 
@@ -479,61 +467,6 @@ def run_stage(store: Any, job: Any, reporter: Any) -> str | None:
 # ------------------------------------------------------------------ submitting
 
 
-def submit_stage(store: Any, kind: str, config: dict[str, Any], device: str | None = None, name: str | None = None,
-                 runner: Any = None) -> str:
-    """Check a stage job (config, env and tasks, model reachable, run known) and queue it; returns its id.
-    Nothing is queued or written when a check fails."""
-    from engine.train.jobs import JobRunner
-
-    validate_stage(kind, config)
-    if kind in ("pairs", "revisions"):
-        store.find_run(config["run"])
-    if kind == "search" and config.get("resume"):
-        store.find_run(config["resume"])
-    if config.get("model"):
-        check_model(config["model"])
-    runner = runner or JobRunner(store)
-    job = runner.submit(kind, config, device=device or stage_device(kind, config), name=name or _name(kind, config),
-                        validate=False)
-    return job.id
-
-
-def _name(kind: str, config: dict[str, Any]) -> str:
-    if kind == "search":
-        return f"search-{config['resume']}" if config.get("resume") else (config.get("name") or "search")
-    return f"{kind}-{config['run']}" if config.get("run") else kind
-
-
-def submit_search(store: Any, env: str = "textcraft", tasks: str = "", split: str = "train", model: str | None = None,
-                  name: str | None = None, search: dict[str, Any] | None = None, resume: str | None = None,
-                  device: str | None = None) -> str:
-    """Queue a new search (model default `tiny`) or, with `resume`, the rest of an interrupted run
-    (model default: the run's own); returns the job id."""
-    if resume:
-        config: dict[str, Any] = {"resume": resume, **({"model": model} if model else {})}
-    else:
-        config = {"env": env, "tasks": tasks, "split": split, "model": model or "tiny", "name": name,
-                  "search": search or {}}
-    return submit_stage(store, "search", config, device=device)
-
-
-def submit_pairs(store: Any, run: str, alpha: float | None = None, theta: float = 0.1, trajectory_pairs: int = 4,
-                 device: str | None = None) -> str:
-    return submit_stage(store, "pairs", {"run": run, "alpha": alpha, "theta": theta,
-                                         "trajectory_pairs": trajectory_pairs}, device=device)
-
-
-def submit_revisions(store: Any, run: str, model: str, device: str | None = None, **settings: Any) -> str:
-    """`settings`: RevisionConfig fields (alpha_good, beta_gap, max_per_task, ...)."""
-    return submit_stage(store, "revisions", {"run": run, "model": model, **settings}, device=device)
-
-
-def submit_refine(store: Any, model: str, n: int = 30, out: str | None = None, personas: str | None = None,
-                  seed: int | None = None, refine: dict[str, Any] | None = None, device: str | None = None) -> str:
-    return submit_stage(store, "refine", {"model": model, "n": n, "out": out, "personas": personas, "seed": seed,
-                                          "refine": refine or {}}, device=device)
-
-
 # ------------------------------------------------------------------ the CLI's reporter
 
 
@@ -571,8 +504,9 @@ class ConsoleReporter:
 
 
 def config_fields(cls: type) -> list[tuple[str, Any, str]]:
-    """(name, default, help) of a config dataclass's fields, help from the `# comment` after each
-    field in its source (the dashboard's forms show every setting without a hand-copied list)."""
+    """(name, default, help) of a config dataclass's fields: help from each field's metadata (the
+    CLI's flags read the same), else the `# comment` after it in its source (the dashboard's forms
+    show every setting without a hand-copied list)."""
     import inspect
     import re
 
@@ -581,63 +515,10 @@ def config_fields(cls: type) -> list[tuple[str, Any, str]]:
     except (OSError, TypeError):
         source = ""
     comments = dict(re.findall(r"^\s+(\w+):[^=\n]*=[^#\n]*#\s*(.+)$", source, re.MULTILINE))
-    return [(f.name, f.default, comments.get(f.name, "").strip()) for f in fields(cls)]
+    return [(f.name, f.default, str(f.metadata.get("help") or comments.get(f.name, "")).strip()) for f in fields(cls)]
 
 
 # ------------------------------------------------------------------ evaluations and the loop
-
-
-def eval_job_config(model: str, env: str = "textcraft", split: str = "test", tasks: str = "",
-                    eval: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {"model": model, "env": env, "split": split, "tasks": tasks, "eval": eval or {}}
-
-
-def check_eval(config: dict[str, Any]) -> None:
-    """An eval job's inputs: its config, its env and task selection (EnvError), its model."""
-    from engine.evaluate import eval_tasks
-    from engine.train.jobs import validate_job
-
-    validate_job("eval", config)
-    eval_tasks(config)
-    check_model(config["model"])
-
-
-def submit_eval(store: Any, model: str, env: str = "textcraft", split: str = "test", tasks: str = "",
-                eval: dict[str, Any] | None = None, device: str | None = None) -> str:
-    """Queue an evaluation (`eval`: EvalConfig fields: mode greedy | sampled | mcts, its budget ...)."""
-    from engine.train.jobs import JobRunner
-
-    config = eval_job_config(model, env, split, tasks, eval)
-    check_eval(config)
-    job = JobRunner(store).submit("eval", config, device=device or stage_device("eval", config),
-                                  name=f"eval-{(eval or {}).get('mode', 'greedy')}", validate=False)
-    return job.id
-
-
-def next_iteration_config(store: Any, loop_id: str) -> dict[str, Any]:
-    """The iterate job that runs loop `loop_id`'s next iteration: the loop's own settings, its newest
-    model as the policy, one iteration numbered after its last, no base evaluation."""
-    records = store.iterations(loop_id)
-    if not records:
-        raise ConfigError(f"loop {loop_id!r}: no iterations recorded")
-    base = next((r.get("config") for r in records if isinstance(r.get("config"), dict)), None) or {}
-    last = max(records, key=lambda r: r["idx"])
-    model = next((str(r["model"]) for r in sorted(records, key=lambda r: -r["idx"]) if r.get("model")),
-                 base.get("model", "tiny"))
-    return {**base, "method": last.get("method", base.get("method", "agentq")), "model": model, "iterations": 1,
-            "evaluate_base": False, "name": loop_id, "first_iteration": int(last["idx"]) + 1}
-
-
-def submit_iterate(store: Any, iterate: dict[str, Any], device: str | None = None) -> str:
-    """Queue an iterate job (`iterate`: IterateConfig fields); its model is checked first."""
-    from engine.train.iterate import IterateConfig
-    from engine.train.jobs import JobRunner, default_device
-
-    IterateConfig.from_dict(iterate)
-    check_model(str(iterate.get("model", "tiny")))
-    job = JobRunner(store).submit("iterate", {"iterate": iterate}, device=device or default_device(),
-                                  name=f"iterate-{iterate.get('name') or iterate.get('method', 'agentq')}")
-    return job.id
 
 
 class CountedGenerator:

@@ -11,17 +11,9 @@ import pytest
 from engine.config import ConfigError, SearchConfig
 from engine.envs.base import EnvError
 from engine.llm.base import GeneratorError
-from engine.stages import (
-    Cancelled,
-    check_model,
-    config_fields,
-    run_search,
-    stage_device,
-    submit_pairs,
-    submit_revisions,
-    submit_search,
-)
+from engine.stages import Cancelled, check_model, config_fields, run_search
 from engine.store import Store
+from engine.submit import stage_device, submit_pairs, submit_revisions, submit_search
 from engine.train.common import MemoryReporter
 from engine.train.jobs import JobRunner
 
@@ -131,7 +123,7 @@ def test_config_fields_read_every_search_setting_with_its_help() -> None:
 
 
 def test_a_refine_job_reports_personas_and_writes_its_file(tmp_path: Path, model: str) -> None:
-    from engine.stages import submit_refine
+    from engine.submit import submit_refine
 
     out = tmp_path / "refine.jsonl"
     with Store(tmp_path / "orchard.db") as store:
@@ -149,7 +141,8 @@ def test_a_refine_job_reports_personas_and_writes_its_file(tmp_path: Path, model
 
 def test_an_eval_job_reports_its_steps_and_a_cancel_stops_it_at_the_next_model_call(tmp_path: Path,
                                                                                   model: str) -> None:
-    from engine.stages import CountedGenerator, _Units, submit_eval
+    from engine.stages import CountedGenerator, _Units
+    from engine.submit import submit_eval
 
     with Store(tmp_path / "orchard.db") as store:
         job_id = submit_eval(store, model, tasks="0:2", eval={"max_steps": 2, "max_tokens": 8, "bootstrap": 20})

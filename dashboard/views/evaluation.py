@@ -8,7 +8,7 @@ models is usually noise; the page shows the interval next to every figure so nob
 into overlapping bars. Why "Next iteration" is one iterate job: the loop's stages depend on each
 other's outputs (the run a search makes, the model a training makes), and `orchard iterate` already
 runs them in order and records each; the job continues the selected loop under its own id with its
-newest model (engine.stages.next_iteration_config).
+newest model (engine.submit.next_iteration_config).
 """
 
 from __future__ import annotations
@@ -91,7 +91,8 @@ def check_eval_form() -> tuple[dict[str, str], dict[str, Any]]:
     from engine.envs.base import EnvError
     from engine.envs.registry import env_factory
     from engine.evaluate import eval_tasks
-    from engine.stages import check_model, eval_job_config
+    from engine.stages import check_model
+    from engine.submit import eval_job_config
 
     problems: dict[str, str] = {}
     spec = f"{env_name}:{env_arg.strip()}" if env_arg.strip() else env_name
@@ -121,7 +122,7 @@ if launch:
     problems, config = check_eval_form()
     fm.set_errors(FORM, problems)
     if not problems:
-        from engine.stages import submit_eval
+        from engine.submit import submit_eval
 
         try:
             with Store(db) as store:
@@ -231,7 +232,7 @@ if loops:
                         config={"displayModeBar": False})
     if st.button("Next iteration", key="ev_next", type="primary",
                  help="One more iteration of this loop, with its newest model (an iterate job)."):
-        from engine.stages import next_iteration_config, submit_iterate
+        from engine.submit import next_iteration_config, submit_iterate
 
         try:
             with Store(db) as store:
@@ -259,7 +260,8 @@ else:
         fm.field_error("ev_loop_new", "eval_tasks")
         start = st.form_submit_button("Start the loop", type="primary")
     if start:
-        from engine.stages import check_model, submit_iterate
+        from engine.stages import check_model
+        from engine.submit import submit_iterate
 
         cfg = {"method": method, "model": loop_model.strip() or "tiny", "env": loop_env, "iterations": 1,
                "tasks_per_iteration": int(per_it), "eval_tasks": eval_tasks_spec.strip(),

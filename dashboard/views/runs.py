@@ -138,7 +138,7 @@ if runs:
             fm.set_errors("rs_resume", errors)
             if not errors:
                 try:
-                    from engine.stages import submit_search
+                    from engine.submit import submit_search
 
                     with Store(db) as store:
                         job_id = submit_search(store, resume=chosen, model=model)
@@ -210,7 +210,7 @@ if submitted:
     problems, config = check_new_search()
     fm.set_errors(FORM, problems)
     if not problems:
-        from engine.stages import submit_stage
+        from engine.submit import submit_stage
 
         try:
             with Store(db) as store:

@@ -64,7 +64,7 @@ def queue_search(at: AppTest) -> None:
 
 
 def search_run(path: Path, model: str, name: str = "seeded") -> str:
-    from engine.stages import submit_search
+    from engine.submit import submit_search
 
     with Store(path) as store:
         job_id = submit_search(store, tasks="0:2", model=model, name=name, search={**SMALL, "critic": False})
