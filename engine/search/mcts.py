@@ -155,7 +155,7 @@ class TreeJob:
             session.close()
 
 
-@dataclass
+@dataclass(slots=True)
 class _Wait:
     """A tree waiting for the completions of the requests it yielded (no-barrier scheduler)."""
 
@@ -264,10 +264,12 @@ class MCTS:
                     continue
                 w = _Wait(job, coro, [[] for _ in requests], len(requests), time.perf_counter())
                 key = job.tree.task.id
+                t = time.perf_counter()
                 for i, request in enumerate(requests):
                     submit(request, affinity=key).add_done_callback(
                         lambda fut, w=w, i=i: landed.put((w, i, fut))
                     )
+                stats.gen_s += time.perf_counter() - t  # time in the backend, as `sample` in rounds
                 stats.requests += len(requests)
                 in_flight += 1
                 return
