@@ -108,3 +108,54 @@ def test_submit_keeps_the_concurrency_limit():
         gen.close()
     # 8 requests of >= 15 ms each (0.2 x 75 ms) through 4 slots take at least two waves
     assert wall >= 2 * 0.2 * 0.075
+
+
+def _stats(url: str) -> dict:
+    import httpx
+
+    return httpx.get(url.removesuffix("/v1") + "/stats", timeout=5).json()
+
+
+def test_two_servers_affinity_held_a_killed_server_trees_moved_no_request_lost():
+    from engine.llm.routing import RoutedGenerator
+
+    cfg = SearchConfig(simulations=6, k=3, depth_limit=4, seed=5)
+    with delayed_server(time_scale=0.1) as (ref_url, _):  # the reference: one server
+        ref = OpenAIGenerator(ref_url, "m")
+        ref_jobs = _jobs(cfg, 8)
+        MCTS(ref, cfg).run(ref_jobs)
+        ref.close()
+    with delayed_server(time_scale=0.1) as (url_a, proc_a), delayed_server(time_scale=0.1) as (url_b, _):
+        gen = load_generator(f"openai:{url_a},{url_b}#m?retries=0")
+        assert isinstance(gen, RoutedGenerator) and gen.name == f"openai:{url_a},{url_b}#m?retries=0"
+        before: dict = {}
+
+        def on_simulation(job, sim):
+            if len(before) == 0 and sum(len(j.tree.simulations) for j in jobs) >= 12:
+                before.update({k: list(v) for k, v in gen.routes.items()})
+                before["served_a"] = _stats(url_a)["requests"]
+                proc_a.kill()  # mid-run: requests in flight on A fail, A's trees move to B
+
+        jobs = _jobs(cfg, 8)
+        stats = MCTS(gen, cfg, on_simulation=on_simulation).run(jobs)
+        gen.close()
+    served_a = before.pop("served_a")
+    assert served_a > 0 and stats.simulations == 8 * 6
+    # affinity held before the kill (one server per tree), load balanced (4 trees each)
+    assert all(len(r) == 1 for r in before.values())
+    assert sorted(sum(1 for r in before.values() if r[0] == i) for i in (0, 1)) == [4, 4]
+    # after: every tree that was on A ended on B, B's trees never moved
+    for key, route in gen.routes.items():
+        assert route[-1] == 1 and (route == [1] or route[0] == 0), (key, route)
+    assert gen.outages == 1 and gen.moves == 4
+    # nothing lost or duplicated: the same trees as with one server
+    for a, b in zip(ref_jobs, jobs, strict=True):
+        assert b.tree.check_invariants() == [] and len(b.tree.simulations) == 6
+        assert _texts(a.tree) == _texts(b.tree)
+
+
+def test_a_bad_request_is_not_moved_between_servers():
+    from engine.llm.openai_http import HTTPStatusError, ServerUnavailable, is_outage
+
+    assert is_outage(ServerUnavailable("x")) and is_outage(HTTPStatusError("x", 503))
+    assert not is_outage(HTTPStatusError("x", 400)) and not is_outage(GeneratorError("x"))

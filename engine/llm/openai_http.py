@@ -99,6 +99,18 @@ class HTTPStatusError(GeneratorError):
         self.status = status
 
 
+class ServerUnavailable(GeneratorError):
+    """The server could not be reached or gave no answer (after the retries): an outage, not a bad
+    request, so a multi-server client moves the request to another server."""
+
+
+def is_outage(exc: BaseException) -> bool:
+    """True for errors that say the server is down or overloaded rather than the request wrong."""
+    if isinstance(exc, ServerUnavailable):
+        return True
+    return isinstance(exc, HTTPStatusError) and (exc.status >= 500 or exc.status in _RETRY_STATUS)
+
+
 def _redact(text: str, secret: str | None) -> str:
     return text.replace(secret, "***") if secret else text
 
@@ -289,14 +301,14 @@ class OpenAIGenerator:
                 resp = self._client.post(url, json=payload, headers=headers)
             except httpx.TimeoutException as exc:
                 if last:
-                    raise GeneratorError(
+                    raise ServerUnavailable(
                         f"{url}: no answer within timeout_s={self.timeout_s} after {attempts} attempts "
                         f"({type(exc).__name__})"
                     ) from None
                 why = "timeout"
             except httpx.TransportError as exc:
                 if last:
-                    raise GeneratorError(
+                    raise ServerUnavailable(
                         f"cannot reach {url} after {attempts} attempts: "
                         f"{type(exc).__name__}: {_redact(str(exc), key)}"
                     ) from None
