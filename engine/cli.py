@@ -69,6 +69,10 @@ def cmd_search(args: argparse.Namespace) -> int:
         return 0
 
     config = _search_config(args)
+    if args.ray is not None:  # refused before anything is written when Ray is not installed
+        from engine.search.ray_search import import_ray
+
+        import_ray()
     make_env = env_factory(args.env)
     env = make_env()
     try:
@@ -77,12 +81,18 @@ def cmd_search(args: argparse.Namespace) -> int:
             env.reset(tasks[0].id)
     finally:
         close_env(env)  # the probe; every tree makes its own env
-    generator = load_generator(args.model or "tiny", log=_log)
     name = args.name or f"{args.env}-{time.strftime('%Y%m%d-%H%M%S')}"
     with Store(args.db) as store:
         bar, update = _progress_bar(config.simulations * len(tasks), name)
         with bar:
-            run_id, stats = new_run(store, args.env, tasks, generator, config, name, update, make_env)
+            if args.ray is not None:  # workers load the model and envs; this process commits
+                from engine.search.ray_search import new_run_on_ray
+
+                run_id, stats = new_run_on_ray(store, args.env, tasks, args.model or "tiny", config, name,
+                                               update, address=args.ray or None)
+            else:
+                generator = load_generator(args.model or "tiny", log=_log)
+                run_id, stats = new_run(store, args.env, tasks, generator, config, name, update, make_env)
         solved = store.run(run_id).solved
         _log(
             f"run {run_id} ({name}): {len(tasks)} trees, {stats.simulations} simulations, "
@@ -195,6 +205,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="value backed up (eq. 8): the terminal reward (default) or max(reward, latched progress)")
     s.add_argument("--seed", type=int)
     s.add_argument("--no-critic", action="store_true", help="skip AI process supervision")
+    s.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
+                   help="grow the trees on a Ray cluster (HOST:PORT or auto; none: the local one); needs orchard[ray]")
     s.set_defaults(func=cmd_search)
 
     r = sub.add_parser("runs", parents=[common], help="list runs")

@@ -12,10 +12,12 @@ SERVER = Path(__file__).resolve().parent.parent / "bench" / "delayed_server.py"
 
 
 @contextmanager
-def delayed_server(commands: str = "left,right,wait", time_scale: float = 0.1) -> Iterator[tuple[str, subprocess.Popen]]:
-    """(base URL ending in /v1, the process); the process is killed on exit."""
-    proc = subprocess.Popen([sys.executable, str(SERVER), "--port", "0", "--commands", commands,
-                             "--time-scale", str(time_scale)], stdout=subprocess.PIPE, text=True)
+def delayed_server(commands: str | None = "left,right,wait", time_scale: float = 0.1) -> Iterator[tuple[str, subprocess.Popen]]:
+    """(base URL ending in /v1, the process); the process is killed on exit. `commands` None: the
+    server's TextCraft commands."""
+    extra = ["--commands", commands] if commands is not None else []
+    proc = subprocess.Popen([sys.executable, str(SERVER), "--port", "0", *extra, "--time-scale", str(time_scale)],
+                            stdout=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline() if proc.stdout else ""
         if not line.startswith("READY "):
