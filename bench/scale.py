@@ -6,8 +6,11 @@ batching), runs MCTS on TextCraft train tasks through OpenAIGenerator with both 
 prints for trees 16/64 x concurrency limit 8/64: wall time, share (mean requests in flight /
 limit) and the no-barrier bound max(total request time / limit, longest tree's chain of requests).
 Both schedulers get the same trees (per-request-seeded answers), so they send the same requests.
+With `--workers 1,2,4` (needs orchard[ray]) it also searches on a local Ray cluster with W shards, each
+with its own client (limit 8), and prints simulations/s and the scaling efficiency
+(rate at W / (W x rate at 1)).
 
-    .venv/bin/python bench/scale.py [--simulations 2] [--time-scale 0.25] [--workers 1,2,4]
+    .venv/bin/python bench/scale.py [--simulations 2] [--time-scale 1.0] [--workers 1,2,4] [--no-table]
 """
 
 from __future__ import annotations
@@ -84,13 +87,50 @@ def search(url: str, trees: int, limit: int, simulations: int, time_scale: float
             "chain": max(gen.chain.values()), "requests": stats.requests, "sims": stats.simulations}
 
 
+def workers(url: str, counts: list[int], trees: int, simulations: int) -> None:
+    """Ray shards against the delayed server: simulations/s per worker count (each run its own store)."""
+    import tempfile
+
+    import ray
+
+    from engine.search.ray_search import prepare_run_on_ray
+    from engine.store import Store
+
+    ray.init(num_cpus=max(counts), include_dashboard=False, log_to_driver=False, logging_level="ERROR",
+             runtime_env={"py_modules": [str(HERE.parent / "engine")]})
+    tasks = env_factory("textcraft")().tasks("train")[:trees]
+    cfg = SearchConfig(simulations=simulations, k=4, depth_limit=5, trees_in_flight=trees, seed=1)
+    print(f"\nRay: {trees} trees x {simulations} simulations, a client with limit 8 per worker")
+    print(f"{'workers':>7} {'wall':>8} {'sims/s':>7} {'efficiency':>10}")
+    base = None
+    with tempfile.TemporaryDirectory() as d:
+        for w in counts:
+            with Store(Path(d) / f"w{w}.db") as store:
+                search = prepare_run_on_ray(store, "textcraft", tasks, f"openai:{url}#m?concurrency=8", cfg,
+                                            f"w{w}", shards=w)
+                t = time.perf_counter()
+                stats = search.run()
+                wall = time.perf_counter() - t
+            rate = stats.simulations / wall
+            base = base or rate
+            print(f"{w:>7} {wall:>7.1f}s {rate:>7.2f} {rate / (w * base):>10.2f}", flush=True)
+    ray.shutdown()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--simulations", type=int, default=2)
-    ap.add_argument("--time-scale", type=float, default=0.25, help="scale every server delay (1: as stated)")
+    ap.add_argument("--time-scale", type=float, default=1.0, help="scale every server delay (below 1: quicker)")
+    ap.add_argument("--workers", help="also search on a local Ray cluster with these worker counts, e.g. 1,2,4")
+    ap.add_argument("--trees", type=int, default=64, help="trees for --workers (default 64)")
+    ap.add_argument("--no-table", action="store_true", help="skip the barrier / no-barrier table")
     args = ap.parse_args()
     proc, url = start_server(args.time_scale)
     try:
+        if args.workers:
+            workers(url, [int(w) for w in args.workers.split(",")], args.trees, args.simulations)
+        if args.no_table:
+            return
         print(f"delays x{args.time_scale}; {args.simulations} simulations per tree, k=4, depth 5 (TextCraft)")
         print(f"{'trees':>5} {'limit':>5} {'requests':>8} | {'barrier wall':>12} {'share':>5} | "
               f"{'no-barrier wall':>15} {'share':>5} | {'bound':>7} {'over':>6}")
