@@ -4,7 +4,9 @@ mid-run loses nothing committed."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -29,24 +31,41 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _ray(args: list[str], env: dict[str, str], check: bool = True) -> None:
+    done = subprocess.run([RAY, *args], check=False, env=env, capture_output=True, text=True, timeout=120)
+    if check and done.returncode:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        raise RuntimeError(f"ray {' '.join(args)} failed: {' | '.join(tail)}")
+
+
 @pytest.fixture(scope="module")
-def cluster():
+def cluster(tmp_path_factory):
+    """Head + a second node, 1 CPU each. Token auth is set explicitly for both nodes and this process
+    (Ray 2.60 turns it on for a head that finds ~/.ray/auth_token but not for a joining node)."""
+    if importlib.util.find_spec("ray") is None or not os.path.exists(RAY):
+        pytest.skip("ray is not installed (pip install -e .[ray])")
+    token = tmp_path_factory.mktemp("ray") / "auth_token"
+    token.write_text(secrets.token_hex(32))
+    auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token), "RAY_USAGE_STATS_ENABLED": "0"}
+    saved = {k: os.environ.get(k) for k in auth}
+    os.environ.update(auth)  # the driver (this process) joins with the same token: set before ray is imported
     ray = pytest.importorskip("ray")
-    if not os.path.exists(RAY):
-        pytest.skip("no ray command next to the interpreter")
+    env = dict(os.environ)
     port = _free_port()
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
     common = ["--num-cpus=1", "--disable-usage-stats"]
-    subprocess.run([RAY, "start", "--head", f"--port={port}", "--node-ip-address=127.0.0.1",
-                    "--include-dashboard=false", *common], check=True, env=env, capture_output=True, timeout=120)
     try:
-        subprocess.run([RAY, "start", f"--address=127.0.0.1:{port}", "--node-ip-address=127.0.0.1", *common],
-                       check=True, env=env, capture_output=True, timeout=120)
+        _ray(["start", "--head", f"--port={port}", "--include-dashboard=false", *common], env)
+        _ray(["start", f"--address=127.0.0.1:{port}", *common], env)
         yield f"127.0.0.1:{port}"
     finally:
         if ray.is_initialized():
             ray.shutdown()
-        subprocess.run([RAY, "stop", "--force"], check=False, env=env, capture_output=True, timeout=120)
+        _ray(["stop", "--force"], env, check=False)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _trees(store: Store, run_id: str):
@@ -118,3 +137,21 @@ def test_ray_flag_without_ray_says_how_to_install(monkeypatch, tmp_path, capsys)
     err = capsys.readouterr().err.strip()
     assert err == 'orchard: error: Ray is not installed: pip install "orchard[ray]" (or "ray[default]>=2.60")'
     assert not (tmp_path / "x.db").exists()  # refused before anything was written
+
+
+@pytest.mark.slow
+def test_cli_search_with_ray_commits_every_simulation(cluster, tmp_path, capsys):
+    from engine import cli
+
+    db = tmp_path / "cli.db"
+    with delayed_server(commands=None, time_scale=0.1) as (url, _):
+        rc = cli.main(["search", "--db", str(db), "--env", "textcraft", "--tasks", "0:3", "--simulations", "3",
+                       "--k", "2", "--depth", "3", "--name", "on-ray", "--ray", cluster,
+                       "--model", f"openai:{url}#m?concurrency=4"])
+    assert rc == 0, capsys.readouterr().err
+    with Store(db, must_exist=True) as store:
+        run_id = store.find_run("on-ray")
+        info = store.run(run_id)
+        assert info.status == "finished" and info.simulations == 9 and info.model == f"openai:{url}#m?concurrency=4"
+        for tree in _trees(store, run_id).values():
+            assert tree.check_invariants() == [] and len(tree.simulations) == 3
