@@ -81,17 +81,17 @@ def cmd_search(args: argparse.Namespace) -> int:
             env.reset(tasks[0].id)
     finally:
         close_env(env)  # the probe; every tree makes its own env
+    generator = load_generator(args.model or "tiny", log=_log) if args.ray is None else None  # Ray: workers load it
     name = args.name or f"{args.env}-{time.strftime('%Y%m%d-%H%M%S')}"
     with Store(args.db) as store:
         bar, update = _progress_bar(config.simulations * len(tasks), name)
         with bar:
-            if args.ray is not None:  # workers load the model and envs; this process commits
+            if generator is None:  # workers load the model and envs; this process commits
                 from engine.search.ray_search import new_run_on_ray
 
                 run_id, stats = new_run_on_ray(store, args.env, tasks, args.model or "tiny", config, name,
                                                update, address=args.ray or None)
             else:
-                generator = load_generator(args.model or "tiny", log=_log)
                 run_id, stats = new_run(store, args.env, tasks, generator, config, name, update, make_env)
         solved = store.run(run_id).solved
         _log(

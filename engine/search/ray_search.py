@@ -192,6 +192,7 @@ class RaySearch:
         events: queue.SimpleQueue[tuple[int, int, str, Any]] = queue.SimpleQueue()
         stats = SearchStats()
         t0 = time.perf_counter()
+        streams: dict[int, Any] = {}  # shard -> its latest attempt's stream
 
         def start(shard: int) -> None:
             attempt = self.attempts.get(shard, 0) + 1
@@ -202,6 +203,7 @@ class RaySearch:
                 events.put((shard, attempt, "done", None))
                 return
             gen = remote.remote(self.env_spec, self.model_spec, asdict(self.config), items)
+            streams[shard] = gen
             threading.Thread(target=_consume, args=(ray, gen, shard, attempt, events), daemon=True).start()
 
         self.store.set_run_status(self.run_id, "running")
@@ -240,6 +242,11 @@ class RaySearch:
                 else:  # "error": the search itself failed; not retried
                     raise GeneratorError(f"ray shard {shard}: {payload}")
         except BaseException:
+            for gen in streams.values():  # stop the other shards: the run ends here (resume continues it)
+                try:
+                    ray.cancel(gen, force=True)
+                except Exception:  # noqa: BLE001, S110 - a finished or dead shard cannot be cancelled
+                    pass
             stats.wall_s = time.perf_counter() - t0
             self.store.set_run_status(self.run_id, "interrupted", stats.to_dict())
             raise
