@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import SearchConfig, from_dict
-from engine.envs.base import TaskSpec
+from engine.envs.base import TaskSpec, close_env, close_envs
 from engine.llm.base import GeneratorError
 from engine.search.mcts import SearchStats, TreeJob
 from engine.search.tree import Node, SearchTree, Simulation
@@ -91,8 +91,6 @@ def run_shard(env_spec: str, model_spec: str, config: dict[str, Any],
                     if not description:
                         env = make_env()
                         description = env.describe()
-                        from engine.envs.base import close_env
-
                         close_env(env)
                     job = TreeJob(tree=tree, make_env=make_env, env_description=description,
                                   target=cfg.simulations, committed_nodes=len(tree.nodes))
@@ -103,8 +101,6 @@ def run_shard(env_spec: str, model_spec: str, config: dict[str, Any],
         except BaseException as e:  # noqa: BLE001 - sent to the driver, which reports it
             out.put(("error", pickle.dumps(RuntimeError(f"{type(e).__name__}: {e}"))))
         finally:
-            from engine.envs.base import close_envs
-
             close_envs(jobs)
             close = getattr(generator, "close", None)
             if callable(close):
