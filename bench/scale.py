@@ -100,20 +100,30 @@ def workers(url: str, counts: list[int], trees: int, simulations: int) -> None:
              runtime_env={"py_modules": [str(HERE.parent / "engine")]})
     tasks = env_factory("textcraft")().tasks("train")[:trees]
     cfg = SearchConfig(simulations=simulations, k=4, depth_limit=5, trees_in_flight=trees, seed=1)
-    print(f"\nRay: {trees} trees x {simulations} simulations, a client with limit 8 per worker")
-    print(f"{'workers':>7} {'wall':>8} {'sims/s':>7} {'efficiency':>10}")
+
+    @ray.remote(num_cpus=1)
+    def warm() -> None:  # start and import in every worker process first: Ray reuses them for the shards
+        from engine.search import ray_search  # noqa: F401
+
+        env_factory("textcraft")().tasks("train")
+
+    ray.get([warm.remote() for _ in range(max(counts))])
+    print(f"\nRay: {trees} trees x {simulations} simulations, a client with limit 8 per worker (workers warm)")
+    print(f"{'workers':>7} {'wall':>8} {'sims/s':>7} {'efficiency':>10} {'first sim at':>12}")
     base = None
     with tempfile.TemporaryDirectory() as d:
         for w in counts:
             with Store(Path(d) / f"w{w}.db") as store:
+                first: list[float] = []
                 search = prepare_run_on_ray(store, "textcraft", tasks, f"openai:{url}#m?concurrency=8", cfg,
-                                            f"w{w}", shards=w)
+                                            f"w{w}", shards=w,
+                                            progress=lambda job, sim, first=first: first or first.append(time.perf_counter()))
                 t = time.perf_counter()
                 stats = search.run()
                 wall = time.perf_counter() - t
             rate = stats.simulations / wall
             base = base or rate
-            print(f"{w:>7} {wall:>7.1f}s {rate:>7.2f} {rate / (w * base):>10.2f}", flush=True)
+            print(f"{w:>7} {wall:>7.1f}s {rate:>7.2f} {rate / (w * base):>10.2f} {first[0] - t:>11.1f}s", flush=True)
     ray.shutdown()
 
 
