@@ -262,13 +262,11 @@ class MCTS:
                 if not requests:  # nothing to wait for (as a round with no requests gives)
                     reply = []
                     continue
-                w = _Wait(job, coro, [[] for _ in requests], len(requests), time.perf_counter())
-                key = job.tree.task.id
                 t = time.perf_counter()
+                w = _Wait(job, coro, [None] * len(requests), len(requests), t)  # type: ignore[list-item]
+                key = job.tree.task.id
                 for i, request in enumerate(requests):
-                    submit(request, affinity=key).add_done_callback(
-                        lambda fut, w=w, i=i: landed.put((w, i, fut))
-                    )
+                    submit(request, affinity=key).add_done_callback(lambda fut, w=w, i=i: landed.put((w, i, fut)))
                 stats.gen_s += time.perf_counter() - t  # time in the backend, as `sample` in rounds
                 stats.requests += len(requests)
                 in_flight += 1
@@ -286,11 +284,8 @@ class MCTS:
                     continue
                 t = time.perf_counter()
                 items = [landed.get()]
-                try:
-                    while True:
-                        items.append(landed.get_nowait())
-                except queue.Empty:
-                    pass
+                while not landed.empty():  # everything that landed meanwhile
+                    items.append(landed.get_nowait())
                 now = time.perf_counter()
                 stats.gen_s += now - t
                 stats.rounds += 1
@@ -301,7 +296,7 @@ class MCTS:
                     if w.left:
                         continue
                     in_flight -= 1
-                    n_completions = sum(len(r) for r in w.replies)
+                    n_completions = len(w.replies[0]) if len(w.replies) == 1 else sum(map(len, w.replies))
                     stats.completions += n_completions
                     w.job.share_ms = 1000.0 * (now - w.t0) / max(n_completions, 1)
                     advance(w.job, w.coro, w.replies)
