@@ -63,10 +63,18 @@ class FormatError:
         return False
 
 
-@lru_cache(maxsize=1 << 16)
 def render(action: CompositeAction) -> str:
-    """Canonical text of a composite action, in the part order of docs/algorithms.md §1 (cached: histories re-render
-    the same actions at every step)."""
+    """Canonical text of a composite action, in the part order of docs/algorithms.md §1 (kept on the
+    action: histories re-render the same actions at every step, and a cache keyed by the action would
+    hash all five fields on every look-up)."""
+    text = action.__dict__.get("_rendered")
+    if text is None:
+        text = _render(action)
+        object.__setattr__(action, "_rendered", text)  # not a field: eq, hash, repr and to_dict ignore it
+    return text
+
+
+def _render(action: CompositeAction) -> str:
     parts = []
     if action.plan:
         parts.append(f"PLAN:\n{action.plan.strip()}")
@@ -90,6 +98,13 @@ def _normalize_status(text: str) -> str | None:
 
 
 def parse(text: str) -> CompositeAction | FormatError:
+    """Read a composite action from model output; a `FormatError` says why not (see `_parse`).
+    Cached by text: identical completions are common (siblings and rollouts sampled from the same
+    state), and both results are immutable."""
+    return _parse_cached(text) if isinstance(text, str) else _parse(text)
+
+
+def _parse(text: str) -> CompositeAction | FormatError:
     """Read a composite action from model output; a `FormatError` says why not.
 
     Rules: ACTION is required and must be non-empty; THOUGHT, EXPLANATION and PLAN may be missing
@@ -142,3 +157,6 @@ def parse(text: str) -> CompositeAction | FormatError:
         status=status,
         plan=plan,
     )
+
+
+_parse_cached = lru_cache(maxsize=1 << 14)(_parse)

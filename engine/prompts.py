@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 from engine.actions import CompositeAction, render
 from engine.llm.base import Prompt
@@ -70,6 +71,11 @@ def _history_block(history: Sequence[HistoryStep], with_observations: bool) -> s
     return "\n".join(lines)
 
 
+@lru_cache(maxsize=256)
+def _actor_system(env_description: str) -> str:
+    return ACTOR_SYSTEM.format(env_description=env_description.strip())
+
+
 def actor_prompt(
     env_description: str, goal: str, context: str, history: Sequence[HistoryStep], observation: str
 ) -> Prompt:
@@ -81,7 +87,7 @@ def actor_prompt(
         f"Step {len(history) + 1}: give your composite action."
     )
     return [
-        {"role": "system", "content": ACTOR_SYSTEM.format(env_description=env_description.strip())},
+        {"role": "system", "content": _actor_system(env_description)},
         {"role": "user", "content": user},
     ]
 

@@ -57,12 +57,42 @@ def cmd_search(args: argparse.Namespace) -> int:
     config = {"env": args.env, "tasks": args.tasks or "", "split": args.split, "model": args.model or "tiny",
               "name": args.name or f"{args.env}-{time.strftime('%Y%m%d-%H%M%S')}",
               "search": asdict(_search_config(args))}
+    if args.ray is not None:  # refused before anything is written when Ray is not installed
+        from engine.search.ray_search import import_ray
+
+        import_ray()
     make_env, tasks = search_tasks(config)  # an env that cannot start is refused before anything is loaded
+    if args.ray is not None:
+        return _search_on_ray(args, config, tasks, reporter)
     generator = load_generator(config["model"], log=_log, allow_http_key=args.allow_http_key)
     with Store(args.db) as store:
         result = run_search(store, config, reporter, prepared=(make_env, tasks, generator))
     reporter.close()
     _log(result.lines[0])
+    return 0
+
+
+def _search_on_ray(args: argparse.Namespace, config: dict[str, Any], tasks: list[Any], reporter: Any) -> int:
+    """A new search whose trees Ray workers grow (they load the model and envs); this process is
+    the one store writer and commits every simulation as it arrives (engine/search/ray_search.py)."""
+    from engine.config import SearchConfig, from_dict
+    from engine.search.ray_search import new_run_on_ray
+    from engine.store import Store
+
+    search = from_dict(SearchConfig, config["search"], where="command line")
+    done = {"sims": 0}
+
+    def progress(job: Any, sim: Any) -> None:
+        done["sims"] += 1
+        reporter.progress({"phase": "search", "step": done["sims"], "total": search.simulations * len(tasks)})
+
+    with Store(args.db) as store:
+        run_id, stats = new_run_on_ray(store, config["env"], tasks, config["model"], search, config["name"],
+                                       progress, address=args.ray or None)
+        solved = store.run(run_id).solved
+    reporter.close()
+    _log(f"run {run_id} ({config['name']}): {len(tasks)} trees, {stats.simulations} simulations on Ray, "
+         f"{solved} solved; db {args.db or 'default'}")
     return 0
 
 
@@ -159,6 +189,8 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> Any:
 
     add_flags(s, SearchConfig, SEARCH_FLAGS)
     s.add_argument("--no-critic", action="store_true", help="skip AI process supervision")
+    s.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
+                   help="grow the trees on a Ray cluster (HOST:PORT or auto; none: the local one); needs orchard[ray]")
     s.add_argument("--allow-http-key", dest="allow_http_key", action="store_true",
                    help="let an openai:http://... model that is not on loopback receive $OPENAI_API_KEY "
                         "unencrypted (refused by default)")

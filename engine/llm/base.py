@@ -8,7 +8,8 @@ Prompts are chat messages; each backend applies its own chat template.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Hashable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -74,4 +75,17 @@ class Generator(Protocol):
 
     def logprobs(self, prompts: Sequence[Prompt], completions: Sequence[str]) -> list[float | None]:
         """Teacher-forced sum of log-probs of each completion as the assistant reply to its prompt."""
+        ...
+
+
+@runtime_checkable
+class SupportsSubmit(Protocol):
+    """A backend that serves requests independently (an HTTP server with continuous batching):
+    search sends each request as soon as a tree needs it and advances that tree when ITS
+    completions arrive, with no round barrier. Batched backends (HF) offer only `sample`.
+    `affinity` names the request's tree: a multi-server backend keeps one key on one server so
+    that server's prefix cache holds the tree's shared history."""
+
+    def submit(self, request: SampleRequest, affinity: Hashable | None = None) -> Future[list[Completion]]:
+        """Start `request`; the future resolves to its `request.n` completions (or the error)."""
         ...

@@ -12,10 +12,14 @@ Targets `vllm serve`, `transformers serve` and hosted APIs, which differ in what
   matches it across the prompt boundary). We cut the text at the first stop string; if that
   removes text, token log-probs can no longer be aligned with it and become None.
 
-Concurrency: a sync `httpx.Client` shared by a bounded thread pool (`max_concurrency` workers
-and connections). Threads rather than asyncio because callers (search loops, Streamlit,
-notebooks) may already run an event loop, where `asyncio.run` fails; the work is I/O-bound, so
-threads release the GIL while waiting.
+Concurrency: a sync `httpx.Client` shared by ONE bounded thread pool per generator
+(`max_concurrency` workers and connections), which `sample` (a batch) and `submit` (one request,
+a future; search's no-barrier scheduler) share. Threads rather than asyncio because callers
+(search loops, Streamlit, notebooks) may already run an event loop, where `asyncio.run` fails;
+the work is I/O-bound, so threads release the GIL while waiting. The limit is a spec setting
+(`openai:URL#MODEL?concurrency=64`); its default is fitted to the server kind: 64 for a plain
+http:// server (vLLM / SGLang batch continuously, and a low limit leaves them idle), 8 for https://
+(hosted APIs rate-limit).
 
 Retries: 429, 5xx, 408, connection errors and timeouts are retried `retries` times with
 exponential backoff (`backoff_s * 2**attempt`, jittered); other errors fail at once with a
@@ -38,8 +42,8 @@ import os
 import random
 import threading
 import urllib.parse
-from collections.abc import Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from collections.abc import Hashable, Sequence
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Self
@@ -54,6 +58,42 @@ log = logging.getLogger(__name__)
 Api = Literal["chat", "completions"]
 _RETRY_STATUS = frozenset({408, 429})
 _DETAIL_CHARS = 300
+SELF_HOSTED_CONCURRENCY = 64  # http:// servers: vLLM / SGLang continuous batching
+HOSTED_CONCURRENCY = 8  # https:// APIs: rate limits
+SPEC_OPTIONS = {"concurrency": int, "timeout": float, "retries": int}  # ?key=value in a model spec
+
+
+def default_concurrency(base_url: str) -> int:
+    """The concurrency limit fitted to the server kind (see the module docstring)."""
+    return HOSTED_CONCURRENCY if base_url.startswith("https://") else SELF_HOSTED_CONCURRENCY
+
+
+def parse_spec(spec: str) -> tuple[list[str], str, dict[str, Any]]:
+    """"openai:URL[,URL...]#MODEL[?key=value&...]" -> (urls, model, options); ValueError names the
+    part that is wrong."""
+    prefix = "openai:"
+    rest = spec[len(prefix) :] if spec.startswith(prefix) else ""
+    urls, sep, model = rest.partition("#")
+    model, _, query = model.partition("?")
+    if not sep or not urls or not model:
+        raise ValueError(
+            f"expected 'openai:BASE_URL#MODEL' (e.g. openai:http://127.0.0.1:8000/v1#m), got {spec!r}"
+        )
+    options: dict[str, Any] = {}
+    for item in filter(None, query.split("&")):
+        key, eq, value = item.partition("=")
+        if key not in SPEC_OPTIONS or not eq:
+            raise ValueError(f"unknown option {item!r} after '?' (known: {', '.join(SPEC_OPTIONS)}=VALUE)")
+        try:
+            options[key] = SPEC_OPTIONS[key](value)
+        except ValueError:
+            raise ValueError(f"option {key}={value!r} is not a number") from None
+    return [u.strip() for u in urls.split(",") if u.strip()], model, options
+
+
+def spec_query(options: dict[str, Any]) -> str:
+    """The '?key=value' tail that `parse_spec` reads back ('' when there is none)."""
+    return "?" + "&".join(f"{k}={v}" for k, v in options.items()) if options else ""
 
 
 def _is_loopback(host: str) -> bool:
@@ -72,6 +112,18 @@ class HTTPStatusError(GeneratorError):
     def __init__(self, message: str, status: int) -> None:
         super().__init__(message)
         self.status = status
+
+
+class ServerUnavailable(GeneratorError):
+    """The server could not be reached or gave no answer (after the retries): an outage, not a bad
+    request, so a multi-server client moves the request to another server."""
+
+
+def is_outage(exc: BaseException) -> bool:
+    """True for errors that say the server is down or overloaded rather than the request wrong."""
+    if isinstance(exc, ServerUnavailable):
+        return True
+    return isinstance(exc, HTTPStatusError) and (exc.status >= 500 or exc.status in _RETRY_STATUS)
 
 
 def _redact(text: str, secret: str | None) -> str:
@@ -173,7 +225,7 @@ class OpenAIGenerator:
         model: str,
         api: Api = "chat",
         api_key_env: str = "OPENAI_API_KEY",
-        max_concurrency: int = 8,
+        max_concurrency: int | None = None,
         timeout_s: float = 60,
         retries: int = 3,
         backoff_s: float = 0.5,
@@ -182,6 +234,8 @@ class OpenAIGenerator:
     ) -> None:
         if api not in ("chat", "completions"):
             raise ValueError(f"api must be 'chat' or 'completions', not {api!r}")
+        if max_concurrency is None:
+            max_concurrency = default_concurrency(base_url)
         if max_concurrency < 1 or retries < 0 or timeout_s <= 0 or backoff_s < 0:
             raise ValueError("need max_concurrency >= 1, retries >= 0, timeout_s > 0, backoff_s >= 0")
         if not base_url.startswith(("http://", "https://")):
@@ -196,6 +250,8 @@ class OpenAIGenerator:
         self.backoff_s = backoff_s
         self.allow_http_key = allow_http_key
         self.name = f"openai:{self.base_url}#{model}"
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
         self._key()  # a key that may not go to this URL is refused now, before any work is done
         if tokenizer_dir is None and Path(model).is_dir():
             tokenizer_dir = model
@@ -215,14 +271,14 @@ class OpenAIGenerator:
 
     @classmethod
     def from_spec(cls, spec: str, **kwargs: Any) -> OpenAIGenerator:
-        """Build from "openai:BASE_URL#MODEL" (the form `name` takes); kwargs go to __init__."""
-        prefix = "openai:"
-        url, sep, model = spec[len(prefix) :].partition("#") if spec.startswith(prefix) else ("", "", "")
-        if not sep or not url or not model:
-            raise ValueError(
-                f"expected 'openai:BASE_URL#MODEL' (e.g. openai:http://127.0.0.1:8000/v1#m), got {spec!r}"
-            )
-        return cls(url, model, **kwargs)
+        """Build from "openai:BASE_URL#MODEL[?concurrency=N&timeout=S&retries=R]" (the form `name`
+        takes); kwargs go to __init__. Several URLs: `engine.llm.routing.RoutedGenerator`."""
+        urls, model, options = parse_spec(spec)
+        if len(urls) != 1:
+            raise ValueError(f"one base URL expected, got {len(urls)} in {spec!r}")
+        gen = cls(urls[0], model, **_init_options(options), **kwargs)
+        gen.name += spec_query(options)
+        return gen
 
     def __repr__(self) -> str:
         return (
@@ -231,7 +287,17 @@ class OpenAIGenerator:
         )
 
     def close(self) -> None:
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
         self._client.close()
+
+    def _executor(self) -> ThreadPoolExecutor:
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=self.max_concurrency, thread_name_prefix="openai-http")
+            return self._pool
 
     def __enter__(self) -> Self:
         return self
@@ -269,14 +335,14 @@ class OpenAIGenerator:
                 resp = self._client.post(url, json=payload, headers=headers)
             except httpx.TimeoutException as exc:
                 if last:
-                    raise GeneratorError(
+                    raise ServerUnavailable(
                         f"{url}: no answer within timeout_s={self.timeout_s} after {attempts} attempts "
                         f"({type(exc).__name__})"
                     ) from None
                 why = "timeout"
             except httpx.TransportError as exc:
                 if last:
-                    raise GeneratorError(
+                    raise ServerUnavailable(
                         f"cannot reach {url} after {attempts} attempts: "
                         f"{type(exc).__name__}: {_redact(str(exc), key)}"
                     ) from None
@@ -371,6 +437,8 @@ class OpenAIGenerator:
         return payload
 
     def _call(self, req: SampleRequest, n: int, call: int, abort: threading.Event) -> list[Completion]:
+        if abort.is_set():  # queued behind the pool when another request of its batch failed
+            raise GeneratorError(f"{self.base_url}: cancelled (another call of the same batch failed)")
         path = "/chat/completions" if self.api == "chat" else "/completions"
         body = self._post(path, self._payload(req, n, call), abort)
         got = parse_choices(body, self.api, req.params.stop)
@@ -378,46 +446,77 @@ class OpenAIGenerator:
             raise GeneratorError(f"{self.base_url}{path}: no choices in the answer for model {self.model!r}")
         return got
 
+    def submit(
+        self, request: SampleRequest, affinity: Hashable | None = None, abort: threading.Event | None = None
+    ) -> Future[list[Completion]]:
+        """Start one request on the shared pool; the future resolves to its `request.n` completions.
+        A server that returns fewer choices than asked is asked again for the rest (module docstring).
+        `affinity` is for multi-server routing; one server ignores it."""
+        if request.n < 0:
+            raise ValueError("n must be >= 0")
+        out: Future[list[Completion]] = Future()
+        out.set_running_or_notify_cancel()
+        if request.n == 0:
+            out.set_result([])
+            return out
+        st = _Pending(request)
+        abort = abort or threading.Event()
+        lock = threading.RLock()  # a call that is done already runs its callback in the caller
+
+        def launch(sizes: list[int]) -> None:
+            calls = []
+            for n in sizes:  # counted before any can land (a done call's callback runs at once)
+                calls.append((n, st.calls))
+                st.calls += 1
+                st.asked_in_flight += n
+            for n, call in calls:
+                fut = self._executor().submit(self._call, request, n, call, abort)
+                fut.add_done_callback(lambda f, n=n: landed(f, n))
+
+        def landed(fut: Future[list[Completion]], n: int) -> None:
+            with lock:
+                if out.done():
+                    return
+                exc = fut.exception() if not fut.cancelled() else GeneratorError(f"{self.name}: cancelled")
+                if exc is not None:
+                    out.set_exception(exc)
+                    return
+                got = fut.result()[:n]
+                st.asked_in_flight -= n
+                st.got.extend(got)
+                st.per_call = max(st.per_call, len(got))
+                missing = request.n - len(st.got) - st.asked_in_flight
+                sizes = []
+                while missing > 0:  # the server returned fewer than asked: ask again
+                    sizes.append(min(st.per_call, missing))
+                    missing -= sizes[-1]
+                try:
+                    launch(sizes)
+                except RuntimeError as e:  # the pool was shut down (generator closed)
+                    out.set_exception(GeneratorError(f"{self.name}: closed while a request was in flight ({e})"))
+                    return
+                if st.asked_in_flight == 0 and not out.done():
+                    out.set_result(st.got[: request.n])
+
+        with lock:
+            launch([request.n])
+        return out
+
     def sample(self, requests: Sequence[SampleRequest]) -> list[list[Completion]]:
-        """For each request, `request.n` completions, in order (see the module docstring for `n`)."""
+        """For each request, `request.n` completions, in order (see the module docstring for `n`).
+        The first failure cancels the batch's other calls and is raised once they have ended."""
         for i, req in enumerate(requests):
             if req.n < 0:
                 raise ValueError(f"request {i}: n must be >= 0")
-        pending = [_Pending(req) for req in requests]
         abort = threading.Event()
-        futures: dict[Future[list[Completion]], tuple[int, int]] = {}
-        pool = ThreadPoolExecutor(max_workers=self.max_concurrency, thread_name_prefix="openai-http")
-
-        def submit(i: int, n: int) -> None:
-            st = pending[i]
-            futures[pool.submit(self._call, st.request, n, st.calls, abort)] = (i, n)
-            st.calls += 1
-            st.asked_in_flight += n
-
-        try:
-            for i, st in enumerate(pending):
-                if st.request.n > 0:
-                    submit(i, st.request.n)
-            while futures:
-                done, _ = wait(futures, return_when=FIRST_COMPLETED)
-                for fut in done:
-                    i, n = futures.pop(fut)
-                    st = pending[i]
-                    got = fut.result()[:n]
-                    st.asked_in_flight -= n
-                    st.got.extend(got)
-                    st.per_call = max(st.per_call, len(got))
-                    missing = st.request.n - len(st.got) - st.asked_in_flight
-                    while missing > 0:  # the server returned fewer than asked: ask again
-                        k = min(st.per_call, missing)
-                        submit(i, k)
-                        missing -= k
-        except BaseException:
+        futures = [self.submit(req, abort=abort) for req in requests]
+        wait(futures, return_when=FIRST_EXCEPTION)
+        failed = next((f for f in futures if f.done() and f.exception() is not None), None)
+        if failed is not None:
             abort.set()
-            raise
-        finally:
-            pool.shutdown(wait=True, cancel_futures=True)
-        return [st.got[: st.request.n] for st in pending]
+            wait(futures)
+            raise failed.exception()  # type: ignore[misc]
+        return [f.result() for f in futures]
 
     # ---------------------------------------------------------------- scoring
 
@@ -441,14 +540,13 @@ class OpenAIGenerator:
             c = tok(text, add_special_tokens=False)["input_ids"] + ([eos] if eos is not None else [])
             items.append((p, c))
         abort = threading.Event()
-        pool = ThreadPoolExecutor(max_workers=self.max_concurrency, thread_name_prefix="openai-http")
+        futures = [self._executor().submit(self._echo, p, c, abort) for p, c in items]
         try:
-            return list(pool.map(lambda it: self._echo(it[0], it[1], abort), items))
+            return [f.result() for f in futures]
         except BaseException:
             abort.set()
+            wait(futures)
             raise
-        finally:
-            pool.shutdown(wait=True, cancel_futures=True)
 
     def _echo(self, p: list[int], c: list[int], abort: threading.Event) -> float | None:
         if self._echo_supported is False:
@@ -477,3 +575,9 @@ class OpenAIGenerator:
             log.warning("%s: the server ignores echo/logprobs; logprobs() gives None", self.name)
             self._echo_supported = False
         return value
+
+
+def _init_options(options: dict[str, Any]) -> dict[str, Any]:
+    """Spec options (`parse_spec`) -> OpenAIGenerator keyword arguments."""
+    names = {"concurrency": "max_concurrency", "timeout": "timeout_s", "retries": "retries"}
+    return {names[k]: v for k, v in options.items()}

@@ -1,4 +1,4 @@
-"""Model specs -> Generators: `tiny | PATH | hf:PATH | openai:URL#MODEL | vllm:PATH`.
+"""Model specs -> Generators: `tiny | PATH | hf:PATH | openai:URL[,URL...]#MODEL[?opts] | vllm:PATH`.
 
 Backends are imported only when chosen, so the CLI starts fast and vLLM stays optional.
 A Generator's `name` is a spec that loads it again (runs store it; resume uses it).
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from engine.llm.base import Generator, GeneratorError
 
-SPEC_HELP = "tiny | PATH | hf:PATH | openai:URL#MODEL | vllm:PATH"
+SPEC_HELP = "tiny | PATH | hf:PATH | openai:URL[,URL...]#MODEL[?concurrency=N] | vllm:PATH"
 
 
 def load_generator(spec: str, log=print, allow_http_key: bool | None = None) -> Generator:
@@ -25,9 +25,13 @@ def load_generator(spec: str, log=print, allow_http_key: bool | None = None) -> 
 
         return tiny_generator(log=log)
     if spec.startswith("openai:"):
-        from engine.llm.openai_http import OpenAIGenerator
+        from engine.llm.openai_http import OpenAIGenerator, parse_spec
 
         try:
+            if len(parse_spec(spec)[0]) > 1:  # several servers of one model
+                from engine.llm.routing import RoutedGenerator
+
+                return RoutedGenerator.from_spec(spec, allow_http_key=allow_http_key)
             return OpenAIGenerator.from_spec(spec, allow_http_key=allow_http_key)
         except ValueError as e:  # a malformed spec or URL: the user's to fix, said in one line
             raise GeneratorError(f"model {spec!r}: {e}") from None

@@ -3,19 +3,26 @@
 
 Each tree's simulation is a coroutine that yields the LLM requests it needs (expansion: K samples;
 critic: one ranking question per round; rollout: one action per step) and receives completions.
-The scheduler advances every tree in flight by one such step per round and sends ALL their
-requests to the Generator as ONE batched call, so the model always sees large batches. Env restore
-uses snapshot/restore where the env offers it, replay from reset otherwise.
+Two schedulers drive them (docs/decisions.md "No round barrier for backends that serve requests
+independently"): for a batched backend (HF) every tree in flight advances by one such step per round
+and ALL their requests go to the Generator as ONE batched call, so the model always sees large
+batches; for a backend with `submit` (an HTTP server with continuous batching) each request goes out
+as soon as its tree needs it and that tree advances when ITS completions arrive, so the slowest
+completion of a round holds no other tree. A tree's growth depends only on its own completions
+(per-request seeds), so both give the same trees from a per-request-seeded model. Env restore uses
+snapshot/restore where the env offers it, replay from reset otherwise.
 """
 
 from __future__ import annotations
 
 import math
+import queue
 import time
 import zlib
 from collections import deque
 from collections.abc import Callable, Iterable
 from collections.abc import Generator as Coroutine
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -151,6 +158,17 @@ class TreeJob:
             session.close()
 
 
+@dataclass(slots=True)
+class _Wait:
+    """A tree waiting for the completions of the requests it yielded (no-barrier scheduler)."""
+
+    job: TreeJob
+    coro: Coroutine[Requests, Replies, Simulation]
+    replies: Replies
+    left: int
+    t0: float
+
+
 @dataclass
 class SearchStats:
     simulations: int = 0
@@ -192,7 +210,8 @@ def start_tree(task: TaskSpec, make_env: Callable[[], Env], target: int) -> Tree
 
 
 class MCTS:
-    """Runs simulations on many trees with one batched generator call per round."""
+    """Runs simulations on many trees: one batched generator call per round, or (a generator with
+    `submit`) each request on its own with no round barrier."""
 
     def __init__(
         self,
@@ -200,8 +219,15 @@ class MCTS:
         config: SearchConfig,
         on_simulation: Callable[[TreeJob, Simulation], None] | None = None,
         on_tree_done: Callable[[TreeJob], None] | None = None,
+        rounds: bool | None = None,
     ) -> None:
+        """`rounds`: True forces the round-barrier scheduler, False needs a generator with `submit`;
+        None (default) uses `submit` where the generator has it."""
         self.generator = generator
+        submit = getattr(generator, "submit", None)
+        if rounds is False and not callable(submit):
+            raise GeneratorError(f"generator {getattr(generator, 'name', generator)!r} has no submit()")
+        self.submit = submit if callable(submit) and not rounds else None
         self.config = config
         self.on_simulation = on_simulation
         self.on_tree_done = on_tree_done
@@ -210,6 +236,83 @@ class MCTS:
     # --- scheduler ---------------------------------------------------------------------------
 
     def run(self, jobs: Iterable[TreeJob]) -> SearchStats:
+        if self.submit is not None:
+            return self._run_streaming(jobs, self.submit)
+        return self._run_rounds(jobs)
+
+    def _run_streaming(self, jobs: Iterable[TreeJob], submit: Callable[..., Future]) -> SearchStats:
+        """No round barrier: a tree's requests go out when it yields them; it advances when they land."""
+        cfg, stats = self.config, self.stats
+        t_start = time.perf_counter()
+        waiting = deque(j for j in jobs if j.remaining > 0)
+        landed: queue.SimpleQueue[tuple[_Wait, int, Future]] = queue.SimpleQueue()
+        started: list[TreeJob] = []
+        in_flight = 0  # trees waiting for completions
+
+        def advance(job: TreeJob, coro, reply: Replies | None) -> None:
+            nonlocal in_flight
+            while True:
+                try:
+                    requests = coro.send(reply) if reply is not None else next(coro)
+                except StopIteration as done:
+                    self._finish(job, done.value)
+                    reply = None
+                    if job.remaining <= 0:
+                        self._close(job)
+                        return
+                    coro = self._simulate(job)
+                    continue
+                if not requests:  # nothing to wait for (as a round with no requests gives)
+                    reply = []
+                    continue
+                t = time.perf_counter()
+                w = _Wait(job, coro, [None] * len(requests), len(requests), t)  # type: ignore[list-item]
+                key = job.tree.task.id
+                for i, request in enumerate(requests):
+                    submit(request, affinity=key).add_done_callback(lambda fut, w=w, i=i: landed.put((w, i, fut)))
+                stats.gen_s += time.perf_counter() - t  # time in the backend, as `sample` in rounds
+                stats.requests += len(requests)
+                in_flight += 1
+                return
+
+        try:
+            while waiting or in_flight:
+                while waiting and in_flight < cfg.trees_in_flight:
+                    job = waiting.popleft()
+                    started.append(job)
+                    if job.session is None:
+                        job.session = EnvSession(job.make_env(), job.tree.task.id)
+                    advance(job, self._simulate(job), None)
+                if not in_flight:
+                    continue
+                t = time.perf_counter()
+                items = [landed.get()]
+                while not landed.empty():  # everything that landed meanwhile
+                    items.append(landed.get_nowait())
+                now = time.perf_counter()
+                stats.gen_s += now - t
+                stats.rounds += 1
+                stats.batch_sizes.append(len(items))
+                for w, i, fut in items:
+                    w.replies[i] = fut.result()  # a failed request raises here
+                    w.left -= 1
+                    if w.left:
+                        continue
+                    in_flight -= 1
+                    n_completions = len(w.replies[0]) if len(w.replies) == 1 else sum(map(len, w.replies))
+                    stats.completions += n_completions
+                    w.job.share_ms = 1000.0 * (now - w.t0) / max(n_completions, 1)
+                    advance(w.job, w.coro, w.replies)
+        finally:
+            for job in started:  # only after a failure: a finished tree's env was closed already
+                if job.session is not None:
+                    self._collect(job)
+                    job.close()
+            stats.wall_s += time.perf_counter() - t_start
+        return stats
+
+    def _run_rounds(self, jobs: Iterable[TreeJob]) -> SearchStats:
+        """Round barrier: every tree in flight advances one step per ONE batched generator call."""
         cfg, stats = self.config, self.stats
         t_start = time.perf_counter()
         waiting = deque(j for j in jobs if j.remaining > 0)

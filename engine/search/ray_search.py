@@ -1,0 +1,311 @@
+"""Search on a Ray cluster: shards of trees on workers, one store writer on the driver.
+
+`new_run_on_ray` creates the run as `runner.new_run` does, splits the trees into shards (tree i
+goes to shard i mod S; S = the cluster's CPUs, at most one per tree) and runs each shard as a Ray
+streaming-generator task that runs the same MCTS scheduler with its own envs and model client and
+yields every finished simulation as it ends: the nodes new since the last one, the visit counts
+and value sums along its path, the simulation. The driver mirrors each tree, commits every
+simulation as it arrives (it stays the single writer of the store) and reports progress.
+
+A shard whose worker dies (process killed, node lost) is started again from the driver's mirrors,
+which hold exactly what was committed, so nothing committed is lost or sent twice and at most
+each tree's unfinished simulation is redone; with per-request seeds it is redone identically, so
+the trees are those a local run grows. An error raised by the search itself (a bad model spec, an
+env that fails) is not retried: the run stops with that error, as a local one would.
+
+Ray is an optional extra (`pip install "orchard[ray]"`), imported only here, only when asked for.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.config import SearchConfig, from_dict
+from engine.envs.base import TaskSpec, close_env, close_envs
+from engine.llm.base import GeneratorError
+from engine.search.mcts import SearchStats, TreeJob
+from engine.search.tree import Node, SearchTree, Simulation
+from engine.store import Store
+
+INSTALL_HINT = 'Ray is not installed: pip install "orchard[ray]" (or "ray[default]>=2.60")'
+_SUMMED = ("rounds", "requests", "completions", "critic_fallbacks", "replays", "restores",
+           "gen_s", "env_s", "commit_s")
+
+Progress = Callable[[TreeJob, Simulation], None]
+
+
+def import_ray() -> Any:
+    """The `ray` module, or RayUnavailable saying how to install it."""
+    try:
+        import ray
+    except ImportError:
+        raise RayUnavailable(INSTALL_HINT) from None
+    return ray
+
+
+class RayUnavailable(GeneratorError):
+    """`--ray` without Ray installed, or a cluster that cannot be reached (a GeneratorError: like a
+    model server that cannot be reached, the user's to fix, reported in one line)."""
+
+
+# --------------------------------------------------------------------- worker side
+
+
+def run_shard(env_spec: str, model_spec: str, config: dict[str, Any],
+              items: list[tuple[int, TaskSpec, SearchTree | None]]) -> Iterator[bytes]:
+    """The body of a shard task: MCTS over `items` (tree id, task, committed tree or None), yielding
+    one pickled message per finished simulation, then ("done", stats). Runs anywhere (no Ray)."""
+    from engine.envs.registry import env_factory
+    from engine.llm.registry import load_generator
+    from engine.search.mcts import MCTS, start_tree
+
+    cfg = from_dict(SearchConfig, config, where="ray shard config")
+    make_env = env_factory(env_spec)
+    generator = load_generator(model_spec, log=lambda *a, **k: None)
+    out: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+    pid = (os.getpid(), _node_id())
+
+    def on_simulation(job: TreeJob, sim: Simulation) -> None:
+        tree, first = job.tree, job.committed_nodes
+        touched = sorted({0, *sim.path})
+        values = [(i, tree.nodes[i].N, tree.nodes[i].value_sum) for i in touched]
+        # pickled now: the tree keeps changing in this thread after the callback returns
+        out.put(("sim", pickle.dumps((job.tree_id, first, tree.nodes[first:], values, sim, pid))))
+
+    def search() -> None:
+        jobs: list[TreeJob] = []
+        try:
+            description = ""
+            for tree_id, task, tree in items:
+                if tree is None:
+                    job = start_tree(task, make_env, cfg.simulations)
+                else:
+                    if not description:
+                        env = make_env()
+                        description = env.describe()
+                        close_env(env)
+                    job = TreeJob(tree=tree, make_env=make_env, env_description=description,
+                                  target=cfg.simulations, committed_nodes=len(tree.nodes))
+                job.tree_id = tree_id
+                jobs.append(job)
+            stats = MCTS(generator, cfg, on_simulation=on_simulation).run(jobs)
+            out.put(("done", pickle.dumps(stats)))
+        except BaseException as e:  # noqa: BLE001 - sent to the driver, which reports it
+            out.put(("error", pickle.dumps(RuntimeError(f"{type(e).__name__}: {e}"))))
+        finally:
+            close_envs(jobs)
+            close = getattr(generator, "close", None)
+            if callable(close):
+                close()
+
+    thread = threading.Thread(target=search, name="orchard-shard", daemon=True)
+    thread.start()
+    while True:
+        kind, payload = out.get()
+        if kind == "error":
+            raise pickle.loads(payload)
+        yield payload if kind == "sim" else pickle.dumps(("done", pickle.loads(payload)))
+        if kind == "done":
+            break
+    thread.join()
+
+
+def _node_id() -> str:
+    try:
+        import ray
+
+        return ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
+    except Exception:  # noqa: BLE001 - outside Ray, or an API change: the id is only informative
+        return ""
+
+
+# --------------------------------------------------------------------- driver side
+
+
+@dataclass
+class _Mirror:
+    """The driver's copy of a tree: exactly what has been committed."""
+
+    tree_id: int
+    task: TaskSpec
+    job: TreeJob | None = None  # once the root has arrived
+
+    def apply(self, first: int, new: list[Node], values: list[tuple[int, int, float]], sim: Simulation) -> None:
+        if self.job is None:
+            if first != 0:
+                raise GeneratorError(f"tree {self.tree_id}: first message starts at node {first}, not 0")
+            self.job = TreeJob(tree=SearchTree(task=self.task, nodes=[]), make_env=_no_env, env_description="",
+                               target=0, tree_id=self.tree_id)
+        tree = self.job.tree
+        if first != len(tree.nodes):
+            raise GeneratorError(f"tree {self.tree_id}: message starts at node {first}, mirror has {len(tree.nodes)}")
+        for n in new:
+            tree.nodes.append(n)
+            if n.parent is not None and n.parent < first:
+                tree.nodes[n.parent].children.append(n.id)
+        for i, visits, value_sum in values:
+            tree.nodes[i].N, tree.nodes[i].value_sum = visits, value_sum
+        tree.simulations.append(sim)
+
+
+def _no_env():
+    raise RuntimeError("a mirrored tree has no env")
+
+
+@dataclass
+class RaySearch:
+    """Drives the shards of one run (see the module docstring). `pids[shard]` is (worker process id,
+    Ray node id) of each shard's latest attempt; `attempts[shard]` counts its starts."""
+
+    store: Store
+    run_id: str
+    env_spec: str
+    model_spec: str
+    config: SearchConfig
+    mirrors: list[_Mirror]
+    address: str | None = None
+    shards: int | None = None
+    max_retries: int = 3
+    progress: Progress | None = None
+    pids: dict[int, tuple[int, str]] = field(default_factory=dict)
+    attempts: dict[int, int] = field(default_factory=dict)
+
+    def run(self) -> SearchStats:
+        ray = import_ray()
+        _connect(ray, self.address)
+        n_shards = self.shards or max(1, int(ray.cluster_resources().get("CPU", 1)))
+        n_shards = max(1, min(n_shards, len(self.mirrors)))
+        groups = [self.mirrors[s::n_shards] for s in range(n_shards)]
+        remote = ray.remote(num_cpus=1, max_retries=0, num_returns="streaming")(run_shard)
+        events: queue.SimpleQueue[tuple[int, int, str, Any]] = queue.SimpleQueue()
+        stats = SearchStats()
+        t0 = time.perf_counter()
+        streams: dict[int, Any] = {}  # shard -> its latest attempt's stream
+
+        def start(shard: int) -> None:
+            attempt = self.attempts.get(shard, 0) + 1
+            self.attempts[shard] = attempt
+            items = [(m.tree_id, m.task, pickle.loads(pickle.dumps(m.job.tree)) if m.job else None)
+                     for m in groups[shard] if m.job is None or len(m.job.tree.simulations) < self.config.simulations]
+            if not items:
+                events.put((shard, attempt, "done", None))
+                return
+            gen = remote.remote(self.env_spec, self.model_spec, asdict(self.config), items)
+            streams[shard] = gen
+            threading.Thread(target=_consume, args=(ray, gen, shard, attempt, events), daemon=True).start()
+
+        self.store.set_run_status(self.run_id, "running")
+        try:
+            running = set(range(n_shards))
+            for s in range(n_shards):
+                start(s)
+            while running:
+                shard, attempt, kind, payload = events.get()
+                if attempt != self.attempts[shard]:
+                    continue  # a late message of an attempt already replaced
+                if kind == "sim":
+                    tree_id, first, new, values, sim, pid = pickle.loads(payload)
+                    self.pids[shard] = pid
+                    mirror = next(m for m in groups[shard] if m.tree_id == tree_id)
+                    mirror.apply(first, new, values, sim)
+                    t = time.perf_counter()
+                    assert mirror.job is not None
+                    self.store.save_simulation(tree_id, mirror.job.tree, sim, first)
+                    stats.commit_s += time.perf_counter() - t
+                    stats.simulations += 1  # committed ones: a lost attempt's work is not counted
+                    if self.progress is not None:
+                        self.progress(mirror.job, sim)
+                elif kind == "done":
+                    if payload is not None:
+                        _, shard_stats = pickle.loads(payload)
+                        for key in _SUMMED:
+                            if key != "commit_s":
+                                setattr(stats, key, getattr(stats, key) + getattr(shard_stats, key))
+                        stats.batch_sizes.extend(shard_stats.batch_sizes)
+                    running.discard(shard)
+                elif kind == "lost":  # the worker died: start again from what was committed
+                    if attempt > self.max_retries:
+                        raise GeneratorError(f"ray shard {shard} failed {attempt} times; the last: {payload}")
+                    start(shard)
+                else:  # "error": the search itself failed; not retried
+                    raise GeneratorError(f"ray shard {shard}: {payload}")
+        except BaseException:
+            for gen in streams.values():  # stop the other shards: the run ends here (resume continues it)
+                try:
+                    ray.cancel(gen, force=True)
+                except Exception:  # noqa: BLE001, S110 - a finished or dead shard cannot be cancelled
+                    pass
+            stats.wall_s = time.perf_counter() - t0
+            self.store.set_run_status(self.run_id, "interrupted", stats.to_dict())
+            raise
+        stats.wall_s = time.perf_counter() - t0
+        self.store.set_run_status(self.run_id, "finished", stats.to_dict())
+        return stats
+
+
+def _consume(ray: Any, gen: Any, shard: int, attempt: int, events: queue.SimpleQueue) -> None:
+    """Read one shard attempt's stream into `events` (a driver thread; the main thread commits)."""
+    try:
+        for ref in gen:
+            payload = ray.get(ref)
+            message = pickle.loads(payload)
+            if isinstance(message, tuple) and message and message[0] == "done":
+                events.put((shard, attempt, "done", payload))
+                return
+            events.put((shard, attempt, "sim", payload))
+        events.put((shard, attempt, "lost", "the stream ended without its final message"))
+    except ray.exceptions.RayTaskError as e:  # raised by the search itself
+        cause = e.cause if getattr(e, "cause", None) is not None else e
+        events.put((shard, attempt, "error", str(cause).strip().splitlines()[-1] if str(cause).strip() else repr(e)))
+    except ray.exceptions.RayError as e:  # worker or node died, object lost: retry
+        events.put((shard, attempt, "lost", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"))
+    except BaseException as e:  # noqa: BLE001 - anything else stops the run
+        events.put((shard, attempt, "error", f"{type(e).__name__}: {e}"))
+
+
+def _connect(ray: Any, address: str | None) -> None:
+    """Join the cluster at `address` ("auto" or HOST:PORT; None or "" starts a local one). The
+    workers import this checkout's `engine` package (shipped as a py_module)."""
+    if ray.is_initialized():
+        return
+    engine_dir = str(Path(__file__).resolve().parent.parent)
+    try:
+        ray.init(address=address or None, runtime_env={"py_modules": [engine_dir]}, log_to_driver=False,
+                 logging_level="ERROR", configure_logging=True)
+    except (ConnectionError, RuntimeError, ValueError) as e:
+        raise RayUnavailable(f"cannot join the Ray cluster at {address or '(local)'}: {e}") from None
+
+
+def prepare_run_on_ray(store: Store, env_spec: str, tasks: list[TaskSpec], model_spec: str,
+                       config: SearchConfig, name: str, **options: Any) -> RaySearch:
+    """Create the run in the store and the search that grows it (options: RaySearch fields)."""
+    import_ray()  # refuse before anything is written
+    run_id = store.create_run(name, env_spec, model_spec, asdict(config), tasks)
+    by_task = {t.id: t for t in tasks}
+    mirrors = [_Mirror(tree_id, by_task[task_id]) for tree_id, task_id in store.tree_ids(run_id)]
+    return RaySearch(store, run_id, env_spec, model_spec, config, mirrors, **options)
+
+
+def new_run_on_ray(
+    store: Store,
+    env_spec: str,
+    tasks: list[TaskSpec],
+    model_spec: str,
+    config: SearchConfig,
+    name: str,
+    progress: Progress | None = None,
+    address: str | None = None,
+    shards: int | None = None,
+) -> tuple[str, SearchStats]:
+    """`runner.new_run` on a Ray cluster: the same run in the store, trees grown by Ray workers."""
+    search = prepare_run_on_ray(store, env_spec, tasks, model_spec, config, name, progress=progress,
+                                address=address, shards=shards)
+    return search.run_id, search.run()
