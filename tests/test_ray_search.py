@@ -1,6 +1,12 @@
 """Search on a REAL local two-node Ray cluster (head + a second node, separate processes on loopback)
 against the per-request-seeded delayed server: the same trees as a local run, and a worker killed
-mid-run loses nothing committed."""
+mid-run loses nothing committed.
+
+WHY a network namespace: Ray turns 127.0.0.1 into the machine's routable interface address for its
+nodes (`resolve_ip_for_localhost`), so on a normal host the cluster's traffic leaves the loopback
+range. In a fresh network namespace (`unshare -n`, only `lo` up) that address is 127.0.0.1, and
+every byte stays on loopback. `test_cluster_tests_in_a_loopback_only_namespace` re-runs this module
+there (ORCHARD_RAY_ISOLATED=1); the cluster fixture refuses to start a cluster anywhere else."""
 
 from __future__ import annotations
 
@@ -44,6 +50,8 @@ def cluster(tmp_path_factory):
     (Ray 2.60 turns it on for a head that finds ~/.ray/auth_token but not for a joining node)."""
     if importlib.util.find_spec("ray") is None or not os.path.exists(RAY):
         pytest.skip("ray is not installed (pip install -e .[ray])")
+    if os.environ.get("ORCHARD_RAY_ISOLATED") != "1":
+        pytest.skip("runs inside a loopback-only network namespace: test_cluster_tests_in_a_loopback_only_namespace")
     token = tmp_path_factory.mktemp("ray") / "auth_token"
     token.write_text(secrets.token_hex(32))
     auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token), "RAY_USAGE_STATS_ENABLED": "0"}
@@ -155,3 +163,24 @@ def test_cli_search_with_ray_commits_every_simulation(cluster, tmp_path, capsys)
         assert info.status == "finished" and info.simulations == 9 and info.model == f"openai:{url}#m?concurrency=4"
         for tree in _trees(store, run_id).values():
             assert tree.check_invariants() == [] and len(tree.simulations) == 3
+
+
+@pytest.mark.slow
+def test_cluster_tests_in_a_loopback_only_namespace() -> None:
+    """Run this module's cluster tests in a new network namespace where loopback is the only interface."""
+    if os.environ.get("ORCHARD_RAY_ISOLATED") == "1":
+        pytest.skip("already inside the namespace")
+    if importlib.util.find_spec("ray") is None or not os.path.exists(RAY):
+        pytest.skip("ray is not installed (pip install -e .[ray])")
+    probe = subprocess.run(["unshare", "-n", "true"], check=False, capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip("cannot create a network namespace here (needs root and util-linux unshare)")
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "ORCHARD_RAY_ISOLATED": "1"}
+    env.pop("PYTEST_XDIST_WORKER", None)
+    cmd = (f"ip link set lo up && exec {sys.executable} -m pytest -q -p no:cacheprovider -p no:xdist "
+           f"{Path(__file__).resolve()} -k 'not in_a_loopback_only_namespace'")
+    done = subprocess.run(["unshare", "-n", "sh", "-c", cmd], check=False, cwd=root, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    assert " passed" in done.stdout and " skipped" not in done.stdout.splitlines()[-1], done.stdout[-2000:]
