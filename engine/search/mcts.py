@@ -346,6 +346,7 @@ class MCTS:
             completions = [Completion(text="", finish_reason="error")]
         seen: set[Any] = set()
         valid: list[Node] = []
+        actions: list[CompositeAction] = []  # valid[i].action, typed as set (never None here)
         errors: list[Node] = []
         for c in completions:
             parsed = parse(c.text)
@@ -391,12 +392,13 @@ class MCTS:
             )
             session.arrived(child)
             valid.append(child)
+            actions.append(parsed)
         if cfg.critic:
             total = len(valid) + len(errors)
             if len(valid) > 1:
                 critic_params = self._params(job, 0.0, cfg.critic_max_tokens, "critic", node.id)
                 ranking = yield from rank_candidates(
-                    task.goal, task.context, history, node.observation, [v.action for v in valid], critic_params
+                    task.goal, task.context, history, node.observation, actions, critic_params
                 )
                 self.stats.critic_fallbacks += ranking.fallbacks
                 for rank, idx in enumerate(ranking.order):
