@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 from engine.cli.flags import add_flags, given
 
 if TYPE_CHECKING:
+    from engine.datasets.pairs import Pair
+    from engine.datasets.samples import Sample
     from engine.store import Store
 
 SAMPLE_KINDS = "revision,good,rft,recovery,refine,imported"
@@ -137,6 +139,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         _known("--kind", _list(args.kind), PAIR_KINDS if args.what == "pairs" else SAMPLE_KINDS)
     with Store(args.db, must_exist=True) as store:
         run_id = store.find_run(args.run) if args.run else None
+        items: list[Pair] | list[Sample]
         if args.what == "pairs":
             kinds = _list(args.kind) if args.kind else ["step"]
             items = store.pairs(run_id=run_id, status=statuses, kind=kinds, task_id=args.task,
