@@ -260,9 +260,10 @@ with inspect_col:
 
     if node.parent is not None:
         st.caption("Critic's ranking of this node and its siblings (0 = best)")
+        kin = tree.nodes  # a local: the lambda cannot see the module-level `tree` narrowed to SearchTree
         siblings = sorted(
-            tree.nodes[node.parent].children,
-            key=lambda i: (tree.nodes[i].critic_rank is None, tree.nodes[i].critic_rank or 0, i),
+            kin[node.parent].children,
+            key=lambda i: (kin[i].critic_rank is None, kin[i].critic_rank or 0, i),
         )
         node_table(
             tree, siblings, key=f"te_siblings_{tree_id}_{node_id}",
