@@ -28,8 +28,10 @@ run: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 -q
 
+# ruff, then mypy (settings and the packages it checks: pyproject.toml [tool.mypy]).
 lint: $(STAMP)
 	$(BIN)/ruff check engine dashboard tests bench
+	$(BIN)/mypy
 
 clean:
 	rm -rf $(VENV) data/runs data/models data/jobs data/orchard.db*

@@ -93,13 +93,13 @@ def _tuple(text: str) -> tuple[Any, ...] | str:
         return text
 
 
-def changed(cls: type, values: dict[str, Any]) -> dict[str, Any]:
+def changed(cls: type[Any], values: dict[str, Any]) -> dict[str, Any]:
     """The settings that differ from the dataclass's defaults (what a job config needs to carry)."""
     fields = cls.__dataclass_fields__
     return {k: v for k, v in values.items() if k in fields and v != fields[k].default}
 
 
-def check_settings(cls: type, values: dict[str, Any]) -> dict[str, str]:
+def check_settings(cls: type[Any], values: dict[str, Any]) -> dict[str, str]:
     """{field: why} for every value that is not a valid setting of `cls`."""
     fields = cls.__dataclass_fields__
     out = {k: why for k, v in values.items() if (why := config_value(cls, k, v))}

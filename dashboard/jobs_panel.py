@@ -94,11 +94,11 @@ def show_job(db: str, job_id: str, key: str, extra: Callable[[JobInfo], None] | 
     if job.final and st.session_state.get(live_key) == job_id:
         del st.session_state[live_key]
         st.rerun(scope="app")  # it just ended: the whole page reads the store again
-    step = (job_id, job.progress.get("step"))
-    if follow and not job.final and st.session_state.get(step_key) not in (None, step):
-        st.session_state[step_key] = step
+    seen = (job_id, job.progress.get("step"))
+    if follow and not job.final and st.session_state.get(step_key) not in (None, seen):
+        st.session_state[step_key] = seen
         st.rerun(scope="app")
-    st.session_state[step_key] = step
+    st.session_state[step_key] = seen
     p = job.progress
     st.markdown(f"Job **{md(job.name)}** · {md(job.kind)} on {md(job.device)} · state **{md(job.state)}**")
     step, total = p.get("step") or 0, p.get("total") or 0

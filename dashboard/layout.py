@@ -32,10 +32,10 @@ def tidy_x(children: Sequence[Sequence[int]], root: int = 0, distance: float = 1
     number = [0] * n  # index among its siblings
     order = [root]  # breadth-first: parents before children
     for v in order:
-        for i, c in enumerate(children[v]):
-            parent[c] = v
-            number[c] = i
-            order.append(c)
+        for i, child in enumerate(children[v]):
+            parent[child] = v
+            number[child] = i
+            order.append(child)
 
     prelim = [0.0] * n
     mod = [0.0] * n

@@ -48,9 +48,9 @@ def run_stages(path: str, version: tuple[int, ...]) -> dict[str, RunStages]:
                 continue
             named = job.config.get("runs") or [r for r, t in created.items() if t <= job.created_at]
             for key in named:
-                run_id = key if key in out else _find(store, key)
-                if run_id in out:
-                    out[run_id].models.append(job.output_path)
+                found = key if key in out else _find(store, key)
+                if found in out:
+                    out[found].models.append(job.output_path)
         for it in store.iterations():
             if it.get("run_id") in out and it.get("train"):
                 out[it["run_id"]].models.append(str(it.get("model")))

@@ -19,7 +19,7 @@ def _default_file_mode() -> int:
     return 0o666 & ~umask
 
 
-def atomic_write(path: str | Path, write: Callable[[str], None]) -> Path:
+def atomic_write(path: str | Path, write: Callable[[str], object]) -> Path:
     """Call `write(tmp)` to fill a temporary file, then rename it to `path`. An existing folder at
     `path`, or any OS error, is an `OutputError` naming the file; the temporary file is removed."""
     out = Path(path)

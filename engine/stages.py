@@ -246,7 +246,7 @@ def check_model(spec: str, timeout: float = MODEL_TIMEOUT_S) -> None:
 
 
 def run_search(store: Any, config: dict[str, Any], reporter: Any, make_env: Callable[[], Any] | None = None,
-               prepared: tuple[Callable[[], Any], list[Any], Any] | None = None) -> StageResult:
+               prepared: tuple[Callable[[], Any] | None, list[Any], Any] | None = None) -> StageResult:
     """Search a new run, or resume one (`config["resume"]`); unit: one simulation. `prepared`:
     (env factory, tasks, generator) already checked and loaded by the caller (the CLI loads them
     before it opens the database)."""
@@ -474,7 +474,8 @@ class ConsoleReporter:
     """A Reporter for the CLI's foreground commands: a progress bar and log lines on stderr."""
 
     def __init__(self, unit: str = "it") -> None:
-        self.unit, self._bar = unit, None
+        self.unit = unit
+        self._bar: Any = None  # a tqdm bar (tqdm ships no types), made on the first progress()
 
     def progress(self, data: dict[str, Any]) -> None:
         from tqdm import tqdm

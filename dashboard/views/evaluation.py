@@ -160,10 +160,10 @@ else:
     labels = {e["id"]: f"{model_label(e['model'])} · {e['mode']} · {e['id'][:6]}" for e in chosen}
     # The newest evaluation of each (model, mode) by default: one column per model, side by side.
     newest_each: dict[tuple[str, str], str] = {}
-    for e in chosen:
-        newest_each[(e["model"], e["mode"])] = e["id"]
+    for ev in chosen:
+        newest_each[(ev["model"], ev["mode"])] = ev["id"]
     picked = st.multiselect("Evaluations side by side", list(labels), default=list(newest_each.values())[-4:],
-                            format_func=labels.get, key="ev_pick")
+                            format_func=lambda i: labels[i], key="ev_pick")
     shown = [e for e in chosen if e["id"] in picked] or chosen
     rows = [{"label": labels[e["id"]], "mode": e["mode"], **{k: e["metrics"].get(k) for k, _ in figures.EVAL_METRICS}}
             for e in shown]
@@ -266,7 +266,7 @@ else:
         cfg = {"method": method, "model": loop_model.strip() or "tiny", "env": loop_env, "iterations": 1,
                "tasks_per_iteration": int(per_it), "eval_tasks": eval_tasks_spec.strip(),
                "name": f"{method}-{time.strftime('%Y%m%d-%H%M%S')}"}
-        problems: dict[str, str] = {}
+        problems = {}
         try:
             check_model(cfg["model"])
         except fm.submit_errors() as e:

@@ -454,13 +454,13 @@ if error and error[0] == pair.id:
     st.error("Not saved: the store refused this change.")
     st.code(error[1], language=None, wrap_lines=True)
 
-c = st.columns(6)
-c[0].metric("Status", pair.status)
-c[1].metric("Q chosen", fmt(pair.q_chosen))
-c[2].metric("Q rejected", fmt(pair.q_rejected))
-c[3].metric("Q gap", fmt(pair.gap))
-c[4].metric("Depth", pair.depth)
-c[5].metric("Version", pair.version)
+cells = st.columns(6)
+cells[0].metric("Status", pair.status)
+cells[1].metric("Q chosen", fmt(pair.q_chosen))
+cells[2].metric("Q rejected", fmt(pair.q_rejected))
+cells[3].metric("Q gap", fmt(pair.gap))
+cells[4].metric("Depth", pair.depth)
+cells[5].metric("Version", pair.version)
 st.text(f"pair {pair.id} · {pair.kind} pair · run {pair.run_id} · task {pair.task_id} · node {pair.node_id} "
         f"(chosen node {pair.chosen_node}, rejected node {pair.rejected_node}) · last changed by "
         f"{pair.updated_by or '—'}")

@@ -207,7 +207,7 @@ if loaded is None:
 if loaded is None:
     st.info("That sample was just removed; reload the page.")
     st.stop()
-qp["sample"] = sample_id
+qp["sample"] = loaded[0].id  # == sample_id, which is a str by now
 sample, history = loaded
 src = sample.source
 flags = flagged_turns(sample)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 import pandas as pd
 import streamlit as st
@@ -124,15 +125,15 @@ if runs:
             resume = st.form_submit_button("Resume", type="primary")
         if resume:
             errors: dict[str, str] = {}
-            model = typed.strip() or None
-            if model is None and needs_retype:
+            resume_model = typed.strip() or None
+            if resume_model is None and needs_retype:
                 errors["model"] = ("The stored model's URL comes from the database: type the spec again to send "
                                    "$OPENAI\\_API\\_KEY there.")
-            elif model is not None:
+            elif resume_model is not None:
                 try:
                     from engine.stages import check_model
 
-                    check_model(model)
+                    check_model(resume_model)
                 except fm.submit_errors() as e:
                     errors["model"] = fm.refusal(e)
             fm.set_errors("rs_resume", errors)
@@ -141,7 +142,7 @@ if runs:
                     from engine.submit import submit_search
 
                     with Store(db) as store:
-                        job_id = submit_search(store, resume=chosen, model=model)
+                        job_id = submit_search(store, resume=chosen, model=resume_model)
                     state["rs_flash"] = f"Queued job {job_id}: resume run {chosen}."
                 except fm.submit_errors() as e:
                     state["rs_error"] = f"Not resumed: {fm.refusal(e)}"
@@ -176,7 +177,7 @@ with st.expander("New search", expanded=not runs or bool(errors)), st.form(FORM,
     submitted = st.form_submit_button("Queue the search", type="primary")
 
 
-def check_new_search() -> tuple[dict[str, str], dict]:
+def check_new_search() -> tuple[dict[str, str], dict[str, Any]]:
     """Field messages for the form's values (empty: good), and the search job's config."""
     from engine.envs.base import EnvError
     from engine.envs.registry import env_factory
@@ -185,7 +186,7 @@ def check_new_search() -> tuple[dict[str, str], dict]:
     problems: dict[str, str] = {}
     spec = f"{env}:{env_arg.strip()}" if env_arg.strip() else env
     settings = fm.changed(SearchConfig, values)
-    config = {"env": spec, "tasks": tasks.strip(), "split": split, "model": model.strip() or "tiny",
+    config: dict[str, Any] = {"env": spec, "tasks": tasks.strip(), "split": split, "model": model.strip() or "tiny",
               "name": name.strip() or f"{env}-{time.strftime('%Y%m%d-%H%M%S')}", "search": settings}
     try:
         env_factory(spec)

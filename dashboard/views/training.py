@@ -21,7 +21,7 @@ from dashboard import data, figures
 from dashboard import jobs_panel as jp
 from dashboard.text import md
 from engine.config import ConfigError
-from engine.store import JobInfo, Store, StoreError
+from engine.store import JobInfo, ModelRecord, Store, StoreError
 from engine.train.jobs import JobRunner, job_summary
 from engine.train.presets import DATA_CHOICES, PRESETS, device_of, job_config, rows_to_train
 
@@ -65,7 +65,7 @@ def _launch(data_key: str, preset: str, model: str, runs: list[str], include_pen
     qp[JOB] = job.id
 
 
-def read_jobs() -> tuple[list[JobInfo], list]:
+def read_jobs() -> tuple[list[JobInfo], list[ModelRecord]]:
     """Jobs and every job's model record (those replaced in their folder by a later job too)."""
     with Store(db, readonly=True) as store:
         return store.jobs(), store.models(include_replaced=True)

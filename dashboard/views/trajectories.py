@@ -247,7 +247,7 @@ if loaded is None:
 if loaded is None:  # deleted between the two reads
     st.info("That revision trajectory was just removed; reload the page.")
     st.stop()
-qp["sample"] = sample_id
+qp["sample"] = loaded[0].id  # == sample_id, which is a str by now
 sample, history = loaded
 src = sample.source
 good_path = [int(n) for n in src.get("good_path", [])]

@@ -12,9 +12,13 @@ from __future__ import annotations
 
 import argparse
 import getpass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.cli.flags import add_flags, given
+
+if TYPE_CHECKING:
+    from engine.datasets.pairs import Pair
+    from engine.datasets.samples import Sample
 
 SAMPLE_KINDS = "revision,good,rft,recovery,refine,imported"
 PAIRS_FLAGS = {"theta": "--theta", "trajectory_pairs": "--trajectory-pairs"}
@@ -82,6 +86,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         _known("--kind", _list(args.kind), PAIR_KINDS if args.what == "pairs" else SAMPLE_KINDS)
     with Store(args.db, must_exist=True) as store:
         run_id = store.find_run(args.run) if args.run else None
+        items: list[Pair] | list[Sample]
         if args.what == "pairs":
             kinds = _list(args.kind) if args.kind else ["step"]
             items = store.pairs(run_id=run_id, status=statuses, kind=kinds, task_id=args.task,

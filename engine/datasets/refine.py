@@ -851,6 +851,8 @@ class _Pipeline:
 
     def _after_trajectory(self, job: _Job, text: str) -> None:
         assert job.script is not None
+        turns: list[Any]
+        parse_error: str | None
         if len(text) > self.config.max_answer_chars:
             turns, parse_error = [], f"the answer is longer than {self.config.max_answer_chars} characters"
         else:

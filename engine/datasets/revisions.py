@@ -157,8 +157,9 @@ def select_pairs(ref: TreeRef, index: int, config: RevisionConfig) -> list[LeafP
     for leaf in good_leaves(ref, config):
         best[leaf] = leaf
     for n in reversed(nodes):  # children have larger ids than their parents
-        if n.parent is not None and best[n.id] is not None:
-            cur, new = best[n.parent], best[n.id]
+        new = best[n.id]
+        if n.parent is not None and new is not None:
+            cur = best[n.parent]
             if cur is None or (_reward(ref, new), -new) > (_reward(ref, cur), -cur):
                 best[n.parent] = new
     found = []
@@ -166,7 +167,7 @@ def select_pairs(ref: TreeRef, index: int, config: RevisionConfig) -> list[LeafP
         if n.terminal is None or n.parent is None:
             continue
         floor = _reward(ref, n.id) + config.beta_gap + EPS
-        anc = n.parent
+        anc: int | None = n.parent
         while anc is not None:
             g = best[anc]
             if g is not None and _reward(ref, g) > floor:
@@ -199,6 +200,7 @@ def detect_first_errors(
             if node.action is None:  # a format error: not an action, and wrong by definition
                 cache[key] = {"node": node.id, "answer": f"(format error: {node.format_error})", "verdict": "Bad"}
                 continue
+            assert node.parent is not None  # only the root has no parent, and it has no action
             prompt = judge_prompt(tree.task.goal, tree.task.context, tree.history(tree.nodes[node.parent]),
                                   node.action, node.observation)
             seed = zlib.crc32(repr((config.seed, tree.task.id, node.id)).encode()) & 0x7FFFFFFF

@@ -205,7 +205,7 @@ class AgentGymEnv(EnvBase):
         if self.score_scale and answer.get("score") is not None:
             reward = _number(answer["score"]) / self.score_scale if done else 0.0
         progress = answer.get("progress")
-        info = answer.get("info") if isinstance(answer.get("info"), dict) else {}
+        info = answer["info"] if isinstance(answer.get("info"), dict) else {}
         return Step(observation, reward, done, None if progress is None else _number(progress), dict(info))
 
 

@@ -17,7 +17,7 @@ import contextlib
 import copy
 import io
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import gymnasium as gym
 import minigrid  # noqa: F401  (registers the BabyAI-* levels with gymnasium)
@@ -25,6 +25,9 @@ from minigrid.core.constants import IDX_TO_COLOR, IDX_TO_OBJECT, STATE_TO_IDX
 
 from engine.envs.base import EnvBase, EnvError, Step, TaskSpec
 from engine.envs.registry import split_options
+
+if TYPE_CHECKING:
+    from minigrid.minigrid_env import MiniGridEnv
 
 SPLITS = ("train", "test")
 TEST_SEED0 = 1_000_000  # test seeds never overlap train seeds
@@ -114,9 +117,14 @@ def describe_view(image: Any, carrying: Any, direction: int | None = None) -> st
     return "\n".join(lines)
 
 
+def _make(level: str) -> MiniGridEnv:
+    """The bare level: gymnasium types `unwrapped` as a plain Env; BabyAI levels are MiniGridEnvs."""
+    return cast("MiniGridEnv", gym.make(level).unwrapped)
+
+
 @lru_cache(maxsize=64)
 def _mission(level: str, seed: int) -> str:
-    env = gym.make(level).unwrapped
+    env = _make(level)
     with _quiet():
         env.reset(seed=seed)
     return env.mission
@@ -134,7 +142,7 @@ class BabyAIEnv(EnvBase):
         self.n = int(opts.get("n", 50))
         if self.n < 1:
             raise EnvError("babyai: option n must be at least 1")
-        self._env = gym.make(self.level).unwrapped
+        self._env = _make(self.level)
         self._task: TaskSpec | None = None
         self._done = False
         self._steps = 0
@@ -181,7 +189,7 @@ class BabyAIEnv(EnvBase):
                         0.0, False, None, {"ok": False})
         obs, reward, terminated, truncated, _ = self._env.step(action)
         self._steps += 1
-        success = bool(terminated and reward > 0)
+        success = bool(terminated and float(reward) > 0)
         self._done = bool(terminated or truncated)
         text = describe_view(obs["image"], self._env.carrying, obs["direction"])
         if success:
@@ -213,7 +221,7 @@ class BabyAIEnv(EnvBase):
         """The level's BabyAIBot, run on a private copy from reset: its commands solve the task."""
         from minigrid.utils.baby_ai_bot import BabyAIBot
 
-        env = gym.make(self.level).unwrapped
+        env = _make(self.level)
         with _quiet():
             env.reset(seed=self.task(task_id).meta["seed"])
         bot, names, commands = BabyAIBot(env), {v: k for k, v in COMMANDS.items()}, []

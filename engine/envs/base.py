@@ -59,7 +59,7 @@ def checked_step(step: Step, env: str, task_id: str, step_no: int, command: str)
     A value that is not a finite number (NaN, inf, a string) is an EnvError naming env, task and step:
     it would poison every Q on the path, and SQLite stores NaN as NULL. A finite value outside [0, 1]
     is clamped into it, with a warning: scales differ between envs, the order of values survives."""
-    values = {}
+    values: dict[str, Any] = {}
     for name in ("reward", "progress"):
         value = getattr(step, name)
         if value is None and name == "progress":

@@ -210,9 +210,9 @@ class _Checker:
             cmds = list(self.commands)
         elif callable(getattr(self.env, "expert", None)):
             cmds = list(self.env.expert(task.id))
-        elif isinstance(self.env, SupportsValidCommands):
+        elif isinstance(valid := self.env, SupportsValidCommands):  # narrows `valid`, not self.env
             self.env.reset(task.id)
-            cmds = list(self.env.valid_commands())
+            cmds = list(valid.valid_commands())
         else:
             raise TypeError(f"check_env: env {self.name!r} has no expert() and no valid_commands(); "
                             "pass commands=[...] (or a function task -> commands)")

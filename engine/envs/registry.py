@@ -12,6 +12,7 @@ import inspect
 import re
 from collections.abc import Callable
 from importlib.metadata import entry_points
+from typing import Any
 from urllib.parse import parse_qsl
 
 from engine.envs.base import Env, EnvError, TaskSpec
@@ -79,11 +80,12 @@ def env_factory(spec: str) -> Callable[[], Env]:
     return lambda: cls(arg)
 
 
-def split_options(arg: str, allowed: dict[str, type], env: str) -> tuple[str, dict[str, object]]:
+def split_options(arg: str, allowed: dict[str, type], env: str) -> tuple[str, dict[str, Any]]:
     """`MAIN?key=value&...` -> (MAIN, typed options); unknown keys or bad values raise EnvError.
-    Booleans accept 1/0/true/false/yes/no."""
+    Booleans accept 1/0/true/false/yes/no. (Values are Any: each one's type is `allowed[key]`, which
+    a static signature cannot say.)"""
     main, _, query = arg.partition("?")
-    options: dict[str, object] = {}
+    options: dict[str, Any] = {}
     for key, value in parse_qsl(query, keep_blank_values=True, strict_parsing=False):
         kind = allowed.get(key)
         if kind is None:
@@ -109,7 +111,8 @@ def select_tasks(env: Env, spec: str, split: str = "train") -> list[TaskSpec]:
     if _RANGE.match(spec):
         parts = [int(p) if p else None for p in spec.split(":")]
         if len(parts) == 1:
-            start, stop, step = parts[0], parts[0] + 1, 1
+            start = int(spec)  # the regex's first branch: digits only
+            stop, step = start + 1, 1
         else:
             start = parts[0] or 0
             stop = parts[1] if parts[1] is not None else len(tasks)

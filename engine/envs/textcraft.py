@@ -298,7 +298,7 @@ class TextCraftEnv(EnvBase):
 
     def _consume(self, recipe: Recipe, pairs: list[tuple[str, int]], batches: int) -> tuple[str, bool]:
         """Take the ingredients (a tag named in the command draws on one held member) and add the output."""
-        book, take = self._book, {}
+        book, take = self._book, dict[str, int]()
         for named, needed in pairs:
             options = (
                 [named] if not book.is_tag(named) else sorted(book.tags[named], key=lambda m: m != named)

@@ -38,7 +38,7 @@ import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.envs.base import EnvBase, EnvError, Step, TaskSpec
 from engine.envs.web_dom import (
@@ -55,10 +55,13 @@ from engine.envs.web_dom import (
 from engine.envs.web_site import booking
 from engine.envs.web_site.server import BookingServer
 
+if TYPE_CHECKING:
+    from playwright.sync_api import ProxySettings, ViewportSize
+
 CHROMIUM = os.environ.get("ORCHARD_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-VIEWPORT = {"width": 800, "height": 600}
+VIEWPORT: ViewportSize = {"width": 800, "height": 600}
 MAX_OBS_CHARS = 6000
 TIMEOUT_MS = 5000
 DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -191,7 +194,7 @@ class _Runtime:
         for ref, ctx in [c for c in self.contexts if c[0]() is None]:  # envs garbage-collected since
             self.contexts.remove((ref, ctx))
             _quiet(ctx.close)
-        proxy = {"server": self.refuser.url, "bypass": ",".join(bypass_rule(a) for a in allowed)}
+        proxy: ProxySettings = {"server": self.refuser.url, "bypass": ",".join(bypass_rule(a) for a in allowed)}
         ctx = self.browser.new_context(viewport=VIEWPORT, java_script_enabled=javascript, proxy=proxy,
                                        service_workers="block", accept_downloads=False)
         self.contexts.append((weakref.ref(owner), ctx))

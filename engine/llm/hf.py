@@ -109,7 +109,9 @@ class HFGenerator:
             )
         except (OSError, ValueError) as exc:
             raise GeneratorError(f"cannot load a model from {path}: {exc}") from exc
-        self._setup(model.to(dev), tokenizer, name or f"hf:{path}", batch_size, seed, num_threads)
+        # PreTrainedModel.to is wrapped in functools.wraps, whose typeshed type does not bind `self`.
+        moved = model.to(dev)  # type: ignore[arg-type]
+        self._setup(moved, tokenizer, name or f"hf:{path}", batch_size, seed, num_threads)
 
     @classmethod
     def from_model(

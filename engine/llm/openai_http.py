@@ -36,13 +36,14 @@ build the same token ids as `HFGenerator`: chat-templated prompt + completion + 
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import logging
 import os
 import random
 import threading
 import urllib.parse
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -471,7 +472,7 @@ class OpenAIGenerator:
                 st.asked_in_flight += n
             for n, call in calls:
                 fut = self._executor().submit(self._call, request, n, call, abort)
-                fut.add_done_callback(lambda f, n=n: landed(f, n))
+                fut.add_done_callback(functools.partial(_landed_with, landed, n))
 
         def landed(fut: Future[list[Completion]], n: int) -> None:
             with lock:
@@ -581,3 +582,9 @@ def _init_options(options: dict[str, Any]) -> dict[str, Any]:
     """Spec options (`parse_spec`) -> OpenAIGenerator keyword arguments."""
     names = {"concurrency": "max_concurrency", "timeout": "timeout_s", "retries": "retries"}
     return {names[k]: v for k, v in options.items()}
+
+
+def _landed_with(landed: Callable[[Future[list[Completion]], int], None], n: int,
+                 fut: Future[list[Completion]]) -> None:
+    """A done callback: `landed(fut, n)` (n: the completions the call asked for)."""
+    landed(fut, n)

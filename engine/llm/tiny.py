@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from engine import paths
-from engine.actions import parse
+from engine.actions import FormatError, parse
 from engine.llm.base import Generator, SampleRequest, SamplingParams
 from engine.llm.tiny_config import TinyConfig
 from engine.llm.tiny_data import trie_pattern
@@ -370,7 +370,7 @@ def rollout_outcomes(
         still = []
         for tid, (completion,) in zip(active, generator.sample(requests), strict=True):
             action = parse(completion.text)
-            if not action:
+            if isinstance(action, FormatError):
                 continue
             step = envs[tid].step(action.command)
             history[tid].append(HistoryStep(action, step.observation))

@@ -30,7 +30,7 @@ import inspect
 import logging
 from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from engine.llm.base import Completion, GeneratorError, Prompt, SampleRequest, SamplingParams, is_canonical
 
@@ -227,7 +227,8 @@ class VLLMGenerator:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        # One sequence decodes to one str; transformers types decode() as str | list[str] for both cases.
+        return cast(str, self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False))
 
     def _generate(self, prompts: list[dict[str, list[int]]], params: list[Any]) -> list[Any]:
         try:

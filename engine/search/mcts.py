@@ -15,6 +15,7 @@ snapshot/restore where the env offers it, replay from reset otherwise.
 
 from __future__ import annotations
 
+import functools
 import math
 import queue
 import time
@@ -269,7 +270,7 @@ class MCTS:
                 w = _Wait(job, coro, [None] * len(requests), len(requests), t)  # type: ignore[list-item]
                 key = job.tree.task.id
                 for i, request in enumerate(requests):
-                    submit(request, affinity=key).add_done_callback(lambda fut, w=w, i=i: landed.put((w, i, fut)))
+                    submit(request, affinity=key).add_done_callback(functools.partial(_put_landed, landed, w, i))
                 stats.gen_s += time.perf_counter() - t  # time in the backend, as `sample` in rounds
                 stats.requests += len(requests)
                 in_flight += 1
@@ -449,6 +450,7 @@ class MCTS:
             completions = [Completion(text="", finish_reason="error")]
         seen: set[Any] = set()
         valid: list[Node] = []
+        actions: list[CompositeAction] = []  # valid[i].action, typed as set (never None here)
         errors: list[Node] = []
         for c in completions:
             parsed = parse(c.text)
@@ -494,12 +496,13 @@ class MCTS:
             )
             session.arrived(child)
             valid.append(child)
+            actions.append(parsed)
         if cfg.critic:
             total = len(valid) + len(errors)
             if len(valid) > 1:
                 critic_params = self._params(job, 0.0, cfg.critic_max_tokens, "critic", node.id)
                 ranking = yield from rank_candidates(
-                    task.goal, task.context, history, node.observation, [v.action for v in valid], critic_params
+                    task.goal, task.context, history, node.observation, actions, critic_params
                 )
                 self.stats.critic_fallbacks += ranking.fallbacks
                 for rank, idx in enumerate(ranking.order):
@@ -550,3 +553,8 @@ class MCTS:
             history.append(HistoryStep(parsed, step.observation))
             observation = step.observation
         return self._value(0.0, progress), tuple(commands), ()
+
+
+def _put_landed(landed: Any, wait: Any, index: int, fut: Any) -> None:
+    """A done callback: hand the finished future to the scheduler's queue (index: the request's place)."""
+    landed.put((wait, index, fut))

@@ -156,13 +156,13 @@ class SearchTree:
     def _rank_problems(self, parent: Node) -> list[str]:
         """Critic ranks of one expansion's K candidates: readable ones hold distinct ranks, format
         errors tie last at K-1 (docs/decisions.md "Format-error candidates and the critic")."""
-        kids = [self.nodes[c] for c in parent.children if self.nodes[c].critic_rank is not None]
+        kids = [self.nodes[c] for c in parent.children]
+        ranked = [(n, n.critic_rank) for n in kids if n.critic_rank is not None]
         k = len(parent.children)
-        out = [f"node {n.id}: critic rank {n.critic_rank} outside 0..{k - 1}" for n in kids
-               if not 0 <= n.critic_rank < k]
-        out += [f"node {n.id}: format error with critic rank {n.critic_rank}, not {k - 1} (tied last)"
-                for n in kids if n.format_error and n.critic_rank != k - 1]
-        readable = [n.critic_rank for n in kids if not n.format_error]
+        out = [f"node {n.id}: critic rank {r} outside 0..{k - 1}" for n, r in ranked if not 0 <= r < k]
+        out += [f"node {n.id}: format error with critic rank {r}, not {k - 1} (tied last)"
+                for n, r in ranked if n.format_error and r != k - 1]
+        readable = [r for n, r in ranked if not n.format_error]
         if len(readable) != len(set(readable)):
             out.append(f"node {parent.id}: children share critic ranks {sorted(readable)}")
         return out

@@ -133,7 +133,9 @@ class CurationStore(Connection):
                 )
             }
             report, now = SaveReport(), time.time()
-            inserts, updates, history = [], [], []
+            inserts: list[tuple[Any, ...]] = []
+            updates: list[tuple[Any, ...]] = []
+            history: list[tuple[Any, ...]] = []
             for p in pairs:
                 row = content(p)
                 old = existing.pop(p.id, None)
@@ -279,7 +281,9 @@ class CurationStore(Connection):
                 for r in con.execute(f"{query} WHERE s.run_id=? AND s.kind IN ({marks})", (prune_run, *prune_kinds)):
                     existing.setdefault(r[0], r[1:])
             report, now = SaveReport(), time.time()
-            inserts, updates, history = [], [], []
+            inserts: list[tuple[Any, ...]] = []
+            updates: list[tuple[Any, ...]] = []
+            history: list[tuple[Any, ...]] = []
             for s in samples:
                 row = (s.kind, s.run_id, _valid_text(s.task.id, f"sample {s.id}: task id"), json.dumps(s.source),
                        json.dumps(s.data()))

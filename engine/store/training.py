@@ -85,7 +85,8 @@ class TrainingStore(Connection):
 
     def jobs(self, state: str | Sequence[str] | None = None, device: str | None = None) -> list[JobInfo]:
         """Jobs, oldest first, optionally only those in `state` (one or several) on `device`."""
-        where, args = ["1=1"], []
+        where: list[str] = ["1=1"]
+        args: list[Any] = []
         if state is not None:
             _in("state", state, where, args)
         if device is not None:

@@ -212,8 +212,12 @@ def stored_reference(
     count equal to the completion's ids (text + EOS)."""
     out: list[tuple[float, float] | None] = []
     for p, row in zip(pairs, rows, strict=True):
-        ok = p.kind == "step" and p.logprob_chosen is not None and p.logprob_rejected is not None
-        ok = ok and p.status != "edited" and math.isfinite(p.logprob_chosen) and math.isfinite(p.logprob_rejected)
+        chosen_lp, rejected_lp = p.logprob_chosen, p.logprob_rejected
+        if chosen_lp is None or rejected_lp is None:
+            out.append(None)
+            continue
+        ok = p.kind == "step" and p.status != "edited"
+        ok = ok and math.isfinite(chosen_lp) and math.isfinite(rejected_lp)
         if ok and max_length is not None:
             longest = len(row["prompt_ids"]) + max(len(row["chosen_ids"]), len(row["rejected_ids"]))
             ok = longest <= max_length  # the collator would cut the completion: not what was stored
@@ -221,14 +225,14 @@ def stored_reference(
             for node, ids in ((p.chosen_node, row["chosen_ids"]), (p.rejected_node, row["rejected_ids"])):
                 if node_tokens.get((p.tree_id, node)) != len(ids):
                     ok = False
-        out.append((float(p.logprob_chosen), float(p.logprob_rejected)) if ok else None)
+        out.append((float(chosen_lp), float(rejected_lp)) if ok else None)
     return out
 
 
 # ------------------------------------------------------------------ TRL subclass
 
 
-def _trainer_class() -> type:
+def _trainer_class() -> type[Any]:
     """DPOTrainer taking pre-tokenized rows with per-token masks and partly supplied reference
     log-probs (built lazily: TRL takes seconds to import)."""
     import torch
@@ -270,7 +274,10 @@ def _trainer_class() -> type:
 
         def _set_signature_columns_if_needed(self) -> None:
             super()._set_signature_columns_if_needed()
-            self._signature_columns = [*self._signature_columns, "chosen_mask", "rejected_mask"]
+            # transformers' Trainer sets `_signature_columns = None` in __init__, so mypy infers the
+            # type None; the super() call above has made it the list of column names.
+            columns = [*self._signature_columns, "chosen_mask", "rejected_mask"]  # type: ignore[misc]
+            self._signature_columns = columns  # type: ignore[assignment]
 
         def _reference_pass(self, dataset, batch_size: int) -> tuple[list[float], list[float]]:
             """The reference's (chosen, rejected) log-probs of every row, in order, from every process.
@@ -314,14 +321,15 @@ def _trainer_class() -> type:
             score(sorted(verify | {i for i, s in enumerate(stored) if s is None}))
             worst: dict[str, float] = {}
             for i in verify:
-                if stored[i] is None:
+                s = stored[i]
+                if s is None:
                     continue
-                diff = max(abs(stored[i][k] - computed[i][k]) / max(1, n_tokens[i][k]) for k in (0, 1))
+                diff = max(abs(s[k] - computed[i][k]) / max(1, n_tokens[i][k]) for k in (0, 1))
                 worst[groups[i]] = max(worst.get(groups[i], 0.0), diff)
             tolerance: dict[str, float] = plan["tolerance"]
-            rejected = sorted(g for g, d in worst.items() if d > tolerance[g])
-            if rejected:
-                score([i for i, g in enumerate(groups) if g in rejected])
+            rejected_groups = sorted(g for g, d in worst.items() if d > tolerance[g])
+            if rejected_groups:
+                score([i for i, g in enumerate(groups) if g in rejected_groups])
             final: list[tuple[float, float]] = []
             used_stored = 0
             per_run: dict[str, dict[str, Any]] = {}
@@ -330,7 +338,7 @@ def _trainer_class() -> type:
                                                      "max_diff_per_token": worst.get(groups[i]),
                                                      "tolerance": tolerance[groups[i]]})
                 row["verified"] += i in verify
-                if s is not None and groups[i] not in rejected:
+                if s is not None and groups[i] not in rejected_groups:
                     final.append(s)
                     used_stored += 1
                     row["stored"] += 1
@@ -340,11 +348,11 @@ def _trainer_class() -> type:
             self.ref_stats = {
                 "ref_stored": used_stored, "ref_computed": len(computed), "ref_verified": len(verify),
                 "ref_verify_max_diff_per_token": max(worst.values(), default=None),
-                "ref_groups_rejected": rejected, "ref_per_run": per_run,
+                "ref_groups_rejected": rejected_groups, "ref_per_run": per_run,
             }
             if plan.get("require_stored") and used_stored < len(final):
                 raise TrainError(f"ref_source=stored: {len(final) - used_stored} pairs have no usable stored "
-                                 f"log-probs (groups failing the spot check: {rejected or 'none'})")
+                                 f"log-probs (groups failing the spot check: {rejected_groups or 'none'})")
             return dataset.add_column("ref_chosen_logps", [c for c, _ in final]).add_column(
                 "ref_rejected_logps", [r for _, r in final])
 

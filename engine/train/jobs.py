@@ -379,10 +379,10 @@ class JobRunner:
             gpus = set(_gpus_or_none(dev))
             if gpus & busy:
                 continue
-            job = self.store.claim_next_job(dev)
-            if job is not None:
-                self._launch(job)
-                started.append(job.id)
+            claimed = self.store.claim_next_job(dev)
+            if claimed is not None:
+                self._launch(claimed)
+                started.append(claimed.id)
                 busy |= gpus
         return started
 

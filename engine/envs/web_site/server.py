@@ -176,9 +176,9 @@ class _Handler(BaseHTTPRequestHandler):
         self._reserve(form)
 
     def _choice(self, q: dict[str, str]) -> tuple[str, str, str]:
-        date = q.get("date") if q.get("date") in b.all_dates() else b.all_dates()[0]
-        time = q.get("time") if q.get("time") in b.all_times() else "19:00"
-        party = q.get("party") if q.get("party") in {str(n) for n in b.PARTY_SIZES} else "2"
+        date = q["date"] if q.get("date") in b.all_dates() else b.all_dates()[0]
+        time = q["time"] if q.get("time") in b.all_times() else "19:00"
+        party = q["party"] if q.get("party") in {str(n) for n in b.PARTY_SIZES} else "2"
         return date, time, party
 
     def _home(self) -> None:
