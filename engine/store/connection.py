@@ -1,7 +1,8 @@
-"""The connection to one database file and its transactions (SQLite in WAL mode).
+"""The connection to one database and its transactions: a SQLite file (WAL mode) or a PostgreSQL
+server (a `postgresql://` URL, through engine.store.postgres).
 
-`Connection` opens (and for writers migrates) the file; each concern of the store (runs, curation,
-training) is a subclass adding its queries, and `engine.store.Store` combines them."""
+`Connection` opens (and for writers migrates) the database; each concern of the store (runs,
+curation, training) is a subclass adding its queries, and `engine.store.Store` combines them."""
 
 from __future__ import annotations
 
@@ -13,12 +14,12 @@ from pathlib import Path
 from typing import Any, Self
 
 from engine import paths
-from engine.store import schema
+from engine.store import postgres, schema
 from engine.store.records import StoreError
 from engine.store.schema import APP_ID, _check_file, _readonly_uri, _schema_tables
 
 
-def default_db_path() -> Path:
+def default_db_path() -> Path | str:
     """$ORCHARD_DB, else `$ORCHARD_HOME/orchard.db`, else `data/orchard.db` (engine.paths)."""
     return paths.db_path()
 
@@ -27,8 +28,15 @@ class Connection:
     """A connection to one Orchard database (see `engine.store.Store`)."""
 
     def __init__(self, path: str | Path | None = None, readonly: bool = False, must_exist: bool = False) -> None:
+        location = path if path is not None and str(path) != "" else default_db_path()
+        self.dialect = "postgresql" if postgres.is_url(location) else "sqlite"
+        if self.dialect == "postgresql":
+            self._open_postgres(str(location), readonly, must_exist)
+            return
         # Absolute, so job workers (started in the repository root) and stored log paths find it.
-        self.path = Path(os.path.abspath(path if path is not None else default_db_path()))
+        self.path: Path | str = Path(os.path.abspath(location))
+        # What another process opens (a job worker): the path, or the full URL (with any password).
+        self.location = str(self.path)
         version = _check_file(self.path)
         # must_exist: a command about rows that must be there already creates no file.
         if (readonly or must_exist) and not self.path.exists():
@@ -57,10 +65,49 @@ class Connection:
         except sqlite3.DatabaseError as e:
             raise StoreError(f"{self.path}: corrupt or unreadable database ({e})") from None
 
+    def _open_postgres(self, url: str, readonly: bool, must_exist: bool) -> None:
+        """The PostgreSQL counterpart of opening a file: the same checks before anything is written
+        (an Orchard schema at a version this code reads), then the same migrations."""
+        self.location, self.path = url, postgres.redact(url)  # `path` names the store in messages
+        self.con = postgres.PgConnection(url, readonly=readonly)
+        try:
+            version = self._pg_version()
+            if (readonly or must_exist) and version == 0:
+                raise StoreError(f"{self.path}: no Orchard database there yet (a search or `orchard demo` creates it)")
+            if readonly and version != schema.SCHEMA_VERSION:
+                raise StoreError(f"{self.path}: schema version {version} (this Orchard reads {schema.SCHEMA_VERSION}); "
+                                 "run any `orchard` command once to migrate it")
+            if not readonly:
+                self._migrate()
+            self._check_tables()
+        except BaseException:
+            self.con.close()
+            raise
+
+    def _pg_version(self) -> int:
+        tables = self.con.table_names()
+        if not tables:
+            return 0
+        if "meta" not in tables:
+            raise StoreError(f"{self.path}: a PostgreSQL schema, but not Orchard's (no meta table)")
+        meta = dict(self.con.execute("SELECT key, value FROM meta").fetchall())
+        if meta.get("app") != APP_ID:
+            raise StoreError(f"{self.path}: a PostgreSQL schema, but not Orchard's (app={meta.get('app')!r})")
+        version = int(meta.get("schema_version", "0"))
+        if version > schema.SCHEMA_VERSION:
+            raise StoreError(f"{self.path}: schema version {version} is newer than this Orchard "
+                             f"({schema.SCHEMA_VERSION}); upgrade")
+        return version
+
+    def table_names(self) -> set[str]:
+        if self.dialect == "postgresql":
+            return self.con.table_names()
+        return {r[0] for r in self.con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+
     def _check_tables(self) -> None:
         """A database at the current version that lacks one of its tables was damaged by hand:
         say so once, here, instead of failing in whichever query meets the gap first."""
-        have = {r[0] for r in self.con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        have = self.table_names()
         missing = sorted(_schema_tables() - have)
         if missing:
             self.con.close()
@@ -78,7 +125,17 @@ class Connection:
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
         """One write transaction. Nested inside another (a command that saves pairs and samples
-        together), it is a savepoint of the outer one, so everything commits or nothing does."""
+        together), it is a savepoint of the outer one, so everything commits or nothing does.
+        On PostgreSQL it holds the store's write lock, as `BEGIN IMMEDIATE` does on SQLite."""
+        if self.dialect == "postgresql" and not self.con.in_transaction:
+            self.con.begin()
+            try:
+                yield self.con
+            except BaseException:
+                self.con.rollback()
+                raise
+            self.con.commit()
+            return
         if self.con.in_transaction:
             self.con.execute("SAVEPOINT nested")
             try:
@@ -107,8 +164,12 @@ class Connection:
                 if version > current:
                     for statement in sql.split(";"):
                         if statement.strip():
-                            con.execute(statement)
+                            for part in self._dialect_ddl(statement):
+                                con.execute(part)
                     con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(version),))
+
+    def _dialect_ddl(self, statement: str) -> list[str]:
+        return postgres.translate_ddl(statement) if self.dialect == "postgresql" else [statement]
 
     @property
     def schema_version(self) -> int:
