@@ -154,6 +154,21 @@ class Connection:
             raise
         self.con.execute("COMMIT")
 
+    @contextmanager
+    def snapshot(self) -> Iterator[None]:
+        """Reads that all see one committed state (a copy of a store that is being written to)."""
+        if self.dialect == "postgresql":
+            self.con.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        else:
+            self.con.execute("BEGIN")
+        try:
+            yield
+        finally:
+            if getattr(self.con, "broken", False):
+                self.con.rollback()
+            else:
+                self.con.execute("COMMIT")
+
     def _migrate(self) -> None:
         with self.transaction() as con:
             con.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")

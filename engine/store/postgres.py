@@ -305,3 +305,13 @@ class PgConnection:
             ).fetchall()
             self._upsert[table] = ([r[0] for r in rows if r[1]], [r[0] for r in rows if not r[1]])
         return self._upsert[table]
+
+
+def reset_identities(con: PgConnection) -> None:
+    """After rows were copied in with their ids, move each identity column's sequence past the
+    largest id, so the next insert does not collide with a copied row."""
+    rows = con.execute("SELECT table_name, column_name FROM information_schema.columns "
+                       "WHERE table_schema = current_schema() AND is_identity = 'YES'").fetchall()
+    for table, column in rows:
+        con.execute(f"SELECT setval(pg_get_serial_sequence('{table}', '{column}'), "
+                    f"COALESCE(MAX({column}), 1), MAX({column}) IS NOT NULL) FROM {table}")
