@@ -17,20 +17,24 @@ from engine import paths
 from engine.datasets.pairs import Pair
 from engine.datasets.samples import Sample
 from engine.search.tree import SearchTree
-from engine.store import HistoryEntry, RunInfo, Store, StoreError
+from engine.store import HistoryEntry, MissingStoreError, RunInfo, Store, StoreError, data_version
 
 DB_ENV = paths.DB_ENV
 NO_RUNS = "No runs yet — run `make run` to search the demo tasks, then reload this page."
 
 
-def db_path() -> Path:
-    """`$ORCHARD_DB` when set, else the engine's default database (engine.paths, as the CLI)."""
+def db_path() -> Path | str:
+    """`$ORCHARD_DB` when set, else the engine's default database (engine.paths, as the CLI);
+    a `postgresql://` URL stays a string."""
     return paths.db_path()
 
 
-def db_version(path: Path) -> tuple[int, ...]:
+def db_version(path: Path | str) -> tuple[int | str, ...]:
     """Changes whenever a transaction is committed to `path` (main file or its write-ahead log).
-    An empty WAL counts as none: a read-only reader may create one without changing anything."""
+    An empty WAL counts as none: a read-only reader may create one without changing anything.
+    On a PostgreSQL server: its write-ahead-log position (engine.store.data_version)."""
+    if paths.is_db_url(path):
+        return data_version(str(path))
     out: list[int] = []
     for p in (path, path.with_name(path.name + "-wal")):
         try:
@@ -45,10 +49,12 @@ def db_problem(path: Path, need_runs: bool = True) -> tuple[str, str] | None:
     """("empty", message) when there is nothing to show, ("error", one line) when the file is
     unusable, None when the page can show it. Pages of data that need no search run (imported
     refinement data, jobs, evaluations) pass `need_runs=False`."""
-    if not path.exists() or path.stat().st_size == 0:
+    if not paths.is_db_url(path) and (not Path(path).exists() or Path(path).stat().st_size == 0):
         return "empty", NO_RUNS
     try:
         runs = list_runs(str(path), db_version(path))
+    except MissingStoreError:
+        return "empty", NO_RUNS
     except StoreError as e:
         return "error", str(e).splitlines()[0]
     if not runs and need_runs:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,13 +16,30 @@ from typing import Any, Self
 
 from engine import paths
 from engine.store import postgres, schema
-from engine.store.records import StoreError
+from engine.store.records import MissingStoreError, StoreError
 from engine.store.schema import APP_ID, _check_file, _readonly_uri, _schema_tables
 
 
 def default_db_path() -> Path | str:
     """$ORCHARD_DB, else `$ORCHARD_HOME/orchard.db`, else `data/orchard.db` (engine.paths)."""
     return paths.db_path()
+
+
+def data_version(location: str | Path) -> tuple[str, ...]:
+    """A token that changes when anything is committed on the PostgreSQL server at `location`
+    (its write-ahead-log position; other databases' writes change it too: a cache reloads early,
+    never late). An unreachable server gives a token that changes each second: the read that
+    follows says why."""
+    try:
+        con = postgres.PgConnection(str(location), readonly=True)
+    except StoreError:
+        return ("unreachable", str(int(time.time())))
+    try:
+        return (str(con.execute("SELECT pg_current_wal_lsn()").fetchone()[0]),)
+    except StoreError:
+        return ("unreachable", str(int(time.time())))
+    finally:
+        con.close()
 
 
 class Connection:
@@ -40,7 +58,7 @@ class Connection:
         version = _check_file(self.path)
         # must_exist: a command about rows that must be there already creates no file.
         if (readonly or must_exist) and not self.path.exists():
-            raise StoreError(f"{self.path}: no such database (a search or `orchard demo` creates it)")
+            raise MissingStoreError(f"{self.path}: no such database (a search or `orchard demo` creates it)")
         if readonly:
             if version != schema.SCHEMA_VERSION:
                 raise StoreError(
@@ -73,7 +91,7 @@ class Connection:
         try:
             version = self._pg_version()
             if (readonly or must_exist) and version == 0:
-                raise StoreError(f"{self.path}: no Orchard database there yet (a search or `orchard demo` creates it)")
+                raise MissingStoreError(f"{self.path}: no Orchard database there yet (a search or `orchard demo` creates it)")
             if readonly and version != schema.SCHEMA_VERSION:
                 raise StoreError(f"{self.path}: schema version {version} (this Orchard reads {schema.SCHEMA_VERSION}); "
                                  "run any `orchard` command once to migrate it")
