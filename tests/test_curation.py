@@ -336,3 +336,26 @@ def test_a_nested_transaction_is_a_savepoint_of_the_outer_one(new_db):
                 inner.execute("INSERT INTO meta VALUES ('c', '3')")
         keys = {k for (k,) in store.con.execute("SELECT key FROM meta")}
         assert {"a", "c"} <= keys and "b" not in keys and not store.con.in_transaction
+
+
+def test_a_save_returns_the_version_it_wrote_not_a_later_one(new_db, monkeypatch):
+    """The load test (bench/curation_load.py) found saves reporting another curator's version: the
+    row was re-read after the commit, so a save that landed in between came back as if it were
+    this one's (and the next write based on it would pass over a change never seen)."""
+    from engine.store import curation
+
+    path = new_db()
+    with Store(path) as alice, Store(path) as bob:
+        run_id, trees = _run(alice)
+        alice.save_pairs(run_id, _pairs(run_id, trees))
+        pid = alice.pairs()[0].id
+        real = curation.CurationStore.pair
+
+        def pair_then_bob(self, pair_id):
+            if self is alice and not self.con.in_transaction:  # between alice's commit and her re-read
+                bob.set_pair_status(pair_id, "rejected", "bob", real(bob, pair_id).version)
+            return real(self, pair_id)
+
+        monkeypatch.setattr(curation.CurationStore, "pair", pair_then_bob)
+        saved = alice.set_pair_status(pid, "approved", "alice", 1)
+        assert (saved.version, saved.updated_by, saved.status) == (2, "alice", "approved")
