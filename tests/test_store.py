@@ -129,8 +129,15 @@ else:
 """
 
 
-def test_resume_after_sigkill(tmp_path):
-    db = tmp_path / "o.db"
+def _committed_simulations(db: str) -> int:
+    try:
+        with Store(db, readonly=True) as ro:
+            return int(ro.con.execute("SELECT COUNT(*) FROM simulations").fetchone()[0])
+    except (StoreError, sqlite3.Error):
+        return 0  # not created yet
+
+
+def test_resume_after_sigkill(tmp_path, db):
     script = tmp_path / "s.py"
     script.write_text(KILL_SCRIPT.format(tests=str(ROOT / "tests"), db=str(db), delay=0.02))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -139,15 +146,9 @@ def test_resume_after_sigkill(tmp_path):
     sims = 0
     while time.time() < deadline:  # wait until some simulations are committed, then kill -9
         time.sleep(0.2)
-        if db.exists():
-            try:
-                con = sqlite3.connect(db)
-                sims = con.execute("SELECT COUNT(*) FROM simulations").fetchone()[0]
-                con.close()
-            except sqlite3.Error:
-                sims = 0
-            if sims >= 8:
-                break
+        sims = _committed_simulations(db)
+        if sims >= 8:
+            break
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert 8 <= sims < 40, "the run should have been killed mid-way"
