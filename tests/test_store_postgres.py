@@ -190,3 +190,18 @@ def test_foreign_schema_and_readonly_are_refused_untouched(pg):
         store.create_job("sft", {}, "cpu")
     with Store(fresh, readonly=True) as ro, pytest.raises(StoreError, match="read-only transaction"):
         ro.con.execute("DELETE FROM jobs")
+
+
+def test_a_url_in_orchard_db_or_db_stays_a_url(monkeypatch, tmp_path):
+    from pathlib import Path
+
+    from engine import paths
+
+    url = "postgresql://ann@127.0.0.1:5432/orchard"
+    assert paths.db_path(url) == url  # a Path would fold "//" into "/"
+    monkeypatch.setenv("ORCHARD_DB", url)
+    monkeypatch.setenv("ORCHARD_HOME", str(tmp_path))
+    assert paths.db_path() == url and paths.db_exists(url)
+    assert paths.jobs_dir(url) == tmp_path / "jobs"
+    assert paths.db_path(tmp_path / "x.db") == tmp_path / "x.db" and not paths.db_exists(tmp_path / "x.db")
+    assert paths.jobs_dir(Path("/a/b.db")) == Path("/a/jobs")

@@ -56,3 +56,25 @@ def test_every_page_renders_from_postgresql(pg_store, page) -> None:
     if page == "views/runs.py":
         shown = " ".join(str(df.value.to_dict()) for df in at.dataframe) + " ".join(m.value for m in at.markdown)
         assert any(r in shown for r in runs.values())
+
+
+def test_curating_a_pair_on_postgresql_saves_and_refuses_a_stale_save(pg_store) -> None:
+    """The pairs page's writes on a server store (the same interaction as test_curation_pages)."""
+    url, runs = pg_store
+    at = AppTest.from_file(str(APP), default_timeout=60).run()
+    at.switch_page("views/pairs.py")
+    at.query_params["run"], at.query_params["task"] = runs["main"], "goal-4"
+    at.run()
+    at.text_input(key="who").input("alice").run()
+    first = at.query_params["pair"]
+    at.button(key="pp_approve_next").click().run()
+    assert not at.exception
+    with Store(url) as store:
+        saved = store.pair(first)
+        assert (saved.status, saved.updated_by, saved.version) == ("approved", "alice", 2)
+        second = at.query_params["pair"]
+        store.set_pair_status(second, "rejected", "bob", expected_version=1)  # between load and save
+    at.button(key="pp_approve").click().run()
+    assert not at.exception and any("NOT saved" in w.value for w in at.warning)
+    with Store(url) as store:
+        assert (store.pair(second).status, store.pair(second).updated_by) == ("rejected", "bob")
