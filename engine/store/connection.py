@@ -159,8 +159,9 @@ class Connection:
             try:
                 yield self.con
             except BaseException:
-                self.con.execute("ROLLBACK TO nested")
-                self.con.execute("RELEASE nested")
+                if self.con.in_transaction:  # a lost server connection took the whole transaction with it
+                    self.con.execute("ROLLBACK TO nested")
+                    self.con.execute("RELEASE nested")
                 raise
             self.con.execute("RELEASE nested")
             return
