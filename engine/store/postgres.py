@@ -166,11 +166,11 @@ class PgConnection:
         psycopg = self._psycopg
         try:
             raw = psycopg.connect(self.url, autocommit=True, connect_timeout=10, application_name="orchard")
+            _register_nul_escapes(raw)
+            if self.readonly:
+                raw.execute("SET default_transaction_read_only = on")
         except (psycopg.Error, ValueError) as e:  # a bad URL is a ProgrammingError or ValueError
             raise StoreError(f"{self.where}: cannot connect to PostgreSQL ({_one_line(e, self.url)})") from None
-        _register_nul_escapes(raw)
-        if self.readonly:
-            raw.execute("SET default_transaction_read_only = on")
         return raw
 
     def _reconnect(self) -> None:
@@ -277,6 +277,8 @@ class PgConnection:
     def _translate(self, sql: str, with_params: bool) -> str:
         key = (sql, with_params)
         if key not in self._sql:
+            if len(self._sql) > 4096:  # IN lists of every length: keep the cache bounded
+                self._sql.clear()
             self._sql[key] = self._translate_new(sql, with_params)
         return self._sql[key]
 
