@@ -17,22 +17,38 @@ from engine import paths
 from engine.datasets.pairs import Pair
 from engine.datasets.samples import Sample
 from engine.search.tree import SearchTree
-from engine.store import HistoryEntry, RunInfo, Store, StoreError
+from engine.store import HistoryEntry, MissingStoreError, RunInfo, Store, StoreError, data_version
 
 DB_ENV = paths.DB_ENV
 NO_RUNS = "No runs yet — run `make run` to search the demo tasks, then reload this page."
 
 
-def db_path() -> Path:
-    """`$ORCHARD_DB` when set, else the engine's default database (engine.paths, as the CLI)."""
+def db_path() -> Path | str:
+    """`$ORCHARD_DB` when set, else the engine's default database (engine.paths, as the CLI);
+    a `postgresql://` URL stays a string."""
     return paths.db_path()
 
 
-def db_version(path: Path) -> tuple[int, ...]:
+Version = tuple[int | str, ...]  # what db_version returns: the cache key of every read
+
+
+def has_data(path: Path | str) -> bool:
+    """Is there a store to read at `path` (a server URL always; a file only when not empty)?"""
+    if paths.is_db_url(path):
+        return True
+    file = Path(path)
+    return file.exists() and file.stat().st_size > 0
+
+
+def db_version(path: Path | str) -> Version:
     """Changes whenever a transaction is committed to `path` (main file or its write-ahead log).
-    An empty WAL counts as none: a read-only reader may create one without changing anything."""
-    out: list[int] = []
-    for p in (path, path.with_name(path.name + "-wal")):
+    An empty WAL counts as none: a read-only reader may create one without changing anything.
+    On a PostgreSQL server: its write-ahead-log position (engine.store.data_version)."""
+    if paths.is_db_url(path):
+        return data_version(str(path))
+    out: list[int | str] = []
+    file = Path(path)
+    for p in (file, file.with_name(file.name + "-wal")):
         try:
             st_ = p.stat()
             out += [st_.st_mtime_ns, st_.st_size] if st_.st_size else [0, 0]
@@ -41,14 +57,16 @@ def db_version(path: Path) -> tuple[int, ...]:
     return tuple(out)
 
 
-def db_problem(path: Path, need_runs: bool = True) -> tuple[str, str] | None:
+def db_problem(path: Path | str, need_runs: bool = True) -> tuple[str, str] | None:
     """("empty", message) when there is nothing to show, ("error", one line) when the file is
     unusable, None when the page can show it. Pages of data that need no search run (imported
     refinement data, jobs, evaluations) pass `need_runs=False`."""
-    if not path.exists() or path.stat().st_size == 0:
+    if not has_data(path):
         return "empty", NO_RUNS
     try:
         runs = list_runs(str(path), db_version(path))
+    except MissingStoreError:
+        return "empty", NO_RUNS
     except StoreError as e:
         return "error", str(e).splitlines()[0]
     if not runs and need_runs:
@@ -57,14 +75,14 @@ def db_problem(path: Path, need_runs: bool = True) -> tuple[str, str] | None:
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
-def list_runs(path: str, version: tuple[int, ...]) -> list[RunInfo]:
+def list_runs(path: str, version: Version) -> list[RunInfo]:
     """All runs, oldest first (`version` is only the cache key)."""
     with Store(path, readonly=True) as store:
         return store.runs()
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
-def tree_index(path: str, run_id: str, version: tuple[int, ...]) -> list[tuple[int, str]]:
+def tree_index(path: str, run_id: str, version: Version) -> list[tuple[int, str]]:
     """(tree id, task id) of a run, in run order."""
     with Store(path, readonly=True) as store:
         return store.tree_ids(run_id)
@@ -79,13 +97,13 @@ def read_tree(path: str, tree_id: int) -> SearchTree | None:
 # cache_resource, not cache_data: a 100k-node tree is never mutated here, and unpickling a copy on
 # every rerun (what cache_data does) would cost more than the layout.
 @st.cache_resource(show_spinner=False, max_entries=6)
-def load_tree(path: str, tree_id: int, version: tuple[int, ...]) -> SearchTree | None:
+def load_tree(path: str, tree_id: int, version: Version) -> SearchTree | None:
     """The committed tree (None until its root is written); shared, treat as read-only."""
     return read_tree(path, tree_id)
 
 
 @st.cache_data(show_spinner=False, max_entries=32)
-def node_screenshot(path: str, tree_id: int, node_id: int, version: tuple[int, ...]) -> bytes | None:
+def node_screenshot(path: str, tree_id: int, node_id: int, version: Version) -> bytes | None:
     """The JPEG stored with a terminal node (web env), None when there is none or it is not a JPEG."""
     with Store(path, readonly=True) as store:
         data = store.node_screenshot(tree_id, node_id)
@@ -93,7 +111,7 @@ def node_screenshot(path: str, tree_id: int, node_id: int, version: tuple[int, .
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
-def resolve_run(path: str, key: str, version: tuple[int, ...]) -> str | None:
+def resolve_run(path: str, key: str, version: Version) -> str | None:
     """The run id for `key` (id, unique id prefix or name), None when unknown or ambiguous."""
     with Store(path, readonly=True) as store:
         try:
@@ -122,7 +140,7 @@ def as_kwargs(f: Filters) -> dict[str, object]:
 
 @st.cache_data(show_spinner=False, max_entries=64)
 def pair_page(
-    path: str, f: Filters, order: str, limit: int, offset: int, version: tuple[int, ...]
+    path: str, f: Filters, order: str, limit: int, offset: int, version: Version
 ) -> list[Pair]:
     """One page of the pairs matching `f`, in `order` ("tree", "gap" or "updated")."""
     with Store(path, readonly=True) as store:
@@ -130,21 +148,21 @@ def pair_page(
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
-def pair_counts(path: str, f: Filters, version: tuple[int, ...]) -> dict[str, int]:
+def pair_counts(path: str, f: Filters, version: Version) -> dict[str, int]:
     """Pairs matching `f` per curation status, plus "total"."""
     with Store(path, readonly=True) as store:
         return store.pair_counts(**as_kwargs(f))
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
-def sample_page(path: str, f: Filters, limit: int, offset: int, version: tuple[int, ...]) -> list[Sample]:
+def sample_page(path: str, f: Filters, limit: int, offset: int, version: Version) -> list[Sample]:
     """One page of the samples matching `f` (kind, run, task, status)."""
     with Store(path, readonly=True) as store:
         return store.samples(limit=limit, offset=offset, **as_kwargs(f))
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
-def sample_counts(path: str, f: Filters, version: tuple[int, ...]) -> dict[str, int]:
+def sample_counts(path: str, f: Filters, version: Version) -> dict[str, int]:
     with Store(path, readonly=True) as store:
         return store.sample_counts(**as_kwargs(f))
 

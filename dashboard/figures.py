@@ -205,7 +205,7 @@ def tree_figure(
 
 @st.cache_data(show_spinner=False, max_entries=32)
 def cached_layout(
-    path: str, tree_id: int, version: tuple[int, ...], max_depth: int | None, collapsed: tuple[int, ...],
+    path: str, tree_id: int, version: data.Version, max_depth: int | None, collapsed: tuple[int, ...],
     budget: int | None = None, focus: int | None = None,
 ) -> TreeLayout:
     """The drawn part: all of it (within depth / collapse) when `budget` is None, else the level of
@@ -220,7 +220,7 @@ def cached_layout(
 
 @st.cache_data(show_spinner=False, max_entries=32)
 def cached_open(
-    path: str, tree_id: int, version: tuple[int, ...], max_depth: int | None, collapsed: tuple[int, ...],
+    path: str, tree_id: int, version: data.Version, max_depth: int | None, collapsed: tuple[int, ...],
     budget: int, focus: int | None,
 ) -> frozenset[int]:
     """`lod.choose_open` for these view settings (the nodes whose children are drawn)."""
@@ -231,7 +231,7 @@ def cached_open(
 
 
 @st.cache_data(show_spinner=False, max_entries=32)
-def cached_matches(path: str, tree_id: int, version: tuple[int, ...], query: str) -> list[int]:
+def cached_matches(path: str, tree_id: int, version: data.Version, query: str) -> list[int]:
     tree = data.load_tree(path, tree_id, version)
     return matching_nodes(tree, query) if tree is not None else []
 
@@ -242,7 +242,7 @@ def cached_matches(path: str, tree_id: int, version: tuple[int, ...], query: str
 def cached_tree_figure(
     path: str,
     tree_id: int,
-    version: tuple[int, ...],
+    version: data.Version,
     measure: str,
     alpha: float,
     max_depth: int | None,

@@ -14,6 +14,7 @@ from typing import Any
 
 import streamlit as st
 
+from dashboard import data
 from engine.store import Store
 
 TRAIN_KINDS = ("dpo", "sft", "rft")
@@ -34,7 +35,7 @@ class RunStages:
 
 
 @st.cache_data(show_spinner=False, max_entries=8)
-def run_stages(path: str, version: tuple[int, ...]) -> dict[str, RunStages]:
+def run_stages(path: str, version: data.Version) -> dict[str, RunStages]:
     """Every run's stages (`version` is only the cache key)."""
     with Store(path, readonly=True) as store:
         runs = store.runs()

@@ -5,8 +5,9 @@ Every entry point (the CLI, the dashboard, the job worker, the demo) resolves th
 it too. Nothing here creates a file except `cache_dir` (its folders are made on demand).
 
 - data root: $ORCHARD_HOME, else `data/` in the repository (git-ignored);
-- database: an explicit path (`--db`), else $ORCHARD_DB, else `<data root>/orchard.db`;
-- job logs: `jobs/` beside the database (a job's log follows its store);
+- database: an explicit path (`--db`), else $ORCHARD_DB, else `<data root>/orchard.db`; either may be
+  a `postgresql://` URL (kept as text: a Path would fold its `//`);
+- job logs: `jobs/` beside the database (a job's log follows its store), `<data root>/jobs` for a server;
 - runs (refinement output): `<data root>/runs`;
 - models: `<data root>/models` (the tiny model in `tiny`, trained ones in `trained/NAME`);
 - caches of generated env data: $ORCHARD_CACHE, else `$ORCHARD_HOME/cache`, else ~/.cache/orchard.
@@ -29,17 +30,34 @@ def data_root() -> Path:
     return Path(home).expanduser() if home else REPO_ROOT / "data"
 
 
-def db_path(explicit: str | os.PathLike[str] | None = None) -> Path:
-    """The database: `explicit` (a `--db` flag), else $ORCHARD_DB, else `<data root>/orchard.db`."""
+PG_SCHEMES = ("postgresql://", "postgres://")
+
+
+def is_db_url(db: str | os.PathLike[str]) -> bool:
+    """True when `db` names a PostgreSQL server rather than a SQLite file."""
+    return str(db).startswith(PG_SCHEMES)
+
+
+def db_path(explicit: str | os.PathLike[str] | None = None) -> Path | str:
+    """The database: `explicit` (a `--db` flag), else $ORCHARD_DB, else `<data root>/orchard.db`.
+    A `postgresql://` URL is returned as the string it is."""
+    value = str(explicit) if explicit is not None and str(explicit) != "" else os.environ.get(DB_ENV)
+    if value and is_db_url(value):
+        return value
     if explicit is not None and str(explicit) != "":
         return Path(explicit)
-    value = os.environ.get(DB_ENV)
     return Path(value).expanduser() if value else data_root() / "orchard.db"
 
 
-def jobs_dir(db: Path) -> Path:
-    """Job log files of the database `db`: `jobs/` beside it."""
-    return db.parent / "jobs"
+def db_exists(db: str | os.PathLike[str]) -> bool:
+    """Whether there may be a store to read at `db` without creating one: a file that exists, or
+    any server URL (the server says whether the schema is there)."""
+    return is_db_url(db) or Path(db).exists()
+
+
+def jobs_dir(db: str | os.PathLike[str]) -> Path:
+    """Job log files of the database `db`: `jobs/` beside it (`<data root>/jobs` for a server)."""
+    return data_root() / "jobs" if is_db_url(db) else Path(db).parent / "jobs"
 
 
 def runs_dir() -> Path:

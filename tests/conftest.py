@@ -15,3 +15,6 @@ def one_torch_thread() -> Iterator[None]:
 
     with torch_threads(1):
         yield
+
+
+from pg_fixture import backend, db, new_db, pg_server  # noqa: F401 - the store fixtures on both backends

@@ -28,8 +28,9 @@ VALID = "THOUGHT: go on.\nACTION: right\nEXPLANATION: closer.\nSTATUS: CONTINUE"
 
 
 @pytest.fixture
-def db(tmp_path):
-    store = Store(tmp_path / "o.db")
+def db(new_db):
+    """An open store on each backend (SQLite, PostgreSQL: tests/pg_fixture.py)."""
+    store = Store(new_db())
     yield store
     store.close()
 
@@ -49,8 +50,8 @@ def _pairs(run_id: str, tree_ids: dict[str, int]):
     return built.step + built.trajectory
 
 
-def test_migration_2_upgrades_a_version_1_database_in_place(tmp_path, monkeypatch):
-    path = tmp_path / "old.db"
+def test_migration_2_upgrades_a_version_1_database_in_place(new_db, monkeypatch):
+    path = new_db()
     monkeypatch.setattr(store_module, "MIGRATIONS", store_module.MIGRATIONS[:1])
     monkeypatch.setattr(store_module, "SCHEMA_VERSION", 1)
     with Store(path) as old:
@@ -59,7 +60,7 @@ def test_migration_2_upgrades_a_version_1_database_in_place(tmp_path, monkeypatc
     monkeypatch.undo()
     with Store(path) as new:
         assert new.schema_version == store_module.SCHEMA_VERSION and new.find_run(run_id) == run_id
-        tables = {r[0] for r in new.con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        tables = new.table_names()
         assert {"pairs", "pair_history", "samples", "sample_history"} <= tables
 
 
@@ -89,8 +90,8 @@ def test_save_query_filter_and_count(db):
         db.pair("nope")
 
 
-def test_stale_versions_are_refused_never_overwritten(tmp_path):
-    path = tmp_path / "o.db"
+def test_stale_versions_are_refused_never_overwritten(new_db):
+    path = new_db()
     with Store(path) as alice, Store(path) as bob:
         run_id, trees = _run(alice)
         pid = _pairs(run_id, trees)[0].id
@@ -145,14 +146,21 @@ def test_bulk_status_is_one_transaction(db):
     run_id, trees = _run(db)
     pairs = _pairs(run_id, trees)
     db.save_pairs(run_id, pairs)
-    db.con.execute(
-        "CREATE TEMP TRIGGER boom BEFORE INSERT ON pair_history WHEN NEW.action = 'approve' AND "
-        "(SELECT COUNT(*) FROM pair_history WHERE action = 'approve') >= 2 BEGIN SELECT RAISE(ABORT, 'boom'); END"
-    )
-    with pytest.raises(sqlite3.IntegrityError, match="boom"):
+    if db.dialect == "sqlite":
+        db.con.execute(
+            "CREATE TEMP TRIGGER boom BEFORE INSERT ON pair_history WHEN NEW.action = 'approve' AND "
+            "(SELECT COUNT(*) FROM pair_history WHERE action = 'approve') >= 2 BEGIN SELECT RAISE(ABORT, 'boom'); END"
+        )
+    else:
+        db.con.execute(
+            "CREATE FUNCTION boom() RETURNS trigger AS $$ BEGIN IF NEW.action = 'approve' AND (SELECT COUNT(*) "
+            "FROM pair_history WHERE action = 'approve') >= 2 THEN RAISE EXCEPTION 'boom'; END IF; RETURN NEW; END "
+            "$$ LANGUAGE plpgsql")
+        db.con.execute("CREATE TRIGGER boom BEFORE INSERT ON pair_history FOR EACH ROW EXECUTE FUNCTION boom()")
+    with pytest.raises((sqlite3.IntegrityError, StoreError), match="boom"):
         db.bulk_set_pair_status("approved", "ann", run_id=run_id)
     assert db.pair_counts(run_id=run_id)["approved"] == 0  # all or nothing
-    db.con.execute("DROP TRIGGER boom")
+    db.con.execute("DROP TRIGGER boom" + ("" if db.dialect == "sqlite" else " ON pair_history"))
     step = [p for p in pairs if p.kind == "step"]
     assert db.bulk_set_pair_status("approved", "ann", run_id=run_id, kind="step") == len(step)
     assert db.bulk_set_pair_status("approved", "ann", run_id=run_id, kind="step") == 0  # already so
@@ -234,13 +242,13 @@ def _cli(argv: list[str]) -> int:
     return args.func(args)
 
 
-def test_cli_build_curate_rebuild_export_import(tmp_path, monkeypatch, capsys):
+def test_cli_build_curate_rebuild_export_import(tmp_path, new_db, monkeypatch, capsys):
     from engine.envs import registry
     from engine.llm import registry as llm_registry
 
     monkeypatch.setitem(registry.BUILTIN, "line", "doubles:SnapshotLineEnv")
     monkeypatch.setattr(llm_registry, "load_generator", lambda spec, log=print: Judge())
-    db = str(tmp_path / "o.db")
+    db = new_db()
     with Store(db) as store:
         env = SnapshotLineEnv()
         run_id, _ = new_run(store, "line", env.tasks()[:3], ScriptedGenerator(p_garbage=0.1),
@@ -292,12 +300,12 @@ def test_cli_build_curate_rebuild_export_import(tmp_path, monkeypatch, capsys):
     assert "nothing written" in capsys.readouterr().out
 
 
-def test_pairs_build_saves_pairs_and_rft_rows_in_one_transaction(tmp_path, monkeypatch):
+def test_pairs_build_saves_pairs_and_rft_rows_in_one_transaction(new_db, monkeypatch):
     """A kill between the two saves once left the pairs committed without their RFT rows."""
     from engine.envs import registry
 
     monkeypatch.setitem(registry.BUILTIN, "line", "doubles:SnapshotLineEnv")
-    db = str(tmp_path / "o.db")
+    db = new_db()
     with Store(db) as store:
         new_run(store, "line", SnapshotLineEnv().tasks()[:2], ScriptedGenerator(),
                 SearchConfig(simulations=12, k=3, depth_limit=5), "r", make_env=SnapshotLineEnv)
@@ -317,8 +325,8 @@ def test_pairs_build_saves_pairs_and_rft_rows_in_one_transaction(tmp_path, monke
         assert store.pair_counts()["total"] > 0 and store.sample_counts(kind="rft")["total"] > 0
 
 
-def test_a_nested_transaction_is_a_savepoint_of_the_outer_one(tmp_path):
-    with Store(tmp_path / "o.db") as store:
+def test_a_nested_transaction_is_a_savepoint_of_the_outer_one(new_db):
+    with Store(new_db()) as store:
         with store.transaction() as con:
             con.execute("INSERT INTO meta VALUES ('a', '1')")
             with pytest.raises(RuntimeError), store.transaction() as inner:
@@ -328,3 +336,26 @@ def test_a_nested_transaction_is_a_savepoint_of_the_outer_one(tmp_path):
                 inner.execute("INSERT INTO meta VALUES ('c', '3')")
         keys = {k for (k,) in store.con.execute("SELECT key FROM meta")}
         assert {"a", "c"} <= keys and "b" not in keys and not store.con.in_transaction
+
+
+def test_a_save_returns_the_version_it_wrote_not_a_later_one(new_db, monkeypatch):
+    """The load test (bench/curation_load.py) found saves reporting another curator's version: the
+    row was re-read after the commit, so a save that landed in between came back as if it were
+    this one's (and the next write based on it would pass over a change never seen)."""
+    from engine.store import curation
+
+    path = new_db()
+    with Store(path) as alice, Store(path) as bob:
+        run_id, trees = _run(alice)
+        alice.save_pairs(run_id, _pairs(run_id, trees))
+        pid = alice.pairs()[0].id
+        real = curation.CurationStore.pair
+
+        def pair_then_bob(self, pair_id):
+            if self is alice and not self.con.in_transaction:  # between alice's commit and her re-read
+                bob.set_pair_status(pair_id, "rejected", "bob", real(bob, pair_id).version)
+            return real(self, pair_id)
+
+        monkeypatch.setattr(curation.CurationStore, "pair", pair_then_bob)
+        saved = alice.set_pair_status(pid, "approved", "alice", 1)
+        assert (saved.version, saved.updated_by, saved.status) == (2, "alice", "approved")

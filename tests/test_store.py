@@ -25,8 +25,8 @@ def _run(store, sims=6, n_tasks=4, gen=None):
     return new_run(store, "line", env.tasks()[:n_tasks], gen or ScriptedGenerator(), cfg, "t", make_env=SnapshotLineEnv)
 
 
-def test_run_roundtrip(tmp_path):
-    with Store(tmp_path / "o.db") as store:
+def test_run_roundtrip(db):
+    with Store(db) as store:
         run_id, _ = _run(store)
         assert store.schema_version == SCHEMA_VERSION
         (info,) = store.runs()
@@ -90,14 +90,14 @@ def test_newer_schema_is_refused(tmp_path):
         Store(path)
 
 
-def test_failed_generator_marks_run_interrupted_and_resume_completes(tmp_path):
+def test_failed_generator_marks_run_interrupted_and_resume_completes(db):
     class Failing(ScriptedGenerator):
         def sample(self, requests):
             if len(self.calls) >= 15:
                 raise RuntimeError("server went away")
             return super().sample(requests)
 
-    with Store(tmp_path / "o.db") as store:
+    with Store(db) as store:
         with pytest.raises(RuntimeError):
             _run(store, sims=8, gen=Failing())
         (info,) = store.runs()
@@ -129,8 +129,15 @@ else:
 """
 
 
-def test_resume_after_sigkill(tmp_path):
-    db = tmp_path / "o.db"
+def _committed_simulations(db: str) -> int:
+    try:
+        with Store(db, readonly=True) as ro:
+            return int(ro.con.execute("SELECT COUNT(*) FROM simulations").fetchone()[0])
+    except (StoreError, sqlite3.Error):
+        return 0  # not created yet
+
+
+def test_resume_after_sigkill(tmp_path, db):
     script = tmp_path / "s.py"
     script.write_text(KILL_SCRIPT.format(tests=str(ROOT / "tests"), db=str(db), delay=0.02))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -139,15 +146,9 @@ def test_resume_after_sigkill(tmp_path):
     sims = 0
     while time.time() < deadline:  # wait until some simulations are committed, then kill -9
         time.sleep(0.2)
-        if db.exists():
-            try:
-                con = sqlite3.connect(db)
-                sims = con.execute("SELECT COUNT(*) FROM simulations").fetchone()[0]
-                con.close()
-            except sqlite3.Error:
-                sims = 0
-            if sims >= 8:
-                break
+        sims = _committed_simulations(db)
+        if sims >= 8:
+            break
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert 8 <= sims < 40, "the run should have been killed mid-way"
@@ -190,29 +191,30 @@ def test_readonly_store_reads_without_writing(tmp_path):
     assert not (tmp_path / "missing.db").exists()
 
 
-def test_migrations_are_numbered_in_order_and_every_older_database_upgrades(tmp_path: Path, monkeypatch) -> None:
-    """A duplicated or out-of-order version would silently skip a migration on existing databases."""
+def test_migrations_are_numbered_in_order_and_every_older_database_upgrades(new_db, monkeypatch) -> None:
+    """A duplicated or out-of-order version would silently skip a migration on existing databases
+    (on both backends: each migration is also translated for PostgreSQL)."""
     from engine.store import schema as store_module  # the migrations live in engine.store.schema
 
     versions = [v for v, _ in store_module.MIGRATIONS]
     assert versions == list(range(1, len(versions) + 1))
-    with Store(tmp_path / "fresh.db") as fresh:
-        want = {r[0] for r in fresh.con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    with Store(new_db()) as fresh:
+        want = fresh.table_names()
     for keep in range(1, len(versions)):
-        path = tmp_path / f"v{keep}.db"
+        path = new_db()
         monkeypatch.setattr(store_module, "MIGRATIONS", store_module.MIGRATIONS[:keep])
         monkeypatch.setattr(store_module, "SCHEMA_VERSION", keep)
         Store(path).close()
         monkeypatch.undo()
         with Store(path) as upgraded:
             assert upgraded.schema_version == versions[-1]
-            assert {r[0] for r in upgraded.con.execute("SELECT name FROM sqlite_master WHERE type='table'")} == want
+            assert upgraded.table_names() == want
 
 
 @pytest.mark.parametrize("key", ["%", "_", "", "%%", "_" * 3, "[a-f]*"])
-def test_run_and_job_lookups_take_the_users_text_literally(tmp_path, key):
+def test_run_and_job_lookups_take_the_users_text_literally(db, key):
     """`orchard jobs cancel %` once cancelled the only job: the prefix went into LIKE unescaped."""
-    with Store(tmp_path / "o.db") as store:
+    with Store(db) as store:
         run_id, _ = _run(store, sims=2, n_tasks=1)
         job = store.create_job("sft", {}, "cpu")
         with pytest.raises(StoreError, match="no run|empty run id"):
@@ -223,10 +225,9 @@ def test_run_and_job_lookups_take_the_users_text_literally(tmp_path, key):
         assert store.find_run(run_id[:4].upper()) == run_id and store.find_job(job.id.upper()) == job.id
 
 
-def test_cancelling_job_percent_from_the_cli_cancels_nothing(tmp_path, capsys):
+def test_cancelling_job_percent_from_the_cli_cancels_nothing(db, capsys):
     from engine.cli import main
 
-    db = tmp_path / "o.db"
     with Store(db) as store:  # a finished job, so the runner the command starts launches nothing
         job = store.create_job("sft", {}, "cpu")
         store.finish_job(job.id, "succeeded", expect=("queued",))
@@ -252,13 +253,13 @@ def test_database_paths_with_uri_characters_open_read_only(tmp_path, name):
     assert after == [n for n in before if not n.endswith(("-wal", "-shm"))] == [name]
 
 
-def test_lone_surrogates_reaching_the_store_are_one_line_errors(tmp_path):
+def test_lone_surrogates_reaching_the_store_are_one_line_errors(db):
     """A non-UTF-8 byte in a command-line argument arrives as a lone surrogate ('\\udcff'), which
     SQLite cannot bind: once a UnicodeEncodeError traceback from every lookup and save."""
     from engine.datasets.samples import Sample, Task, Turn
     from engine.envs.base import TaskSpec
 
-    with Store(tmp_path / "o.db") as store:
+    with Store(db) as store:
         with pytest.raises(StoreError, match=r"run '\\udcff': not valid Unicode text"):
             store.find_run("\udcff")
         with pytest.raises(StoreError, match=r"job 'a\\ud800': not valid Unicode text"):

@@ -40,7 +40,7 @@ st.title("Evaluation")
 
 
 @st.cache_data(show_spinner=False, max_entries=8)
-def read(path: str, version: tuple[int, ...]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def read(path: str, version: data.Version) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     with Store(path, readonly=True) as store:
         return store.evaluations(), store.iterations()
 
@@ -137,12 +137,12 @@ if "ev_error" in state:
     st.error(state.pop("ev_error"))  # md()-escaped when set
 if "ev_flash" in state:
     st.success(state.pop("ev_flash"))
-if path.exists() and (job := jp.latest_job(db, ("eval", "iterate"))) is not None:
+if data.has_data(path) and (job := jp.latest_job(db, ("eval", "iterate"))) is not None:
     jp.job_panel(db, job, "ev_job")
 
 # --- compare models ---------------------------------------------------------------------------------------
 
-evaluations, iterations = read(db, data.db_version(path)) if path.exists() else ([], [])
+evaluations, iterations = read(db, data.db_version(path)) if data.has_data(path) else ([], [])
 if not evaluations:
     st.info("No evaluations yet: launch one above (or `orchard eval --model tiny --tasks test --mode greedy`, "
             "or `orchard iterate`).")

@@ -39,10 +39,10 @@ st.title("Runs")
 path = data.db_path()
 db = str(path)
 state = st.session_state
-problem = jp.poll(db) if path.exists() and path.stat().st_size else None
+problem = jp.poll(db) if data.has_data(path) else None
 if problem:
     st.error(problem)
-runs = list(reversed(data.list_runs(db, data.db_version(path)))) if path.exists() and path.stat().st_size else []
+runs = list(reversed(data.list_runs(db, data.db_version(path)))) if data.has_data(path) else []
 stages = loop.run_stages(db, data.db_version(path)) if runs else {}
 
 rows = []
@@ -228,7 +228,7 @@ if "rs_flash" in state:
 
 # --- the newest search job, live ------------------------------------------------------------------------
 
-if path.exists() and path.stat().st_size:
+if data.has_data(path):
     job = jp.latest_job(db, ("search",))
     if job is not None:
         st.subheader("Search job")

@@ -287,7 +287,7 @@ def explorer(live: bool) -> None:
     inspector(tree, node_id, best, inspect_col, version)
 
 
-def inspector(tree: SearchTree, node_id: int, best: list[int], inspect_col: Any, version: tuple[int, ...]) -> None:
+def inspector(tree: SearchTree, node_id: int, best: list[int], inspect_col: Any, version: data.Version) -> None:
     """The selected node: values, composite action, observation, siblings, path, children."""
     node = tree.nodes[node_id]
     with inspect_col:

@@ -115,10 +115,10 @@ def _confirm_stored_endpoint(spec: str, run_id: str) -> None:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    from engine.paths import db_path
+    from engine.paths import db_exists, db_path
     from engine.store import Store
 
-    if not db_path(args.db).exists():
+    if not db_exists(db_path(args.db)):
         runs = []
     else:
         with Store(args.db) as store:

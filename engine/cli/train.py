@@ -93,12 +93,12 @@ def _follow(runner: Any, job_id: str) -> int:
 def cmd_jobs(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from engine.paths import db_path
+    from engine.paths import db_exists, db_path
     from engine.store import Store
     from engine.train.jobs import JobRunner, job_summary
 
     action = getattr(args, "action", None)
-    if action is None and not db_path(args.db).exists():
+    if action is None and not db_exists(db_path(args.db)):
         print("[]" if args.json else "no jobs yet")
         return 0
     with Store(args.db, must_exist=action is not None) as store:

@@ -1,8 +1,11 @@
-"""Persistence: the one package that knows SQL (SQLite in WAL mode), split by concern.
+"""Persistence: the one package that knows SQL (SQLite in WAL mode, or PostgreSQL through the
+dialect shim in `postgres`), split by concern.
 
 - records: the rows callers get back (RunInfo, JobInfo, ...) and the errors: plain data, no SQL;
 - schema: the migrations and the check that a file is an Orchard database;
-- connection: opening a file (migrating it for writers) and transactions;
+- connection: opening a file or a server (migrating it for writers) and transactions;
+- postgres: the PostgreSQL connection (SQL spelled for it, errors as one line, reconnects);
+- copy: `orchard db copy`, a whole store from one backend to the other;
 - runs: runs, trees, nodes (observations deduplicated by content hash) and simulations;
 - curation: preference pairs and samples, with curation through versioning (optimistic
   concurrency: a write names the version it read, a stale one is refused);
@@ -16,13 +19,14 @@ Orchard database is refused before anything is written to it.
 
 from __future__ import annotations
 
-from engine.store.connection import Connection, default_db_path
+from engine.store.connection import Connection, data_version, default_db_path
 from engine.store.curation import CURATION_STATUSES, CurationStore, EditError
 from engine.store.records import (
     FINAL_JOB_STATES,
     JOB_STATES,
     HistoryEntry,
     JobInfo,
+    MissingStoreError,
     ModelRecord,
     RunInfo,
     SaveReport,
@@ -35,8 +39,8 @@ from engine.store.versioning import ConflictError
 
 __all__ = [
     "APP_ID", "CURATION_STATUSES", "FINAL_JOB_STATES", "JOB_STATES", "MIGRATIONS", "SCHEMA_VERSION", "ConflictError",
-    "Connection", "EditError", "HistoryEntry", "JobInfo", "ModelRecord", "RunInfo", "SaveReport", "Store",
-    "StoreError", "default_db_path",
+    "Connection", "EditError", "HistoryEntry", "JobInfo", "MissingStoreError", "ModelRecord", "RunInfo", "SaveReport",
+    "Store", "StoreError", "data_version", "default_db_path",
 ]
 
 

@@ -208,7 +208,7 @@ class CurationStore(Connection):
             old = _current(con, "pairs", "pair", pair_id, expected_version)
             _write(con, "pairs", "pair_history", "pair_id", pair_id, old, who, action,
                    {"status": old["status"]}, {"status": status}, {"status": status})
-        return self.pair(pair_id)
+            return self.pair(pair_id)  # read in the transaction: this save's version, not a later one
 
     def edit_pair(self, pair_id: str, chosen: str, rejected: str, who: str, expected_version: int) -> Pair:
         """Replace a step pair's texts; each changed text must parse as a composite action."""
@@ -227,7 +227,7 @@ class CurationStore(Connection):
             after = {"chosen": chosen, "rejected": rejected}
             _write(con, "pairs", "pair_history", "pair_id", pair_id, old, who, "edit", before, after,
                    {**after, "status": "edited"})
-        return self.pair(pair_id)
+            return self.pair(pair_id)  # read in the transaction: this save's version, not a later one
 
     def swap_pair(self, pair_id: str, who: str, expected_version: int) -> Pair:
         """Exchange chosen and rejected (texts, nodes, values, log-probs): the preference was wrong."""
@@ -242,7 +242,7 @@ class CurationStore(Connection):
             after = {"chosen_node": old["rejected_node"], "rejected_node": old["chosen_node"]}
             _write(con, "pairs", "pair_history", "pair_id", pair_id, old, who, "swap", before, after,
                    {**swapped, "status": "edited"})
-        return self.pair(pair_id)
+            return self.pair(pair_id)  # read in the transaction: this save's version, not a later one
 
     def bulk_set_pair_status(self, status: str, who: str, **filters: Any) -> int:
         """Set `status` on every pair matching `filters` (one transaction); returns how many changed."""
@@ -345,7 +345,7 @@ class CurationStore(Connection):
             old = _current(con, "samples", "sample", sample_id, expected_version)
             _write(con, "samples", "sample_history", "sample_id", sample_id, old, who, action,
                    {"status": old["status"]}, {"status": status}, {"status": status})
-        return self.sample(sample_id)
+            return self.sample(sample_id)  # read in the transaction: this save's version, not a later one
 
     def set_turn_loss(self, sample_id: str, turn: int, loss: bool | None, who: str, expected_version: int) -> Sample:
         """Set one turn's loss flag (True / False / None = unspecified)."""
@@ -360,4 +360,4 @@ class CurationStore(Connection):
             data["turns"][turn]["loss"] = loss
             _write(con, "samples", "sample_history", "sample_id", sample_id, old, who, "edit", before,
                    {"turn": turn, "loss": loss}, {"data": json.dumps(data), "status": "edited"})
-        return self.sample(sample_id)
+            return self.sample(sample_id)  # read in the transaction: this save's version, not a later one

@@ -10,6 +10,10 @@ class StoreError(RuntimeError):
     """The database cannot be used (not Orchard's, corrupt, too new, unknown run)."""
 
 
+class MissingStoreError(StoreError):
+    """No Orchard database there yet (a reader found nothing to read; a writer would create it)."""
+
+
 @dataclass(frozen=True)
 class RunInfo:
     id: str

@@ -95,7 +95,7 @@ class RunsStore(Connection):
             RunInfo(
                 id=r[0], name=r[1], env=r[2], model=r[3], config=json.loads(r[4]), task_ids=json.loads(r[5]),
                 status=r[6], created_at=r[7], updated_at=r[8], stats=json.loads(r[9]) if r[9] else {},
-                trees=r[10], simulations=r[11], solved=r[12], nodes=r[13],
+                trees=int(r[10]), simulations=int(r[11]), solved=int(r[12]), nodes=int(r[13]),  # PostgreSQL: SUM is NUMERIC
             )
             for r in rows
         ]

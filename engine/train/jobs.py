@@ -235,8 +235,13 @@ def worker_command(python: str, job_id: str, db: str | Path, device: str, kind: 
     process runs the worker module, and rank 0 alone talks to the store (engine.train.worker).
     `processes` > 1 on a cpu job launches that many CPU processes the same way (gloo): the test of
     the multi-process path on a machine without GPUs."""
-    worker = ["-m", WORKER_MODULE, job_id, "--db", str(db)]
+    from engine.store.postgres import is_url, split_password
+
+    db, password = split_password(str(db)) if is_url(db) else (str(db), None)
+    worker = ["-m", WORKER_MODULE, job_id, "--db", db]
     env = {"CUDA_VISIBLE_DEVICES": visible_devices(device, os.environ.get("CUDA_VISIBLE_DEVICES"))}
+    if password is not None:  # a server's password travels in the environment, not on the command line
+        env["PGPASSWORD"] = password
     n = len(gpu_indices(device)) if processes is None else processes
     if n <= 1:
         return [python, *worker], env
@@ -404,7 +409,7 @@ class JobRunner:
         try:
             log_path.parent.mkdir(parents=True, exist_ok=True)
             processes = self.cpu_processes if job.device == "cpu" and job.kind in ("dpo", "sft", "rft") else None
-            argv, devices = worker_command(self.python, job.id, self.store.path, job.device, job.kind, job.config,
+            argv, devices = worker_command(self.python, job.id, self.store.location, job.device, job.kind, job.config,
                                            processes=processes)
             env = {**os.environ, "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1", **devices,
                    "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)}

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.store import JobInfo, Store
+from engine.store import JobInfo, Store, StoreError
 
 
 class JobCancelled(BaseException):
@@ -51,7 +51,7 @@ def start_heartbeat(db: str | Path, job_id: str, every_s: float, stop: threading
                 while not stop.wait(every_s):
                     try:
                         store.beat_job(job_id)
-                    except sqlite3.Error as e:  # e.g. locked past the busy timeout: beat again next time
+                    except (sqlite3.Error, StoreError) as e:  # locked past the busy timeout, server gone: next time
                         print(f"heartbeat: {e}", flush=True)
         except Exception as e:  # noqa: BLE001 - the job itself goes on; a runner will see the silence
             print(f"heartbeat thread stopped: {type(e).__name__}: {e}", flush=True)
@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         store.set_job_pid(job.id, os.getpid())
     stop_beating = threading.Event()
     if rank == 0:
-        start_heartbeat(store.path, job.id, _heartbeat_every_s(), stop_beating)
+        start_heartbeat(store.location, job.id, _heartbeat_every_s(), stop_beating)
     reporter = StoreReporter(store, job.id, rank=rank)
     interrupt = {"armed": job.kind in INTERRUPTED_KINDS}
 

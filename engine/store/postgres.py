@@ -1,0 +1,320 @@
+"""PostgreSQL behind the same store code: a small `sqlite3.Connection` look-alike over psycopg 3.
+
+WHY a shim and not SQLAlchemy (docs/decisions.md "PostgreSQL through psycopg 3 and a dialect shim"):
+the store's SQL is already portable but for a handful of SQLite spellings, so each statement is
+rewritten here once (and cached) instead of re-expressing every query in another library:
+
+- `?` placeholders -> `%s` (and a literal `%` -> `%%`), outside quoted text;
+- `INSERT OR IGNORE` -> `ON CONFLICT DO NOTHING`; `INSERT OR REPLACE` -> `ON CONFLICT (primary key)
+  DO UPDATE` of every other column (read from the catalog once per table);
+- DDL: `INTEGER PRIMARY KEY [AUTOINCREMENT]` -> a BIGINT identity, INTEGER -> BIGINT, REAL -> DOUBLE PRECISION,
+  BLOB -> BYTEA, TEXT -> TEXT COLLATE "C" (byte order, as SQLite sorts); renaming a table renames
+  its primary-key index too (PostgreSQL index names are per schema);
+- a write transaction (SQLite's `BEGIN IMMEDIATE`, one writer at a time) takes a transaction-level
+  advisory lock first, so the store's read-check-write transactions (versioning, job claims, rebuilds)
+  keep the same semantics under READ COMMITTED; nested ones are savepoints, as on SQLite.
+
+Errors: every psycopg error becomes one-line `StoreError` naming the server (the password is never
+shown). A connection that drops is re-opened: a read outside a transaction is retried, a write
+transaction is refused as a whole (the server rolled it back: nothing half-written).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import time
+import urllib.parse
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from engine.store.records import StoreError
+
+URL_SCHEMES = ("postgresql://", "postgres://")
+WRITE_LOCK = 0x6F726368  # "orch": the advisory lock every write transaction holds (one writer at a time)
+RETRIES = 3
+
+
+def is_url(location: object) -> bool:
+    """True for a `postgresql://` (or `postgres://`) URL, False for a SQLite path."""
+    return str(location).startswith(URL_SCHEMES)
+
+
+def redact(url: str) -> str:
+    """The URL with its password replaced by `***` (what messages and logs show)."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)
+    user = netloc[0].split(":", 1)[0]
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{netloc[1]}"))
+
+
+def split_password(url: str) -> tuple[str, str | None]:
+    """(the URL without its password, the password): a child process gets the password through
+    $PGPASSWORD (libpq reads it), not on its command line where `ps` shows it."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url, None
+    user, host = parts.netloc.rsplit("@", 1)
+    plain = urllib.parse.urlunsplit(parts._replace(netloc=f"{user.split(':', 1)[0]}@{host}"))
+    return plain, urllib.parse.unquote(parts.password)
+
+
+def _one_line(e: BaseException, url: str) -> str:
+    text = " ".join(str(e).split()) or type(e).__name__
+    password = urllib.parse.urlsplit(url).password
+    if password:
+        text = text.replace(password, "***").replace(urllib.parse.unquote(password), "***")
+    return text
+
+
+# --- NUL characters ---------------------------------------------------------------------------
+# SQLite's TEXT holds "\x00" (model output and observations may contain it); PostgreSQL's refuses it.
+# Every string parameter is escaped on the way in and every text value unescaped on the way out
+# (U+E000, a private-use character, is the escape; it is itself escaped), so both stores hold the
+# same Python strings. The check is one `in` per value; text without either character is untouched.
+
+NUL, ESC = "\x00", "\ue000"
+_UNESCAPE = re.compile("\ue000(.)", re.DOTALL)
+
+
+def escape_text(text: str) -> str:
+    if NUL in text or ESC in text:
+        return text.replace(ESC, ESC + "e").replace(NUL, ESC + "0")
+    return text
+
+
+def unescape_text(text: str) -> str:
+    if ESC in text:
+        return _UNESCAPE.sub(lambda m: NUL if m.group(1) == "0" else ESC, text)
+    return text
+
+
+def _register_nul_escapes(raw: Any) -> None:
+    from psycopg.types.string import StrDumperUnknown, TextLoader
+
+    class Dumper(StrDumperUnknown):
+        def dump(self, obj: str) -> Any:
+            return super().dump(escape_text(obj))
+
+    class Loader(TextLoader):
+        def load(self, data: Any) -> Any:
+            value = super().load(data)
+            return unescape_text(value) if isinstance(value, str) else value
+
+    raw.adapters.register_dumper(str, Dumper)
+    raw.adapters.register_loader("text", Loader)
+
+
+# --- SQL translation -------------------------------------------------------------------------
+
+_QUOTED = re.compile(r"('(?:[^']|'')*')")
+_DDL_TYPES = [
+    (re.compile(r"\bINTEGER PRIMARY KEY(?: AUTOINCREMENT)?\b"), "BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY"),
+    (re.compile(r"\bINTEGER\b"), "BIGINT"),
+    (re.compile(r"\bREAL\b"), "DOUBLE PRECISION"),
+    (re.compile(r"\bBLOB\b"), "BYTEA"),
+    (re.compile(r"\bTEXT\b"), 'TEXT COLLATE "C"'),
+]
+_INSERT_OR = re.compile(r"^\s*INSERT\s+OR\s+(IGNORE|REPLACE)\s+INTO\s+(\w+)", re.IGNORECASE)
+_RENAME = re.compile(r"^\s*ALTER\s+TABLE\s+(\w+)\s+RENAME\s+TO\s+(\w+)\s*$", re.IGNORECASE)
+_DDL = re.compile(r"^\s*(CREATE\s+TABLE|ALTER\s+TABLE\s+\w+\s+ADD)", re.IGNORECASE)
+
+
+def _placeholders(sql: str, with_params: bool) -> str:
+    """`?` -> `%s` and `%` -> `%%` outside quoted literals (only when parameters are passed:
+    psycopg leaves a query without parameters alone)."""
+    if not with_params:
+        return sql
+    pieces = _QUOTED.split(sql)
+    for i in range(0, len(pieces), 2):  # even pieces are outside quotes
+        pieces[i] = pieces[i].replace("%", "%%").replace("?", "%s")
+    for i in range(1, len(pieces), 2):
+        pieces[i] = pieces[i].replace("%", "%%")
+    return "".join(pieces)
+
+
+def translate_ddl(statement: str) -> list[str]:
+    """One migration statement in PostgreSQL's spelling (possibly two statements)."""
+    rename = _RENAME.match(statement)
+    if rename:
+        old, new = rename.groups()
+        return [statement, f"ALTER INDEX IF EXISTS {old}_pkey RENAME TO {new}_pkey"]
+    if _DDL.match(statement):
+        for pattern, replacement in _DDL_TYPES:
+            statement = pattern.sub(replacement, statement)
+    return [statement]
+
+
+class PgConnection:
+    """The subset of `sqlite3.Connection` the store uses (execute, executemany, in_transaction,
+    rollback, close), on one psycopg 3 connection in autocommit mode (transactions are explicit)."""
+
+    def __init__(self, url: str, readonly: bool = False) -> None:
+        try:
+            import psycopg
+        except ImportError:
+            raise StoreError(f"{redact(url)}: PostgreSQL needs psycopg 3 (pip install 'orchard[postgres]')") from None
+        self._psycopg = psycopg
+        self.url, self.where, self.readonly = url, redact(url), readonly
+        self._sql: dict[tuple[str, bool], str] = {}
+        self._upsert: dict[str, tuple[list[str], list[str]]] = {}
+        self.raw = self._connect()
+
+    def _connect(self) -> Any:
+        psycopg = self._psycopg
+        try:
+            raw = psycopg.connect(self.url, autocommit=True, connect_timeout=10, application_name="orchard")
+            _register_nul_escapes(raw)
+            if self.readonly:
+                raw.execute("SET default_transaction_read_only = on")
+        except (psycopg.Error, ValueError) as e:  # a bad URL is a ProgrammingError or ValueError
+            raise StoreError(f"{self.where}: cannot connect to PostgreSQL ({_one_line(e, self.url)})") from None
+        return raw
+
+    def _reconnect(self) -> None:
+        """A new connection after the old one broke (the server restarted, a network blip)."""
+        with contextlib.suppress(Exception):  # it is gone already
+            self.raw.close()
+        last: StoreError | None = None
+        for attempt in range(RETRIES):
+            try:
+                self.raw = self._connect()
+                return
+            except StoreError as e:
+                last = e
+                time.sleep(0.5 * 2**attempt)
+        assert last is not None
+        raise last
+
+    # --- the sqlite3.Connection surface ------------------------------------------------------
+
+    @property
+    def in_transaction(self) -> bool:
+        return self.raw.info.transaction_status != self._psycopg.pq.TransactionStatus.IDLE and not self.raw.broken
+
+    @property
+    def broken(self) -> bool:
+        return bool(self.raw.broken or self.raw.closed)
+
+    def execute(self, sql: str, args: Sequence[Any] | None = None) -> Any:
+        with_params = args is not None
+        query = self._translate(sql, with_params)
+        params = list(args) if args is not None else None
+        return self._run(lambda: self.raw.execute(query, params), sql)
+
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> Any:
+        rows = [list(r) for r in rows]
+        query = self._translate(sql, True)
+
+        def run() -> Any:
+            cur = self.raw.cursor()
+            if rows:
+                cur.executemany(query, rows)
+            return cur
+
+        return self._run(run, sql)
+
+    def rollback(self) -> None:
+        """Roll back whatever is open; on a broken connection the server did so already."""
+        if self.broken:
+            self._reconnect()
+            return
+        if self.in_transaction:
+            self.execute("ROLLBACK")
+
+    def close(self) -> None:
+        self.raw.close()
+
+    # --- the store's transactions ------------------------------------------------------------
+
+    def begin(self) -> None:
+        """SQLite's `BEGIN IMMEDIATE`: a transaction holding the store's one write lock."""
+        if self.broken:
+            self._reconnect()
+        self.execute("BEGIN")
+        self.execute("SELECT pg_advisory_xact_lock(?)", (WRITE_LOCK,))
+
+    def commit(self) -> None:
+        self.execute("COMMIT")
+
+    def table_names(self) -> set[str]:
+        return {r[0] for r in self.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()")}
+
+    # --- internals ---------------------------------------------------------------------------
+
+    def _run(self, call: Any, sql: str) -> Any:
+        psycopg = self._psycopg
+        for attempt in range(RETRIES):
+            in_tx = self.in_transaction
+            try:
+                return call()
+            except psycopg.OperationalError as e:
+                if not self.broken:  # e.g. a lock timeout or a cancelled statement: the server said why
+                    raise StoreError(f"{self.where}: {_one_line(e, self.url)}") from None
+                why = _one_line(e, self.url)
+                if sql.strip().upper() == "COMMIT":  # the server may have committed before the line dropped
+                    self._reconnect_quietly()
+                    raise StoreError(f"{self.where}: connection to PostgreSQL lost at COMMIT ({why}); the change "
+                                     "may or may not have been saved: reload before trying again") from None
+                if in_tx or attempt == RETRIES - 1:  # BEGIN itself is retried: nothing had started
+                    self._reconnect_quietly()
+                    raise StoreError(f"{self.where}: connection to PostgreSQL lost ({why}); the server rolled "
+                                     "back the open transaction, nothing of it was saved; retry") from None
+                self._reconnect()  # a read outside a transaction: safe to run again
+            except psycopg.Error as e:
+                raise StoreError(f"{self.where}: {_one_line(e, self.url)}") from None
+        raise AssertionError("unreachable")
+
+    def _reconnect_quietly(self) -> None:
+        try:
+            self._reconnect()
+        except StoreError:
+            pass  # the next call tries again and says why
+
+    def _translate(self, sql: str, with_params: bool) -> str:
+        key = (sql, with_params)
+        if key not in self._sql:
+            if len(self._sql) > 4096:  # IN lists of every length: keep the cache bounded
+                self._sql.clear()
+            self._sql[key] = self._translate_new(sql, with_params)
+        return self._sql[key]
+
+    def _translate_new(self, sql: str, with_params: bool) -> str:
+        match = _INSERT_OR.match(sql)
+        if match:
+            mode, table = match.group(1).upper(), match.group(2)
+            sql = "INSERT INTO " + table + sql[match.end():]
+            if mode == "IGNORE":
+                sql += " ON CONFLICT DO NOTHING"
+            else:
+                keys, others = self._keys(table)
+                sets = ", ".join(f"{c} = EXCLUDED.{c}" for c in others)
+                sql += f" ON CONFLICT ({', '.join(keys)}) " + (f"DO UPDATE SET {sets}" if others else "DO NOTHING")
+        return _placeholders(sql, with_params)
+
+    def _keys(self, table: str) -> tuple[list[str], list[str]]:
+        """(primary-key columns, the other columns) of `table`, from the catalog."""
+        if table not in self._upsert:
+            rows = self.raw.execute(
+                """SELECT a.attname, COALESCE(a.attnum = ANY(i.indkey), false)
+                   FROM pg_attribute a
+                   LEFT JOIN pg_index i ON i.indrelid = a.attrelid AND i.indisprimary
+                   WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped
+                   ORDER BY a.attnum""",
+                (table,),
+            ).fetchall()
+            self._upsert[table] = ([r[0] for r in rows if r[1]], [r[0] for r in rows if not r[1]])
+        return self._upsert[table]
+
+
+def reset_identities(con: PgConnection) -> None:
+    """After rows were copied in with their ids, move each identity column's sequence past the
+    largest id, so the next insert does not collide with a copied row."""
+    rows = con.execute("SELECT table_name, column_name FROM information_schema.columns "
+                       "WHERE table_schema = current_schema() AND is_identity = 'YES'").fetchall()
+    for table, column in rows:
+        con.execute(f"SELECT setval(pg_get_serial_sequence('{table}', '{column}'), "
+                    f"COALESCE(MAX({column}), 1), MAX({column}) IS NOT NULL) FROM {table}")
