@@ -224,3 +224,71 @@ def test_majority_rule_and_unreviewed_items(team):
     assert final["p08"].label is None
     with pytest.raises(StoreError, match="required reviews"):
         store.set_required_reviews(0)
+
+
+# --- training reads settled labels and records the decisions it used ----------------------------------
+
+
+def test_a_training_job_uses_only_settled_labels_and_records_their_decisions(team, monkeypatch):
+    from pathlib import Path
+
+    from engine.cli.common import PrintReporter
+    from engine.train import dpo
+    from engine.train.common import TrainResult
+    from engine.train.training import run_training
+
+    store, _ = team
+    store.set_required_reviews(2)
+    ids = {}
+    for item, labels in (("p00", ("approved", "approved")), ("p01", ("approved", "rejected")),
+                         ("p02", ("approved", "rejected")), ("p04", ("rejected", "rejected"))):
+        for who, label in zip(("ann", "bob"), labels, strict=True):
+            assert item in store.claim("pair", who, n=12)
+            ids.setdefault(item, []).append(review(store, item, who, label).id)
+            store.release("pair", who)
+    settled = store.settle("pair", "p01", "mia", "approved")
+    store.set_pair_status("p03", "approved", "solo", store.pair("p03").version)
+    trained = {}
+
+    def fake_train(base, pairs, train, output, reporter, **kw):
+        trained["ids"] = [p.id for p in pairs]
+        return TrainResult(output=None, data_ids=[p.id for p in pairs], metrics={}, history=[], stopped=True)
+
+    monkeypatch.setattr(dpo, "train_dpo", fake_train)
+    monkeypatch.setattr("engine.train.common.resolve_model_path", lambda spec, log=print: Path(spec))
+    job = store.job(store.create_job("dpo", {"model": "m", "train": {"device": "cpu"}}, "cpu").id)
+    run_training(store, "dpo", job.config, PrintReporter(), job=job)
+    assert trained["ids"] == ["p00", "p01", "p03"]  # p02 unsettled, p04 rejected, the rest never reviewed
+    recorded = store.job_decisions(job.id)
+    assert {(item, did) for _, item, did, _ in recorded} == {
+        *(("p00", d) for d in ids["p00"]), ("p01", settled.id), ("p03", "pair:p03@v2")}
+
+    # By choice, majority labels: with 2 reviews a 1-1 split has none, so the same pairs; with three
+    # reviews on p02 the majority counts.
+    store.set_required_reviews(3)
+    store.claim("pair", "cyd", n=12)
+    review(store, "p02", "cyd", "approved")
+    job2 = store.job(store.create_job("dpo", {"model": "m", "train": {"device": "cpu", "labels": "majority"}},
+                                      "cpu").id)
+    run_training(store, "dpo", job2.config, PrintReporter(), job=job2)
+    assert "p02" in trained["ids"]
+    assert {d for _, item, d, _ in store.job_decisions(job2.id) if item == "p02"} == {ids["p02"][0],
+                                                                                    store.decisions("pair", item_ids=["p02"])[-1].id}
+
+
+def test_users_cli_reads_the_password_from_stdin_never_from_argv(tmp_path, monkeypatch, capsys):
+    import io
+
+    from engine.cli import main
+
+    db = str(tmp_path / "u.db")
+    monkeypatch.setattr("sys.stdin", io.StringIO("correct horse\n"))
+    assert main(["users", "add", "ann", "--role", "maintainer", "--db", db]) == 0
+    monkeypatch.setattr("sys.stdin", io.StringIO("short\n"))
+    assert main(["users", "add", "bob", "--role", "viewer", "--db", db]) == 2
+    assert main(["users", "list", "--db", db]) == 0
+    out = capsys.readouterr()
+    assert "ann\tmaintainer" in out.out and "bob" not in out.out and "at least 8 characters" in out.err
+    assert main(["users", "remove", "ann", "--db", db]) == 0
+    assert main(["users", "remove", "ann", "--db", db]) == 2
+    assert "no user 'ann'" in capsys.readouterr().err
