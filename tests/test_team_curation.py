@@ -217,8 +217,11 @@ def test_majority_rule_and_unreviewed_items(team):
     assert store.final_labels("pair", [item])[item].label is None
     majority = store.final_labels("pair", [item], rule="majority")[item]
     assert majority.label == "approved" and len(majority.decision_ids) == 2
-    # An item nobody reviewed keeps a single curator's status (step 3), named by its history entry.
+    # An item nobody reviewed keeps a single curator's status (step 3), named by its history entry,
+    # only while one review is all an item needs.
     store.set_pair_status("p07", "approved", "solo", store.pair("p07").version)
+    assert store.final_labels("pair", ["p07"])["p07"].label is None
+    store.set_required_reviews(1)
     final = store.final_labels("pair", ["p07", "p08"])
     assert final["p07"].label == "approved" and final["p07"].decision_ids == ("pair:p07@v2",)
     assert final["p08"].label is None
@@ -258,10 +261,10 @@ def test_a_training_job_uses_only_settled_labels_and_records_their_decisions(tea
     monkeypatch.setattr("engine.train.common.resolve_model_path", lambda spec, log=print: Path(spec))
     job = store.job(store.create_job("dpo", {"model": "m", "train": {"device": "cpu"}}, "cpu").id)
     run_training(store, "dpo", job.config, PrintReporter(), job=job)
-    assert trained["ids"] == ["p00", "p01", "p03"]  # p02 unsettled, p04 rejected, the rest never reviewed
+    # p02 unsettled, p04 rejected, p03 has one curator's status where 2 reviews are needed, the rest none.
+    assert trained["ids"] == ["p00", "p01"]
     recorded = store.job_decisions(job.id)
-    assert {(item, did) for _, item, did, _ in recorded} == {
-        *(("p00", d) for d in ids["p00"]), ("p01", settled.id), ("p03", "pair:p03@v2")}
+    assert {(item, did) for _, item, did, _ in recorded} == {*(("p00", d) for d in ids["p00"]), ("p01", settled.id)}
 
     # By choice, majority labels: with 2 reviews a 1-1 split has none, so the same pairs; with three
     # reviews on p02 the majority counts.

@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from dashboard import data, figures
+from dashboard import auth, data, figures
 from dashboard.text import md
 from engine.config import ConfigError
 from engine.store import JobInfo, Store, StoreError
@@ -52,6 +52,9 @@ def _poll() -> None:
 def _launch(data_key: str, preset: str, model: str, runs: list[str], include_pending: bool,
             output: str = "") -> None:
     state.pop(ERROR, None)
+    if auth.acting_as(db, "launch_jobs") is None:
+        state[ERROR] = md(state.pop(auth.NOTICE, "Not launched."))
+        return
     try:
         kind, config = job_config(data_key, preset, model, runs, include_pending, output=output.strip() or None)
         with Store(db) as store:
@@ -72,6 +75,9 @@ def _launch(data_key: str, preset: str, model: str, runs: list[str], include_pen
 
 def _cancel(job_id: str) -> None:
     state.pop(ERROR, None)
+    if auth.acting_as(db, "launch_jobs") is None:
+        state[ERROR] = md(state.pop(auth.NOTICE, "Not cancelled."))
+        return
     try:
         with Store(db) as store:
             job = JobRunner(store).cancel(job_id, grace_s=15.0)
@@ -122,7 +128,10 @@ with st.form("tr_launch", border=True):
     output = st.text_input("Output folder (empty: a new folder named after the job)", key="tr_out",
                            help="A new or empty folder, or an earlier model's folder (its model is replaced; "
                                 "its record is kept). A folder holding other files is refused.")
-    submitted = st.form_submit_button("Launch", type="primary")
+    cannot = auth.why_not("launch_jobs")
+    if cannot:
+        st.caption(md(cannot))
+    submitted = st.form_submit_button("Launch", type="primary", disabled=cannot is not None)
 if submitted:
     _launch(data_key, preset, model, run_ids, include_pending, output)
     jobs, models = read_jobs()
@@ -190,7 +199,8 @@ def show_job(job_id: str) -> None:
     st.caption(f"Log (last {LOG_TAIL_LINES} lines): {md(job.log_path)}")
     st.code(log_tail(job.log_path) or "(empty)", language=None)
     if not job.final:
-        st.button("Cancel job", key=f"tr_cancel_{job_id}", on_click=_cancel, args=(job_id,))
+        st.button("Cancel job", key=f"tr_cancel_{job_id}", on_click=_cancel, args=(job_id,),
+                  disabled=not auth.may("launch_jobs"))
 
 
 live = not by_id[chosen].final

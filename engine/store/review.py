@@ -9,8 +9,8 @@ The final label (docs/decisions.md, "Final label rule"):
 1. a maintainer's settlement, if any (the latest);
 2. else, once the item has its required reviews, their label if they are unanimous
    (rule "majority": the label of a strict majority of its reviews);
-3. else, for an item nobody reviewed, its curation status as a single curator set it
-   (approved / edited / rejected; pending has none);
+3. else, for an item nobody reviewed while one review is all an item needs (the default: a single
+   curator), its curation status (approved / edited / rejected; pending has none);
 4. else unsettled: training leaves it out.
 Reaching 1 or 2 also sets the item's curation status, so every page and count shows the label.
 """
@@ -271,7 +271,7 @@ class ReviewStore(Connection):
             rows = self.con.execute(f"SELECT id, status, version FROM {table} WHERE id IN ({','.join('?' * len(part))})",
                                     tuple(part))
             for item_id, status, version in rows:
-                if status == "pending":
+                if status == "pending" or required > 1:  # several reviews wanted: one status is not enough
                     out[item_id] = FinalLabel(None, (), "not reviewed")
                 else:
                     out[item_id] = FinalLabel(status, (f"{kind}:{item_id}@v{version}",), f"{status} by one curator")
