@@ -110,13 +110,15 @@ def show_item(store: Store, kind: str, item_id: str) -> None:
         if pair.prompt:
             st.caption("What the agent saw (last message)")
             st.code(str(pair.prompt[-1].get("content", "")), language=None, wrap_lines=True)
-        left, right = st.columns(2)
-        with left:
-            st.caption("Chosen")
-            st.code(pair.chosen, language=None, wrap_lines=True)
-        with right:
-            st.caption("Rejected")
-            st.code(pair.rejected, language=None, wrap_lines=True)
+        for column, which in zip(st.columns(2), ("chosen", "rejected"), strict=True):
+            with column:
+                st.caption(which.capitalize())
+                if pair.kind == "step":
+                    st.code(getattr(pair, which), language=None, wrap_lines=True)
+                    continue
+                for message in pair.messages(which):  # a trajectory pair: the turns after the prompt
+                    st.code(f"{str(message.get('role', '')).upper()}: {message.get('content', '')}", language=None,
+                            wrap_lines=True)
         return
     sample = store.sample(item_id)
     st.text(f"sample {sample.id} · {sample.kind} · task {sample.task.id} · {len(sample.turns)} turns")
