@@ -101,6 +101,37 @@ def _set_required() -> None:
     state[FLASH] = f"Each item now needs {int(state['rq_required'])} review(s)."
 
 
+def _add_user() -> None:
+    from engine import auth as engine_auth
+
+    if auth.acting_as(db, "manage_users") is None:
+        return _refuse(state.pop(auth.NOTICE, "Not saved."))
+    name, role = str(state.get("rq_user_name") or "").strip(), state.get("rq_user_role", "curator")
+    password = str(state.get("rq_user_password") or "")
+    state["rq_user_password"] = ""
+    try:
+        with Store(db) as store:
+            engine_auth.add_user(store, name, role, password)
+    except (StoreError, sqlite3.Error, OSError) as e:
+        return _refuse(f"User not added: {e}")
+    state[FLASH] = f"Added user {name} ({role})."
+
+
+def _remove_user() -> None:
+    me_now = auth.acting_as(db, "manage_users")
+    if me_now is None:
+        return _refuse(state.pop(auth.NOTICE, "Not saved."))
+    name = state.get("rq_user_remove")
+    if not name or name == me_now:
+        return _refuse("User not removed: choose another user than yourself.")
+    try:
+        with Store(db) as store:
+            store.remove_user(name)
+    except (StoreError, sqlite3.Error, OSError) as e:
+        return _refuse(f"User not removed: {e}")
+    state[FLASH] = f"Removed user {name}; their sessions are ended."
+
+
 def show_item(store: Store, kind: str, item_id: str) -> None:
     """The item's content, as text only."""
     if kind == "pair":
@@ -224,3 +255,23 @@ for item_id, labels in disputes:
                         args=(kind, item_id, "rejected"))
 if disputes and not can_settle:
     st.caption("A maintainer settles these.")
+
+# --- users (maintainers) -----------------------------------------------------------------------------------
+if auth.may("manage_users"):
+    from engine.auth import ROLES
+
+    with Store(db, readonly=True) as store:
+        users = store.users()
+    with st.expander("Users"):
+        st.dataframe(pd.DataFrame([{"user": u.name, "role": u.role} for u in users], columns=["user", "role"]),
+                     hide_index=True, key="rq_users")
+        with st.form("rq_user_form", border=False):
+            c = st.columns(3)
+            c[0].text_input("User name", key="rq_user_name")
+            c[1].selectbox("Role", ROLES, index=1, key="rq_user_role")
+            c[2].text_input("Password (8+ characters)", type="password", key="rq_user_password")
+            st.form_submit_button("Add user", on_click=_add_user)
+        others = [u.name for u in users if me is None or u.name != me.name]
+        if others:
+            st.selectbox("Remove user", others, key="rq_user_remove")
+            st.button("Remove", key="rq_user_remove_btn", on_click=_remove_user)

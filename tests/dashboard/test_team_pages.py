@@ -185,3 +185,31 @@ def test_a_review_under_an_expired_lease_is_refused_with_the_reason(db) -> None:
     assert "your lease on pair" in texts(at) and "(10 min after it was handed to you): not saved" in texts(at)
     with Store(db) as store:
         assert store.decisions("pair") == []
+
+
+def test_a_maintainer_manages_users_and_a_curator_cannot(db) -> None:
+    at = open_page(REVIEW, "ann")
+    assert not any(t.key == "rq_user_name" for t in at.text_input)
+    at = open_page(REVIEW, "mia")
+    at.text_input(key="rq_user_name").input("zoe")
+    at.selectbox(key="rq_user_role").select("viewer")
+    at.text_input(key="rq_user_password").input(PASSWORD)
+    next(b for b in at.button if b.label == "Add user").click().run()
+    assert "Added user zoe" in texts(at)
+    at.selectbox(key="rq_user_remove").select("ann")
+    at.button(key="rq_user_remove_btn").click().run()
+    with Store(db) as store:
+        assert {u.name: u.role for u in store.users()} == {"bob": "curator", "mia": "maintainer", "vic": "viewer",
+                                                            "zoe": "viewer"}
+
+
+def test_the_queue_hands_out_samples_too(db) -> None:
+    at = open_page(REVIEW, "ann")
+    at.selectbox(key="rq_kind").select("Samples (refinement, revisions, SFT)").run()
+    at.button(key="rq_claim").click().run()
+    assert not at.exception
+    with Store(db) as store:
+        items = [i for i, _ in store.held("sample", "ann")]
+    assert items and any(b.key == f"rq_approve_{items[0]}" for b in at.button)
+    at.button(key=f"rq_approve_{items[0]}").click().run()
+    assert "Saved your review of sample" in texts(at)
