@@ -213,3 +213,13 @@ def test_the_queue_hands_out_samples_too(db) -> None:
     assert items and any(b.key == f"rq_approve_{items[0]}" for b in at.button)
     at.button(key=f"rq_approve_{items[0]}").click().run()
     assert "Saved your review of sample" in texts(at)
+
+
+@pytest.mark.parametrize(("address", "loopback"), [
+    ("127.0.0.1", True), ("127.0.0.2", True), ("localhost", True), ("::1", True), ("[::1]", True),
+    ("0.0.0.0", False), ("::", False), ("", False), (None, False), ("192.168.1.5", False), ("example.org", False),
+])
+def test_which_addresses_count_as_loopback(address, loopback) -> None:
+    from dashboard.auth import is_loopback
+
+    assert is_loopback(address) is loopback
