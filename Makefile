@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 PORT ?= 8501
-# Loopback only (no login yet); `make run ADDRESS=0.0.0.0` exposes it to the network on purpose.
+# Loopback only by default (beyond it, writes need a login); `make run ADDRESS=0.0.0.0` exposes it on purpose.
 ADDRESS ?= 127.0.0.1
 
 run: $(STAMP)

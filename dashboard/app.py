@@ -1,15 +1,17 @@
 """Orchard dashboard: `streamlit run dashboard/app.py` (database: $ORCHARD_DB, else the engine default).
 
-The entry point only registers pages and checks that the database can be shown; each page reads
-through `dashboard.data` (the engine's Store API). Only the Data pages write, and only curation
-decisions, through the Store's versioned curation calls, under the name typed in the sidebar.
+The entry point only registers pages, checks that the database can be shown and says who is here
+(dashboard.auth: a login, or the single local user on loopback when no users exist); each page reads
+through `dashboard.data` (the engine's Store API). The Data pages write curation decisions through
+the Store's versioned curation calls, recorded under the logged-in user; Training launches jobs
+(maintainers only).
 """
 
 from __future__ import annotations
 
 import streamlit as st
 
-from dashboard import data
+from dashboard import auth, data
 
 st.set_page_config(page_title="Orchard", page_icon="🌳", layout="wide")
 
@@ -26,6 +28,7 @@ PAGES: dict[str, list[st.Page]] = {
                 url_path="pairs"),
         st.Page("views/refinement.py", title="Refinement data", icon=":material/edit_note:",
                 url_path="refinement"),
+        st.Page("views/review.py", title="Review queue", icon=":material/group:", url_path="review"),
     ],
     "Models": [
         st.Page("views/training.py", title="Training", icon=":material/model_training:", url_path="training"),
@@ -33,15 +36,10 @@ PAGES: dict[str, list[st.Page]] = {
     ],
 }
 CURATION_PAGES = {p.url_path for p in PAGES["Data"]}
-RUNLESS_PAGES = {"refinement", "training", "evaluation"}  # their data can exist before any search run
+RUNLESS_PAGES = {"refinement", "training", "evaluation", "review"}  # their data can exist before any search run
 LAUNCH_PAGES = {""}  # the Runs page (default): it starts the first search, so it opens on an empty database
 
 page = st.navigation(PAGES)
-if page.url_path in CURATION_PAGES:
-    # Who curates: recorded in every history entry; kept for the whole session across pages.
-    st.sidebar.text_input("Your name", key="who", placeholder="anonymous", persist_state="session",
-                          help="Recorded with every decision you make on these pages (empty: anonymous).")
-
 path = data.db_path()
 problem = data.db_problem(path, need_runs=page.url_path not in RUNLESS_PAGES)
 if problem is not None and not (problem[0] == "empty" and page.url_path in LAUNCH_PAGES):
@@ -55,5 +53,12 @@ if problem is not None and not (problem[0] == "empty" and page.url_path in LAUNC
     st.caption("Database (set `ORCHARD_DB` to choose another):")
     st.code(str(path), language=None)
     st.stop()
+
+viewer = auth.sidebar(str(path))
+if viewer is not None and viewer.local and page.url_path in CURATION_PAGES:
+    # The single local user (no users, loopback only): the name recorded in every history entry,
+    # kept for the whole session across pages. With users, the recorded name is the login's.
+    st.sidebar.text_input("Your name", key="who", placeholder="anonymous", persist_state="session",
+                          help="Recorded with every decision you make on these pages (empty: anonymous).")
 
 page.run()

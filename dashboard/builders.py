@@ -10,6 +10,7 @@ from typing import Any
 
 import streamlit as st
 
+from dashboard import auth
 from dashboard import forms as fm
 from dashboard import jobs_panel as jp
 from dashboard.text import md
@@ -41,6 +42,7 @@ def _submit(db: str, form: str, kind: str, config: dict[str, Any], model: str | 
     if errors:
         return
     try:
+        auth.require(db, "launch_jobs")  # a login (and a maintainer) where one is needed
         with Store(db) as store:
             job_id = submit_stage(store, kind, config)
         st.session_state[f"{form}_flash"] = f"Queued job {job_id}: {kind} build for run {config['run']}."

@@ -23,9 +23,10 @@ def refusal(e: Exception) -> str:
 
 def submit_errors() -> tuple[type[Exception], ...]:
     """The errors a submission can raise for bad input (shown at a field or under the form)."""
+    from dashboard.auth import NotAllowed
     from engine.errors import user_errors
 
-    return (*user_errors(), sqlite3.Error, OSError)
+    return (*user_errors(), NotAllowed, sqlite3.Error, OSError)
 
 
 def form_errors(key: str) -> dict[str, str]:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 
 import streamlit as st
 
+from dashboard import auth
 from dashboard.text import md
 from engine.store import JobInfo, Store, StoreError
 from engine.train.jobs import JobRunner
@@ -60,6 +61,8 @@ def latest_job(db: str, kinds: Sequence[str], run_id: str | None = None) -> JobI
 
 
 def cancel(db: str, job_id: str) -> str:
+    if auth.acting_as(db, "launch_jobs") is None:
+        return md(st.session_state.pop(auth.NOTICE, "Not cancelled."))
     try:
         with Store(db) as store:
             job = JobRunner(store).cancel(job_id, grace_s=15.0)
@@ -115,7 +118,8 @@ def show_job(db: str, job_id: str, key: str, extra: Callable[[JobInfo], None] | 
     with st.expander(f"Log (last {LOG_TAIL_LINES} lines)", expanded=job.state == "failed"):
         st.code(log_tail(job.log_path) or "(empty)", language=None)
     if not job.final:
-        st.button("Cancel job", key=f"{key}_cancel_{job_id}", on_click=_cancel, args=(db, job_id, key))
+        st.button("Cancel job", key=f"{key}_cancel_{job_id}", on_click=_cancel, args=(db, job_id, key),
+                  disabled=not auth.may("launch_jobs"))
     flash = st.session_state.pop(f"{key}_flash", None)
     if flash:
         st.info(flash)  # built from fixed words, ids and states, or md()-escaped text

@@ -21,7 +21,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from dashboard import data, figures, loop
+from dashboard import auth, data, figures, loop
 from dashboard import forms as fm
 from dashboard import jobs_panel as jp
 from dashboard.text import md
@@ -125,6 +125,7 @@ if launch:
         from engine.submit import submit_eval
 
         try:
+            auth.require(db, "launch_jobs")  # a login (and a maintainer) where one is needed
             with Store(db) as store:
                 job_id = submit_eval(store, config["model"], config["env"], config["split"], config["tasks"],
                                      config["eval"])
@@ -235,6 +236,7 @@ if loops:
         from engine.submit import next_iteration_config, submit_iterate
 
         try:
+            auth.require(db, "launch_jobs")  # a login (and a maintainer) where one is needed
             with Store(db) as store:
                 cfg = next_iteration_config(store, loop_id)
                 job_id = submit_iterate(store, cfg)
@@ -287,6 +289,7 @@ else:
         fm.set_errors("ev_loop_new", problems)
         if not problems:
             try:
+                auth.require(db, "launch_jobs")  # a login (and a maintainer) where one is needed
                 with Store(db) as store:
                     job_id = submit_iterate(store, cfg)
                 state["ev_flash"] = f"Queued job {job_id}: loop {md(cfg['name'])}, iteration 1."

@@ -7,8 +7,10 @@ Previous and "approve & next" keep the flow at keyboard speed (the buttons carry
 Why the version bookkeeping: two people may curate the same pair. The page remembers the version of
 each pair it showed (`pp_seen`) and every write names it as `expected_version`, so the store refuses a
 write based on a pair someone else has changed since (ConflictError) and the page explains that
-instead of overwriting. Env and model text is shown only in `st.code`, `st.text` and data frames,
-never as markdown or HTML. The URL holds run / task / pair, so a view can be shared.
+instead of overwriting. Every write is recorded under the person dashboard.auth says is here, and
+is refused for a viewer or without a login where one is needed. Env and model text is shown only in
+`st.code`, `st.text` and data frames, never as markdown or HTML. The URL holds run / task / pair, so a
+view can be shared.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from dashboard import builders, data
+from dashboard import auth, builders, data
 from engine.actions import FormatError, parse
 from engine.datasets.pairs import Pair
 from engine.store import CURATION_STATUSES, ConflictError, EditError, HistoryEntry, Store, StoreError
@@ -52,20 +54,19 @@ seen: dict[str, int] = state.setdefault(SEEN, {})
 conflicts: dict[str, str] = state.setdefault(CONFLICT, {})
 
 
-def who() -> str:
-    """The name typed in the sidebar (app.py), recorded in every history entry."""
-    return str(state.get("who") or "").strip() or "anonymous"
-
-
 # --- writes: each callback runs before the page re-reads, with the version the page showed ----------------
 
 
-def _write(pair_id: str, action: Callable[[Store], Pair], done: str) -> Pair | None:
-    """Run one curation write; a refusal becomes a message on the page, never a traceback."""
+def _write(pair_id: str, action: Callable[[Store, str], Pair], done: str) -> Pair | None:
+    """Run one curation write as the person here; a refusal becomes a message on the page, never a traceback."""
     state.pop(ERROR, None)
+    who = auth.acting_as(db, "curate")
+    if who is None:
+        state[ERROR] = (pair_id, state.pop(auth.NOTICE, "Not saved."))
+        return None
     try:
         with Store(db) as store:
-            pair = action(store)
+            pair = action(store, who)
     except ConflictError as e:
         conflicts[pair_id] = str(e)
         return None
@@ -107,14 +108,14 @@ def _advance(pair_id: str, f: data.Filters, order: str, page: int, index: int | 
 
 def _decide(pair_id: str, expected: int, status: str, then: tuple | None = None) -> None:
     words = {"approved": "Approved", "rejected": "Rejected", "pending": "Reset to pending"}
-    done = _write(pair_id, lambda s: s.set_pair_status(pair_id, status, who(), expected),
+    done = _write(pair_id, lambda s, who: s.set_pair_status(pair_id, status, who, expected),
                   f"{words[status]} pair {pair_id}.")
     if done is not None and then is not None:
         _advance(pair_id, *then)
 
 
 def _swap(pair_id: str, expected: int) -> None:
-    _write(pair_id, lambda s: s.swap_pair(pair_id, who(), expected),
+    _write(pair_id, lambda s, who: s.swap_pair(pair_id, who, expected),
            f"Swapped chosen and rejected of pair {pair_id}.")
 
 
@@ -125,15 +126,19 @@ def _save_edit(pair_id: str, expected: int, shown: tuple[str, str]) -> None:
     if (chosen, rejected) == shown:
         state[FLASH] = "Nothing to save: the texts are unchanged."
         return
-    _write(pair_id, lambda s: s.edit_pair(pair_id, chosen, rejected, who(), expected),
+    _write(pair_id, lambda s, who: s.edit_pair(pair_id, chosen, rejected, who, expected),
            f"Saved the edit of pair {pair_id}.")
 
 
 def _bulk(f: data.Filters, status: str, matched: int) -> None:
     state.pop(ERROR, None)
+    who = auth.acting_as(db, "settle")  # a sweeping change: maintainers only
+    if who is None:
+        state[ERROR] = ("", state.pop(auth.NOTICE, "Not saved."))
+        return
     try:
         with Store(db) as store:
-            changed = store.bulk_set_pair_status(status, who(), **data.as_kwargs(f))
+            changed = store.bulk_set_pair_status(status, who, **data.as_kwargs(f))
     except (StoreError, sqlite3.Error, OSError) as e:
         state[ERROR] = ("", f"The database refused the bulk change: {e}")
         return
@@ -373,7 +378,7 @@ with st.expander(f"Queue: page {page + 1} of {pages}", expanded=True):
         state["pp_page_input"] = page + 1
         st.number_input("Queue page", 1, pages, key="pp_page_input", on_change=_set_page)
 
-    with st.popover(f"Bulk decision on all {total} matching pairs", disabled=total == 0):
+    with st.popover(f"Bulk decision on all {total} matching pairs", disabled=total == 0 or not auth.may("settle")):
         st.caption("Sets the status of every pair the filters match (not only this page), in one step, "
                    "recorded in each pair's history. Pairs that already have that status are left alone.")
         sure = st.checkbox(f"Yes, change all {total} pairs", key="pp_bulk_ok")
@@ -400,8 +405,11 @@ if stale is None and expected != pair.version:
     at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(pair.updated_at or 0))
     stale = (f"pair {pair.id} was changed by {pair.updated_by} at {at} "
              f"(you opened version {expected}, it is now {pair.version})")
-blocked = stale is not None
-if blocked:
+read_only = auth.why_not("curate")
+if read_only:
+    st.info(read_only)
+blocked = stale is not None or read_only is not None
+if stale is not None:
     with st.container(border=True):
         if refused:
             st.warning("Someone else changed this pair after you opened it, so your change was NOT saved "

@@ -22,7 +22,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from dashboard import data
+from dashboard import auth, data
 from dashboard.text import md
 from engine.datasets.samples import Sample
 from engine.store import CURATION_STATUSES, ConflictError, EditError, HistoryEntry, Store, StoreError
@@ -45,20 +45,19 @@ seen: dict[str, int] = state.setdefault(SEEN, {})
 conflicts: dict[str, str] = state.setdefault(CONFLICT, {})
 
 
-def who() -> str:
-    """The name typed in the sidebar (app.py), recorded in every history entry."""
-    return str(state.get("who") or "").strip() or "anonymous"
-
-
 # --- writes: each callback runs before the page re-reads, with the version the page showed ----------------
 
 
-def _write(sample_id: str, action: Callable[[Store], Sample], done: str) -> Sample | None:
+def _write(sample_id: str, action: Callable[[Store, str], Sample], done: str) -> Sample | None:
     """Run one curation write; a refusal becomes a message on the page, never a traceback."""
     state.pop(ERROR, None)
+    who = auth.acting_as(db, "curate")
+    if who is None:
+        state[ERROR] = state.pop(auth.NOTICE, "Not saved.")
+        return None
     try:
         with Store(db) as store:
-            sample = action(store)
+            sample = action(store, who)
     except ConflictError as e:
         conflicts[sample_id] = str(e)
         return None
@@ -74,7 +73,7 @@ def _write(sample_id: str, action: Callable[[Store], Sample], done: str) -> Samp
 
 def _set_status(sample_id: str, expected: int, status: str, then: tuple | None = None) -> None:
     words = {"approved": "Approved", "rejected": "Rejected", "pending": "Reset to pending"}
-    done = _write(sample_id, lambda s: s.set_sample_status(sample_id, status, who(), expected),
+    done = _write(sample_id, lambda s, who: s.set_sample_status(sample_id, status, who, expected),
                   f"{words[status]} sample {sample_id}.")
     if done is not None and then is not None:
         _advance(sample_id, *then)
@@ -82,7 +81,7 @@ def _set_status(sample_id: str, expected: int, status: str, then: tuple | None =
 
 def _toggle_loss(sample_id: str, turn: int, expected: int, key: str) -> None:
     trains = bool(state[key])
-    _write(sample_id, lambda s: s.set_turn_loss(sample_id, turn, trains, who(), expected),
+    _write(sample_id, lambda s, who: s.set_turn_loss(sample_id, turn, trains, who, expected),
            f"Turn {turn + 1} of sample {sample_id} is now {'trained' if trains else 'masked (no loss)'}.")
 
 
@@ -249,8 +248,11 @@ if stale is None and expected != sample.version:
     at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(sample.updated_at or 0))
     stale = (f"sample {sample.id} was changed by {sample.updated_by} at {at} "
              f"(you opened version {expected}, it is now {sample.version})")
-blocked = stale is not None
-if blocked:
+read_only = auth.why_not("curate")
+if read_only:
+    st.info(read_only)
+blocked = stale is not None or read_only is not None
+if stale is not None:
     with st.container(border=True):
         if refused:
             st.warning("Someone else changed this sample after you opened it, so your change was NOT saved "

@@ -17,7 +17,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from dashboard import data, loop
+from dashboard import auth, data, loop
 from dashboard import forms as fm
 from dashboard import jobs_panel as jp
 from dashboard.text import md
@@ -141,6 +141,7 @@ if runs:
                 try:
                     from engine.submit import submit_search
 
+                    auth.require(db, "launch_jobs")  # a login (and a maintainer) where one is needed
                     with Store(db) as store:
                         job_id = submit_search(store, resume=chosen, model=resume_model)
                     state["rs_flash"] = f"Queued job {job_id}: resume run {chosen}."
@@ -214,6 +215,7 @@ if submitted:
         from engine.submit import submit_stage
 
         try:
+            auth.require(db, "launch_jobs")  # a login (and a maintainer) where one is needed
             with Store(db) as store:
                 job_id = submit_stage(store, "search", config)
             state["rs_flash"] = f"Queued job {job_id}: search {md(config['name'])}."

@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from dashboard import data, figures
+from dashboard import auth, data, figures
 from dashboard import jobs_panel as jp
 from dashboard.text import md
 from engine.config import ConfigError
@@ -47,6 +47,9 @@ def _poll() -> None:
 def _launch(data_key: str, preset: str, model: str, runs: list[str], include_pending: bool,
             output: str = "") -> None:
     state.pop(ERROR, None)
+    if auth.acting_as(db, "launch_jobs") is None:
+        state[ERROR] = md(state.pop(auth.NOTICE, "Not launched."))
+        return
     try:
         kind, config = job_config(data_key, preset, model, runs, include_pending, output=output.strip() or None)
         with Store(db) as store:
@@ -95,7 +98,10 @@ with st.form("tr_launch", border=True):
     output = st.text_input("Output folder (empty: a new folder named after the job)", key="tr_out",
                            help="A new or empty folder, or an earlier model's folder (its model is replaced; "
                                 "its record is kept). A folder holding other files is refused.")
-    submitted = st.form_submit_button("Launch", type="primary")
+    cannot = auth.why_not("launch_jobs")
+    if cannot:
+        st.caption(md(cannot))
+    submitted = st.form_submit_button("Launch", type="primary", disabled=cannot is not None)
 if submitted:
     _launch(data_key, preset, model, run_ids, include_pending, output)
     jobs, models = read_jobs()

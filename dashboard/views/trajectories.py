@@ -21,7 +21,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from dashboard import builders, data, figures, loop
+from dashboard import auth, builders, data, figures, loop
 from dashboard.text import md
 from engine.actions import FormatError, parse
 from engine.datasets.samples import Sample, to_messages
@@ -53,20 +53,19 @@ seen: dict[str, int] = state.setdefault(SEEN, {})
 conflicts: dict[str, str] = state.setdefault(CONFLICT, {})
 
 
-def who() -> str:
-    """The name typed in the sidebar (app.py), recorded in every history entry."""
-    return str(state.get("who") or "").strip() or "anonymous"
-
-
 # --- writes -------------------------------------------------------------------------------------------------
 
 
 def _set_status(sample_id: str, expected: int, status: str) -> None:
     """Approve / reject / reset, if nobody changed the sample since the page showed it."""
     state.pop(ERROR, None)
+    who = auth.acting_as(db, "curate")
+    if who is None:
+        state[ERROR] = state.pop(auth.NOTICE, "Not saved.")
+        return
     try:
         with Store(db) as store:
-            sample = store.set_sample_status(sample_id, status, who(), expected)
+            sample = store.set_sample_status(sample_id, status, who, expected)
     except ConflictError as e:
         conflicts[sample_id] = str(e)
         return
@@ -293,8 +292,11 @@ if stale is None and expected != sample.version:
     at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(sample.updated_at or 0))
     stale = (f"sample {sample.id} was changed by {sample.updated_by} at {at} "
              f"(you opened version {expected}, it is now {sample.version})")
-blocked = stale is not None
-if blocked:
+read_only = auth.why_not("curate")
+if read_only:
+    st.info(read_only)
+blocked = stale is not None or read_only is not None
+if stale is not None:
     with st.container(border=True):
         if refused:
             st.warning("Someone else changed this trajectory after you opened it, so your change was NOT "

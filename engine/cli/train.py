@@ -25,7 +25,7 @@ from engine.config import read_table
 TRAIN_FLAGS = {
     "learning_rate": "--lr", "epochs": "--epochs", "max_steps": "--max-steps", "batch_size": "--batch-size",
     "grad_accum": "--grad-accum", "max_length": "--max-length", "seed": "--seed", "num_threads": "--threads",
-    "lora": "--lora", "precision": "--precision", "include_pending": "--include-pending",
+    "lora": "--lora", "precision": "--precision", "include_pending": "--include-pending", "labels": "--labels",
 }
 DPO_FLAGS = {**TRAIN_FLAGS, "beta": "--beta", "ref_source": "--ref-source", "min_gap": "--min-gap"}
 SFT_FLAGS = {**TRAIN_FLAGS, "format": "--format", "revision_share": "--revision-share"}

@@ -9,7 +9,9 @@ dialect shim in `postgres`), split by concern.
 - runs: runs, trees, nodes (observations deduplicated by content hash) and simulations;
 - curation: preference pairs and samples, with curation through versioning (optimistic
   concurrency: a write names the version it read, a stale one is refused);
-- training: jobs, models, evaluations and iteration-loop records.
+- training: jobs, models, evaluations and iteration-loop records (and the decisions a job used);
+- users: dashboard users and login sessions;
+- review: work shared out among curators (leases, reviews, settlements, the final-label rule).
 
 `Store` combines the concerns into the one API every caller uses; SQL stays in the concern modules,
 so another backend can stand behind the same API. Each finished simulation is committed in ONE
@@ -24,27 +26,34 @@ from engine.store.curation import CURATION_STATUSES, CurationStore, EditError
 from engine.store.records import (
     FINAL_JOB_STATES,
     JOB_STATES,
+    Decision,
+    FinalLabel,
     HistoryEntry,
     JobInfo,
+    LeaseError,
     MissingStoreError,
     ModelRecord,
     RunInfo,
     SaveReport,
     StoreError,
+    UserInfo,
 )
+from engine.store.review import LABEL_RULES, ReviewStore
 from engine.store.runs import RunsStore
 from engine.store.schema import APP_ID, MIGRATIONS, SCHEMA_VERSION
 from engine.store.training import TrainingStore
+from engine.store.users import UsersStore
 from engine.store.versioning import ConflictError
 
 __all__ = [
-    "APP_ID", "CURATION_STATUSES", "FINAL_JOB_STATES", "JOB_STATES", "MIGRATIONS", "SCHEMA_VERSION", "ConflictError",
-    "Connection", "EditError", "HistoryEntry", "JobInfo", "MissingStoreError", "ModelRecord", "RunInfo", "SaveReport",
-    "Store", "StoreError", "data_version", "default_db_path",
+    "APP_ID", "CURATION_STATUSES", "FINAL_JOB_STATES", "JOB_STATES", "LABEL_RULES", "MIGRATIONS", "SCHEMA_VERSION",
+    "ConflictError", "Connection", "Decision", "EditError", "FinalLabel", "HistoryEntry", "JobInfo", "LeaseError",
+    "MissingStoreError", "ModelRecord", "RunInfo", "SaveReport", "Store", "StoreError", "UserInfo", "data_version",
+    "default_db_path",
 ]
 
 
-class Store(RunsStore, CurationStore, TrainingStore):
+class Store(RunsStore, CurationStore, TrainingStore, UsersStore, ReviewStore):
     """A connection to one Orchard database. Not shared across threads; one writer process.
 
     `readonly=True` (the dashboard's reads) never writes, locks or migrates: it needs an existing

@@ -113,3 +113,40 @@ class ModelRecord:
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
+
+
+class LeaseError(StoreError):
+    """A review saved without a live lease on its item (expired, or handed to someone else)."""
+
+
+@dataclass(frozen=True)
+class UserInfo:
+    """A dashboard user (the password hash stays in the store)."""
+
+    name: str
+    role: str
+    created_at: float
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One curator's review of an item, or a maintainer's settlement (`role`: review | settle)."""
+
+    id: str
+    item_kind: str
+    item_id: str
+    run_id: str | None
+    who: str
+    role: str
+    label: str
+    item_version: int
+    at: float
+
+
+@dataclass(frozen=True)
+class FinalLabel:
+    """An item's label under the final-label rule (label None: unsettled), with the decisions it rests on."""
+
+    label: str | None
+    decision_ids: tuple[str, ...]
+    reason: str

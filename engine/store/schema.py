@@ -246,6 +246,63 @@ MIGRATIONS: list[tuple[int, str]] = [
         CREATE UNIQUE INDEX models_current ON models (path) WHERE replaced_at IS NULL;
         """,
     ),
+    (
+        6,
+        # Team curation (docs/decisions.md): dashboard users and their sessions (a token's SHA-256,
+        # never the token), leases handing items to one curator at a time, every review / settlement
+        # as a decision row, the queue's settings, and the decisions each training job used.
+        """
+        CREATE TABLE users (
+            name TEXT PRIMARY KEY,
+            role TEXT NOT NULL,
+            password_hash TEXT NOT NULL,
+            created_at REAL NOT NULL
+        );
+        CREATE TABLE sessions (
+            token_hash TEXT PRIMARY KEY,
+            user_name TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            expires_at REAL NOT NULL,
+            ended_at REAL
+        );
+        CREATE INDEX sessions_by_user ON sessions (user_name);
+        CREATE TABLE leases (
+            item_kind TEXT NOT NULL,
+            item_id TEXT NOT NULL,
+            holder TEXT NOT NULL,
+            taken_at REAL NOT NULL,
+            expires_at REAL NOT NULL,
+            PRIMARY KEY (item_kind, item_id)
+        );
+        CREATE INDEX leases_by_holder ON leases (holder, item_kind);
+        CREATE TABLE decisions (
+            id TEXT PRIMARY KEY,
+            item_kind TEXT NOT NULL,
+            item_id TEXT NOT NULL,
+            run_id TEXT,
+            who TEXT NOT NULL,
+            role TEXT NOT NULL,
+            label TEXT NOT NULL,
+            item_version INTEGER NOT NULL,
+            at REAL NOT NULL
+        );
+        CREATE INDEX decisions_by_item ON decisions (item_kind, item_id);
+        CREATE INDEX decisions_by_run ON decisions (item_kind, run_id);
+        CREATE UNIQUE INDEX decisions_one_review ON decisions (item_kind, item_id, who) WHERE role = 'review';
+        CREATE TABLE curation_settings (
+            key TEXT PRIMARY KEY,
+            value TEXT NOT NULL
+        );
+        CREATE TABLE job_decisions (
+            job_id TEXT NOT NULL,
+            item_kind TEXT NOT NULL,
+            item_id TEXT NOT NULL,
+            decision_id TEXT NOT NULL,
+            label TEXT NOT NULL,
+            PRIMARY KEY (job_id, item_kind, item_id, decision_id)
+        );
+        """,
+    ),
 ]
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 

@@ -198,6 +198,23 @@ class TrainingStore(Connection):
             raise StoreError(f"no model {path!r} in {self.path}")
         return _model_from_row(row)
 
+    def record_job_decisions(self, job_id: str, item_kind: str, labels: dict[str, Any]) -> int:
+        """Record the curation decisions a training job used: `labels` maps item id -> FinalLabel
+        (engine.store.review). Recorded once per job; returns how many decision ids were stored."""
+        rows = [(job_id, item_kind, item_id, did, final.label) for item_id, final in sorted(labels.items())
+                for did in final.decision_ids]
+        with self.transaction() as con:
+            con.execute("DELETE FROM job_decisions WHERE job_id=? AND item_kind=?", (job_id, item_kind))
+            con.executemany("INSERT INTO job_decisions (job_id, item_kind, item_id, decision_id, label) "
+                            "VALUES (?,?,?,?,?)", rows)
+        return len(rows)
+
+    def job_decisions(self, job_id: str) -> list[tuple[str, str, str, str]]:
+        """(item kind, item id, decision id, label) of the decisions a job trained on."""
+        return [tuple(r) for r in self.con.execute(
+            "SELECT item_kind, item_id, decision_id, label FROM job_decisions WHERE job_id=? "
+            "ORDER BY item_kind, item_id, decision_id", (job_id,))]
+
     def save_evaluation(self, model: str, env: str, split: str, task_ids: Sequence[str], mode: str,
                         config: dict[str, Any], metrics: dict[str, Any], episodes: Sequence[dict[str, Any]],
                         job_id: str | None = None) -> str:

@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine.config import ConfigError
 from engine.datasets.pairs import Pair
+from engine.store.review import LABEL_RULES
 from engine.train.common import (
     MemoryReporter,
     Reporter,
@@ -63,7 +64,7 @@ from engine.train.common import (
 )
 
 if TYPE_CHECKING:
-    from engine.store import Store
+    from engine.store import FinalLabel, Store
 
 REF_SOURCES = ("auto", "stored", "precompute", "live")
 _REF_COLUMNS = ("ref_chosen_logps", "ref_rejected_logps")
@@ -113,14 +114,18 @@ def run_backends(store: Any, run_ids: Sequence[str | None]) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class DPOTrainConfig(TrainConfig):
-    """DPO settings. Data: pairs of `kinds` whose curation status is in `statuses` (approved and
-    edited by default; `include_pending` adds pending ones), optionally only with Q gap >= min_gap."""
+    """DPO settings. Data: pairs of `kinds` whose final label (engine.store.review: `labels` rule
+    "settled" or "majority") is in `statuses` (approved and edited by default; `include_pending` adds
+    unsettled ones), optionally only with Q gap >= min_gap."""
 
     learning_rate: float = field(default=1e-6, metadata={"help": "learning rate"})
     beta: float = field(default=0.1, metadata={"help": "DPO beta"})
     loss_type: str = "sigmoid"
     statuses: tuple[str, ...] = field(default=("approved", "edited"), metadata={"help": "curation statuses to use"})
     include_pending: bool = field(default=False, metadata={"help": "also train on pending (uncurated) rows"})
+    labels: str = field(default="settled", metadata={
+        "help": "final-label rule for reviewed pairs: settled (maintainer or unanimous) or majority",
+        "choices": LABEL_RULES})
     kinds: tuple[str, ...] = ("step",)
     min_gap: float | None = field(default=None, metadata={"help": "only pairs with Q gap at least this"})
     ref_source: str = field(default="auto", metadata={
@@ -133,6 +138,8 @@ class DPOTrainConfig(TrainConfig):
         super().__post_init__()
         if self.beta <= 0:
             raise ConfigError(f"DPOTrainConfig.beta: must be > 0, got {self.beta!r}")
+        if self.labels not in LABEL_RULES:
+            raise ConfigError(f"DPOTrainConfig.labels: {self.labels!r} is not one of {', '.join(LABEL_RULES)}")
         if self.ref_source not in REF_SOURCES:
             raise ConfigError(f"DPOTrainConfig.ref_source: {self.ref_source!r} is not one of {', '.join(REF_SOURCES)}")
         if self.verify_per_run < 0 or (self.ref_tolerance is not None and self.ref_tolerance < 0):
@@ -151,12 +158,26 @@ class DPOTrainConfig(TrainConfig):
 
 def select_pairs(store: Store, config: DPOTrainConfig, runs: Sequence[str] | None = None) -> list[Pair]:
     """The pairs a DPO job trains on, in a stable order."""
+    return labelled_pairs(store, config, runs)[0]
+
+
+def labelled_pairs(store: Store, config: DPOTrainConfig,
+                   runs: Sequence[str] | None = None) -> tuple[list[Pair], dict[str, FinalLabel]]:
+    """The pairs a DPO job trains on, and the final label of each that has one (the decisions it
+    rests on: what the job records)."""
     out: list[Pair] = []
     for run in runs if runs else [None]:
         run_id = store.find_run(run) if run is not None else None
-        out.extend(store.pairs(run_id=run_id, status=list(config.selected_statuses), kind=list(config.kinds),
-                               min_gap=config.min_gap))
-    return out
+        out.extend(store.pairs(run_id=run_id, kind=list(config.kinds), min_gap=config.min_gap))
+    return keep_labelled(store, "pair", out, config.statuses, config.include_pending, config.labels)
+
+
+def keep_labelled(store: Store, kind: str, items: Sequence[Any], statuses: Sequence[str], include_pending: bool,
+                  rule: str) -> tuple[list[Any], dict[str, FinalLabel]]:
+    """`items` whose final label is in `statuses` (or that have none, with `include_pending`)."""
+    finals = store.final_labels(kind, [i.id for i in items], rule=rule)
+    kept = [i for i in items if finals[i.id].label in statuses or (include_pending and finals[i.id].label is None)]
+    return kept, {i.id: finals[i.id] for i in kept if finals[i.id].label is not None}
 
 
 def encode_prompt(tokenizer: Any, prompt: list[dict[str, str]]) -> list[int]:

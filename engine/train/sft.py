@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine.config import ConfigError
 from engine.datasets.samples import KINDS, Sample
+from engine.store.review import LABEL_RULES
 from engine.train.common import (
     MemoryReporter,
     Reporter,
@@ -45,10 +46,10 @@ from engine.train.common import (
     trl_common_args,
     with_threads,
 )
-from engine.train.dpo import encode_completion, encode_prompt
+from engine.train.dpo import encode_completion, encode_prompt, keep_labelled
 
 if TYPE_CHECKING:
-    from engine.store import Store
+    from engine.store import FinalLabel, Store
 
 SFT_FORMATS = ("steps", "chat")
 
@@ -65,6 +66,9 @@ class SFTTrainConfig(TrainConfig):
     kinds: tuple[str, ...] = field(default=("revision", "good"), metadata={"help": "sample kinds"})
     statuses: tuple[str, ...] = field(default=("approved", "edited"), metadata={"help": "curation statuses to use"})
     include_pending: bool = field(default=False, metadata={"help": "also train on pending (uncurated) rows"})
+    labels: str = field(default="settled", metadata={
+        "help": "final-label rule for reviewed samples: settled (maintainer or unanimous) or majority",
+        "choices": LABEL_RULES})
     revision_share: float | None = field(default=None, metadata={
         "help": "fraction of revision trajectories in the mix (Agent-R)"})
 
@@ -75,6 +79,8 @@ class SFTTrainConfig(TrainConfig):
         bad = set(self.kinds) - set(KINDS)
         if bad or not self.kinds:
             raise ConfigError(f"SFTTrainConfig.kinds: unknown kind(s) {sorted(bad) or '(none given)'}")
+        if self.labels not in LABEL_RULES:
+            raise ConfigError(f"SFTTrainConfig.labels: {self.labels!r} is not one of {', '.join(LABEL_RULES)}")
         if self.revision_share is not None and not 0 < self.revision_share <= 1:
             raise ConfigError(f"SFTTrainConfig.revision_share: must be in (0, 1], got {self.revision_share!r}")
 
@@ -89,13 +95,21 @@ def rft_config(**overrides: Any) -> SFTTrainConfig:
 
 
 def select_samples(store: Store, config: SFTTrainConfig, runs: Sequence[str] | None = None) -> list[Sample]:
+    return labelled_samples(store, config, runs)[0]
+
+
+def labelled_samples(store: Store, config: SFTTrainConfig,
+                     runs: Sequence[str] | None = None) -> tuple[list[Sample], dict[str, FinalLabel]]:
+    """The samples an SFT job trains on (by final label, as `dpo.labelled_pairs`) and their labels."""
     out: list[Sample] = []
     for run in runs if runs else [None]:
         run_id = store.find_run(run) if run is not None else None
-        out.extend(store.samples(run_id=run_id, kind=list(config.kinds), status=list(config.selected_statuses)))
+        out.extend(store.samples(run_id=run_id, kind=list(config.kinds)))
+    out, labels = keep_labelled(store, "sample", out, config.statuses, config.include_pending, config.labels)
     if config.revision_share is not None:
         out = mix_revisions(out, config.revision_share, config.seed)
-    return out
+    used = {s.id for s in out}
+    return out, {k: v for k, v in labels.items() if k in used}
 
 
 def mix_revisions(samples: Sequence[Sample], share: float, seed: int = 0) -> list[Sample]:

@@ -23,7 +23,8 @@ def run_training(store: Store, kind: str, config: dict[str, Any], reporter: Repo
 
     `job`: the running job this is (the worker): its device is the default device and its id names
     the output folder. None (`train --foreground`): training runs here, and a finished job is
-    recorded for it afterwards, so the model has a job like any other.
+    recorded for it afterwards, so the model has a job like any other. The job records the curation
+    decisions behind every item it trains on (`store.job_decisions`).
     """
     from engine.train.common import default_output_dir, resolve_model_path
     from engine.train.jobs import train_config
@@ -39,16 +40,22 @@ def run_training(store: Store, kind: str, config: dict[str, Any], reporter: Repo
         reporter.log(f"{output} holds a model; a successful run replaces it (its record is kept, marked replaced)")
     runs = config.get("runs") or None
     if kind == "dpo":
-        from engine.train.dpo import run_backends, select_pairs, train_dpo
+        from engine.train.dpo import labelled_pairs, run_backends, train_dpo
 
-        pairs = select_pairs(store, train, runs)
+        pairs, labels = labelled_pairs(store, train, runs)
+        item_kind = "pair"
+        if job is not None:
+            store.record_job_decisions(job.id, item_kind, labels)
         tokens = store.node_token_counts([(p.tree_id, n) for p in pairs for n in (p.chosen_node, p.rejected_node)])
         result = train_dpo(base, pairs, train, output, reporter, node_tokens=tokens, parent=str(base),
                            backends=run_backends(store, [p.run_id for p in pairs]))
     else:
-        from engine.train.sft import select_samples, train_sft
+        from engine.train.sft import labelled_samples, train_sft
 
-        samples = select_samples(store, train, runs)
+        samples, labels = labelled_samples(store, train, runs)
+        item_kind = "sample"
+        if job is not None:
+            store.record_job_decisions(job.id, item_kind, labels)
         result = train_sft(base, samples, train, output, reporter, kind=kind, parent=str(base))
     if result.stopped or result.output is None:  # a rank > 0 process of a multi-GPU run saves nothing
         return result
@@ -56,6 +63,7 @@ def run_training(store: Store, kind: str, config: dict[str, Any], reporter: Repo
         job = store.create_job(kind, config, train.device, name=f"{kind}-foreground")
         store.finish_job(job.id, "succeeded", output_path=str(result.output), expect=("queued",))
         job = store.job(job.id)
+        store.record_job_decisions(job.id, item_kind, labels)
     register_model(store, job, result, str(base))
     return result
 

@@ -1,4 +1,4 @@
-"""The dashboard has no login, so by default it must listen on loopback only: the Streamlit config
+"""The dashboard listens on loopback only by default (beyond it, writes need a login): the Streamlit config
 and the Makefile's command both say 127.0.0.1, and a real `streamlit run` from the repository root
 (no address flag) binds nothing else."""
 
