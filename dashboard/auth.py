@@ -18,7 +18,7 @@ import streamlit as st
 
 from dashboard.text import md
 from engine import auth
-from engine.store import Store, StoreError
+from engine.store import MissingStoreError, Store, StoreError
 
 TOKEN = "auth_token"
 VIEWER = "auth_viewer"
@@ -56,6 +56,8 @@ def _resolve(db: str) -> Viewer | None:
         with Store(db, readonly=True) as store:
             user = store.session_user(token) if token else None
             has_users = store.has_users()
+    except MissingStoreError:  # no database yet (the first search creates it): no users either
+        user, has_users = None, False
     except StoreError:
         return None
     if user is not None:
