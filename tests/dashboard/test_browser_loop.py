@@ -70,7 +70,7 @@ def test_search_pairs_and_evaluation_launched_and_followed_from_the_pages(empty_
             shot("runs_bad_range")
 
             page.get_by_label("Tasks", exact=True).fill("0:2")
-            page.get_by_label("Model", exact=True).fill(model)
+            page.locator(".st-key-rs_model input").fill(model)
             page.get_by_label("Name", exact=True).fill("browser-search")
             for label, value in (("simulations", "2"), ("k", "2"), ("depth limit", "2"), ("max tokens", "8")):
                 page.get_by_label(label, exact=True).fill(value)
@@ -92,7 +92,7 @@ def test_search_pairs_and_evaluation_launched_and_followed_from_the_pages(empty_
             page.goto(f"{url}/evaluation")
             expect(page.get_by_role("heading", name="Evaluation")).to_be_visible(timeout=30_000)
             page.get_by_text("Launch an evaluation").click()
-            page.get_by_label("Model", exact=True).fill(model)
+            page.locator(".st-key-ev_model input").fill(model)
             page.get_by_label("Tasks", exact=True).fill("0:1")
             page.get_by_label("max steps", exact=True).fill("2")
             page.get_by_label("max tokens", exact=True).fill("8")
