@@ -27,6 +27,7 @@ from engine.store.records import (
     RunInfo,
     SaveReport,
     StoreError,
+    TreeSkeleton,
 )
 from engine.store.runs import RunsStore
 from engine.store.schema import APP_ID, MIGRATIONS, SCHEMA_VERSION
@@ -36,7 +37,7 @@ from engine.store.versioning import ConflictError
 __all__ = [
     "APP_ID", "CURATION_STATUSES", "FINAL_JOB_STATES", "JOB_STATES", "MIGRATIONS", "SCHEMA_VERSION", "ConflictError",
     "Connection", "EditError", "HistoryEntry", "JobInfo", "ModelRecord", "RunInfo", "SaveReport", "Store",
-    "StoreError", "default_db_path",
+    "StoreError", "TreeSkeleton", "default_db_path",
 ]
 
 
