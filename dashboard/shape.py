@@ -41,15 +41,18 @@ class TreeShape:
 
     @classmethod
     def from_skeleton(cls, sk: TreeSkeleton) -> TreeShape:
+        """A shape of a whole tree's skeleton (ids 0..n-1); shares the skeleton's lists, so the
+        skeleton must not be changed after (the store builds a new one per read)."""
         children: list[list[int]] = [[] for _ in sk.node_id]
         for i, p in enumerate(sk.parent):
             if p is not None:
                 children[p].append(i)
+        nan = math.nan
         return cls(
             task_id=sk.task_id, goal=sk.goal, simulations=sk.simulations, solved=sk.solved,
-            parent=list(sk.parent), depth=list(sk.depth), N=list(sk.n), value_sum=list(sk.value_sum),
-            q_critic=[math.nan if q is None else float(q) for q in sk.q_critic],
-            critic_rank=list(sk.critic_rank), terminal=list(sk.terminal), children=children,
+            parent=sk.parent, depth=sk.depth, N=sk.n, value_sum=sk.value_sum,
+            q_critic=[nan if q is None else q for q in sk.q_critic],
+            critic_rank=sk.critic_rank, terminal=sk.terminal, children=children,
         )
 
     @classmethod

@@ -223,15 +223,13 @@ class RunsStore(Connection):
                FROM nodes WHERE tree_id=? AND node_id>? ORDER BY node_id""",
             (tree_id, after),
         ).fetchall()
-        for i, r in enumerate(rows):
-            if r[0] != after + 1 + i:
-                raise StoreError(f"tree {tree_id}: node ids not contiguous at {after + 1 + i} (found {r[0]})")
-        cols = list(zip(*rows)) if rows else [()] * 8
+        cols = [list(c) for c in zip(*rows)] if rows else [[] for _ in range(8)]
+        if cols[0] != list(range(after + 1, after + 1 + len(rows))):
+            at = next(i for i, v in enumerate(cols[0], after + 1) if v != i)
+            raise StoreError(f"tree {tree_id}: node ids not contiguous at {at} (found {cols[0][at - after - 1]})")
         return TreeSkeleton(
-            task_id=t[0], goal=t[1], simulations=t[2], solved=bool(t[3]),
-            node_id=list(cols[0]), parent=list(cols[1]), depth=list(cols[2]), n=list(cols[3]),
-            value_sum=[float(v) for v in cols[4]], q_critic=list(cols[5]), critic_rank=list(cols[6]),
-            terminal=list(cols[7]),
+            task_id=t[0], goal=t[1], simulations=t[2], solved=bool(t[3]), node_id=cols[0], parent=cols[1],
+            depth=cols[2], n=cols[3], value_sum=cols[4], q_critic=cols[5], critic_rank=cols[6], terminal=cols[7],
         )
 
     def tree_visits(self, tree_id: int) -> tuple[list[int], list[float]]:
@@ -240,7 +238,7 @@ class RunsStore(Connection):
         rows = self.con.execute(
             "SELECT n, value_sum FROM nodes WHERE tree_id=? ORDER BY node_id", (tree_id,)
         ).fetchall()
-        return [r[0] for r in rows], [float(r[1]) for r in rows]
+        return [r[0] for r in rows], [r[1] for r in rows]
 
     def load_nodes(self, tree_id: int, ids: Iterable[int]) -> dict[int, Node]:
         """The full nodes `ids` (texts, action, observation), by id; ids not in the tree are left
