@@ -3,7 +3,8 @@
 chosen by `dashboard.lod`; arrays go to the browser as typed arrays (plotly's base64 `bdata`).
 
 Values shown come from the engine (`Node.Q_mcts`, `Node.Q_critic`, `Node.value(alpha)` = eq. 10,
-`SearchTree.best_path`); this module only maps them to marks. Traces are built with plotly's
+`SearchTree.best_path`), or for a tree read as a skeleton from `dashboard.shape.TreeShape`, which
+computes the same; this module only maps them to marks. Traces are built with plotly's
 validation off: validating 100k-element symbol/text arrays costs seconds, and the tests validate
 the same construction on small trees instead.
 """

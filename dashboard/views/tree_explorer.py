@@ -7,7 +7,9 @@ reads it back. A big tree is drawn in part (`dashboard.lod`): selecting a marker
 subtree draws that subtree. While the run is searching, the plot and the inspector redraw every
 few seconds (a fragment), keeping the selected node and the filters; the zoom is kept while the
 tree is unchanged (Streamlit remounts a plotly chart whose figure changed, so `uirevision` cannot
-carry the zoom across new nodes: the sidebar can pause following). Env and model text
+carry the zoom across new nodes: the sidebar can pause following). The tree is read as a skeleton
+(`dashboard.shape`: numbers, no texts; a live view reads only the nodes added since); texts are
+read for the drawn nodes' hover labels and the inspected node's neighbourhood. Env and model text
 is shown only through `st.code` and data frames, never as markdown or HTML.
 """
 
