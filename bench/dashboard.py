@@ -3,17 +3,22 @@
 Builds synthetic MCTS-shaped SearchTrees (random branching 1-4, realistic composite actions,
 observations, critic ranks, log-probs and terminals, every expansion followed by a simulation that is
 back-propagated by the engine), writes each to a temporary store through the Store API, and times
-what the Tree explorer does on a first view: `Store.load_tree`, `layout_tree`, `tree_figure`, and
-the JSON serialisation Streamlit performs (`plotly.io.to_json`), for the whole tree ("full", what the
-page drew before it had a level of detail) and for what it draws now ("lod", `dashboard.lod`).
+what the Tree explorer did on a first view before it had a level of detail: `Store.load_tree`,
+`layout_tree`, `tree_figure` of the whole tree and the JSON serialisation Streamlit performs
+(`plotly.io.to_json`); and what it does now: the skeleton ("skel": numbers only, `Store.tree_skeleton`),
+then "lod": the part drawn (`dashboard.lod`), its layout, its nodes' labels (`Store.load_nodes`), the
+figure and its JSON.
 
 Browser figures (`--browser-sizes`): `streamlit run` on one store holding those trees, headless Debian
 Chromium through Playwright: navigation -> the plot drawn -> a click on a marker answered (the
 inspector shows that node), and the bytes that came over the websocket, for the page as it is and
 with `?max_nodes=all` (the whole tree, the old drawing) as the baseline. "cold": the first view of
 a tree on a fresh server (the tree is read from the store); "warm": a later view (cached). "floor":
-the same page on a 50-node tree, what Streamlit itself costs on this machine; "-floor" subtracts it
-(on a busy machine the floor dominates: read the goals against "-floor" and the load average).
+the same page on a 50-node tree; "-floor" subtracts it (on a busy machine the floor dominates: read
+the goals against "-floor" and the load average). "empty page": a second server's page with a title
+only (Streamlit itself), "+chart": that page with one 50-point plotly chart (plotly.js itself). Each
+view's time is split into ws1 (navigation -> first websocket frame), script (-> the figure's frame:
+the server's rerun) and render (-> the markers drawn in the browser).
 Goals: 10k nodes interactive <= 1 s, 100k <= 3 s.
 
     .venv/bin/python bench/dashboard.py [--sizes 1000 10000 100000] [--repeat 3]
@@ -41,8 +46,8 @@ logging.getLogger("streamlit").setLevel(logging.ERROR)  # "no runtime" notes fro
 
 import plotly.io as pio
 
-from dashboard.data import read_tree
-from dashboard.figures import tree_figure
+from dashboard.data import read_nodes, read_shape, read_tree
+from dashboard.figures import short_command, tree_figure
 from dashboard.layout import layout_tree
 from dashboard.lod import DEFAULT_BUDGET, choose_open
 from engine.actions import CompositeAction, render
@@ -145,14 +150,14 @@ MARKER_AT = """(i) => { const gd = document.querySelector('.js-plotly-plot');
           y: box.top + ya._offset + ya.l2p(tr.y[i])} }"""
 
 
-def start_server(db: Path, log: Path) -> tuple[subprocess.Popen, str]:
-    """`streamlit run dashboard/app.py` on `db`, loopback only, once healthy."""
+def start_server(db: Path, log: Path, script: Path = ROOT / "dashboard" / "app.py") -> tuple[subprocess.Popen, str]:
+    """`streamlit run dashboard/app.py` (or `script`) on `db`, loopback only, once healthy."""
     with socket.socket() as s_:
         s_.bind(("127.0.0.1", 0))
         port = s_.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", str(ROOT / "dashboard" / "app.py"), "--server.headless", "true",
+        [sys.executable, "-m", "streamlit", "run", str(script), "--server.headless", "true",
          "--server.port", str(port), "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false"],
         cwd=ROOT, env={**os.environ, "ORCHARD_DB": str(db)}, stdout=log.open("wb"), stderr=subprocess.STDOUT,
     )
@@ -179,14 +184,23 @@ def open_tree(context, url: str, timeout_ms: int = 120_000) -> dict[str, float]:
 
     page = context.new_page()
     ws_bytes = [0]
-    page.on("websocket", lambda ws: ws.on(
-        "framereceived", lambda payload: ws_bytes.__setitem__(0, ws_bytes[0] + len(payload))))
+    frames: list[tuple[float, int]] = []  # (arrival, bytes) of each websocket frame
+
+    def received(payload: str | bytes) -> None:
+        ws_bytes[0] += len(payload)
+        frames.append((time.perf_counter(), len(payload)))
+
+    page.on("websocket", lambda ws: ws.on("framereceived", received))
     try:
         t0 = time.perf_counter()
         page.goto(url)
         page.wait_for_function(MARKERS, timeout=timeout_ms)
         drawn = time.perf_counter() - t0
         to_draw = ws_bytes[0]
+        # Where the time went: navigation -> first websocket frame (page and JS boot, session start),
+        # -> the biggest frame (the figure: the script rerun on the server until the chart), -> drawn.
+        first = frames[0][0] - t0 if frames else float("nan")
+        figure = max(frames, key=lambda f: f[1])[0] - t0 if frames else float("nan")
         n = page.evaluate(MARKERS)
         target = page.evaluate(MARKER_AT, n // 2 if n > 1 else 0)
         page.mouse.move(target["x"], target["y"])
@@ -196,9 +210,44 @@ def open_tree(context, url: str, timeout_ms: int = 120_000) -> dict[str, float]:
         expect(page.get_by_role("heading", name=f"Node {node}", exact=True)).to_be_visible(timeout=timeout_ms)
         clicked = time.perf_counter() - t0
         return {"drawn": drawn, "clicked": clicked, "markers": n, "ws_mb": to_draw / 1e6,
-                "click_mb": (ws_bytes[0] - to_draw) / 1e6}
+                "click_mb": (ws_bytes[0] - to_draw) / 1e6, "ws_first": first, "figure": figure}
     finally:
         page.close()
+
+
+# Streamlit's floor: a page with a title only; with ?chart=1 also one 50-point Scattergl chart (the cost
+# of plotly.js itself, whatever the figure).
+EMPTY_PAGE = """import streamlit as st
+st.title("Empty page")
+if st.query_params.get("chart"):
+    import plotly.graph_objects as go
+    st.plotly_chart(go.Figure([go.Scattergl(x=list(range(50)), y=list(range(50)), mode="markers", name="nodes",
+                                            customdata=list(range(50)))]), key="p", on_select="rerun")
+"""
+
+
+def open_empty(context, url: str, chart: bool = False, timeout_ms: int = 120_000) -> float:
+    """Navigation -> the empty page's title shown (or, with `chart`, its markers drawn)."""
+    from playwright.sync_api import expect
+
+    page = context.new_page()
+    try:
+        t0 = time.perf_counter()
+        page.goto(url + ("/?chart=1" if chart else ""))
+        expect(page.get_by_role("heading", name="Empty page")).to_be_visible(timeout=timeout_ms)
+        if chart:
+            page.wait_for_function(MARKERS, timeout=timeout_ms)
+        return time.perf_counter() - t0
+    finally:
+        page.close()
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
 
 
 def browser_figures(sizes: list[int], baseline: bool, tmp: Path) -> None:
@@ -214,14 +263,23 @@ def browser_figures(sizes: list[int], baseline: bool, tmp: Path) -> None:
         tree = synthetic_tree(size, seed=1)
         run_id, _ = write_run(db, tree, name=f"bench-{size}")
         views.append((len(tree.nodes), run_id, tree.task.id))
+    empty = tmp / "empty_page.py"
+    empty.write_text(EMPTY_PAGE)
+    empty_proc, empty_url = start_server(db, tmp / "streamlit-empty.log", empty)
     proc, url = start_server(db, tmp / "streamlit.log")
     rows = []
+    empty_s: list[float] = []
+    chart_s: list[float] = []
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
             try:
                 context = browser.new_context(viewport={"width": 1500, "height": 1400})
                 open_tree(context, f"{url}/tree?run={views[0][1]}&task={views[0][2]}")  # cache the static files
+                empty_context = browser.new_context(viewport={"width": 1500, "height": 1400})
+                open_empty(empty_context, empty_url, chart=True)  # its static files cached too
+                empty_s = [open_empty(empty_context, empty_url) for _ in range(3)]
+                chart_s = [open_empty(empty_context, empty_url, chart=True) for _ in range(3)]
                 for i, (n, run_id, task) in enumerate(views):
                     view = f"{url}/tree?run={run_id}&task={task}"
                     if i == 0:
@@ -234,20 +292,25 @@ def browser_figures(sizes: list[int], baseline: bool, tmp: Path) -> None:
             finally:
                 browser.close()
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
+        stop(empty_proc)
     print(f"\nbrowser (headless Chromium; lod = at most {DEFAULT_BUDGET} markers, full = ?max_nodes=all; "
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; floor = a 50-node tree: the page's own cost)")
-    print(f"{'nodes':>8} {'drawing':>7} {'server':>6} {'markers':>8} {'drawn s':>8} {'click s':>8} "
-          f"{'-floor':>7} {'ws MB':>7} {'click MB':>8} {'goal s':>6}")
+    print("  ws1: navigation -> first websocket frame (page, JS, session) · script: -> the figure's frame (the "
+          "server's rerun) · render: -> markers drawn (plotly) · drawn: interactive · click: a click answered")
+    print(f"{'nodes':>8} {'drawing':>7} {'server':>6} {'markers':>8} {'ws1 s':>6} {'script':>6} {'render':>6} "
+          f"{'drawn s':>8} {'click s':>8} {'-floor':>7} {'ws MB':>7} {'click MB':>8} {'goal s':>6}")
+    if empty_s:
+        print(f"{'empty':>8} {'page':>7} {'warm':>6} {0:>8} {'':>6} {'':>6} {'':>6} {min(empty_s):>8.2f} "
+              f"{'':>8} {'':>7} {'':>7} {'':>8} {'':>6}   (Streamlit's floor: an empty page, best of 3)")
+        print(f"{'empty':>8} {'+chart':>7} {'warm':>6} {50:>8} {'':>6} {'':>6} {'':>6} {min(chart_s):>8.2f} "
+              f"{'':>8} {'':>7} {'':>7} {'':>8} {'':>6}   (the same page with one 50-point plotly chart, best of 3)")
     floor = rows[0][3]["clicked"]
     for n, mode, state, r in rows:
         goal = "" if mode == "floor" else "1.0" if n <= 10_001 else "3.0"
-        print(f"{n:>8} {mode:>7} {state:>6} {r['markers']:>8} {r['drawn']:>8.2f} {r['clicked']:>8.2f} "
-              f"{r['clicked'] - floor:>+7.2f} {r['ws_mb']:>7.2f} {r['click_mb']:>8.2f} {goal:>6}")
+        print(f"{n:>8} {mode:>7} {state:>6} {r['markers']:>8} {r['ws_first']:>6.2f} "
+              f"{r['figure'] - r['ws_first']:>6.2f} {r['drawn'] - r['figure']:>6.2f} {r['drawn']:>8.2f} "
+              f"{r['clicked']:>8.2f} {r['clicked'] - floor:>+7.2f} {r['ws_mb']:>7.2f} {r['click_mb']:>8.2f} {goal:>6}")
     if baseline:
         for n, _, _ in views[1:]:
             new = next(r for m, mode, state, r in rows if m == n and mode == "lod" and state == "warm")
@@ -267,7 +330,7 @@ def main() -> None:
     args = ap.parse_args()
 
     print(f"{'nodes':>8} {'load s':>8} {'layout s':>9} {'figure s':>9} {'total s':>8} {'json s':>7} "
-          f"{'+json s':>8} {'json MB':>8} | {'lod s':>6} {'+json s':>8} {'json MB':>8}")
+          f"{'+json s':>8} {'json MB':>8} | {'skel s':>6} {'lod s':>6} {'+json s':>8} {'json MB':>8}")
     layout_per_node: dict[int, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for size in args.sizes:
@@ -283,14 +346,20 @@ def main() -> None:
             total = t_load + t_layout + t_fig
             layout_per_node[len(loaded.nodes)] = t_layout / len(loaded.nodes)
 
-            def drawn_part(t=loaded):  # what the page does now: choose, lay out and draw the part shown
-                part = layout_tree(t, opened=choose_open(t, DEFAULT_BUDGET))
-                return pio.to_json(tree_figure(t, part, "q", 0.5, t.best_path(0.5)).to_dict(), validate=False)
+            # What the page does now: read the skeleton (no texts), choose, lay out, read the drawn nodes'
+            # labels, draw the part shown.
+            t_skel, shape = best_of(lambda db=db, tid=tree_id: read_shape(str(db), tid), args.repeat)
+
+            def drawn_part(shape=shape, db=db, tid=tree_id):
+                part = layout_tree(shape, opened=choose_open(shape, DEFAULT_BUDGET))
+                labels = {v: short_command(n) for v, n in read_nodes(str(db), tid, part.ids.tolist()).items()}
+                fig = tree_figure(shape, part, "q", 0.5, shape.best_path(0.5), commands=labels)
+                return pio.to_json(fig.to_dict(), validate=False)
 
             t_lod, lod_spec = best_of(drawn_part, args.repeat)
             print(f"{len(loaded.nodes):>8} {t_load:>8.3f} {t_layout:>9.3f} {t_fig:>9.3f} {total:>8.3f} "
-                  f"{t_json:>7.3f} {total + t_json:>8.3f} {len(spec) / 1e6:>8.1f} | {t_lod:>6.3f} "
-                  f"{t_load + t_lod:>8.3f} {len(lod_spec) / 1e6:>8.2f}")
+                  f"{t_json:>7.3f} {total + t_json:>8.3f} {len(spec) / 1e6:>8.1f} | {t_skel:>6.3f} {t_lod:>6.3f} "
+                  f"{t_skel + t_lod:>8.3f} {len(lod_spec) / 1e6:>8.2f}")
         sizes = sorted(layout_per_node)
         if len(sizes) >= 2:
             lo, hi = sizes[0], sizes[-1]

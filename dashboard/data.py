@@ -9,14 +9,18 @@ The dashboard never creates a database: a missing or empty file is reported, not
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterable
 from pathlib import Path
 
 import streamlit as st
 
+from dashboard.shape import TreeShape
 from engine import paths
+from engine.actions import CompositeAction
 from engine.datasets.pairs import Pair
 from engine.datasets.samples import Sample
-from engine.search.tree import SearchTree
+from engine.search.tree import Node, SearchTree
 from engine.store import HistoryEntry, MissingStoreError, RunInfo, Store, StoreError, data_version
 
 DB_ENV = paths.DB_ENV
@@ -100,6 +104,62 @@ def read_tree(path: str, tree_id: int) -> SearchTree | None:
 def load_tree(path: str, tree_id: int, version: Version) -> SearchTree | None:
     """The committed tree (None until its root is written); shared, treat as read-only."""
     return read_tree(path, tree_id)
+
+
+def read_shape(path: str, tree_id: int, since: TreeShape | None = None) -> TreeShape | None:
+    """The tree's shape without texts (None until its root is written). With `since` (an older
+    shape of the same tree), only the nodes added after it are read, plus every node's visits;
+    a tree that does not continue `since` (another task's, or a commit between the two reads) is
+    read whole."""
+    with Store(path, readonly=True) as store:
+        if since is not None and len(since):
+            new = store.tree_skeleton(tree_id, after=len(since) - 1)
+            visits = store.tree_visits(tree_id)
+            if new.task_id == since.task_id and len(visits[0]) == len(since) + len(new):
+                return since.extended(new, visits)
+        sk = store.tree_skeleton(tree_id)
+    return TreeShape.from_skeleton(sk) if len(sk) else None
+
+
+_LAST_SHAPE: dict[tuple[str, int], TreeShape] = {}  # newest shape read per tree: the base of the next
+_SHAPE_LOCK = threading.Lock()
+
+
+@st.cache_resource(show_spinner=False, max_entries=8)
+def load_shape(path: str, tree_id: int, version: Version) -> TreeShape | None:
+    """The committed tree's shape at `version`, shared (never changed). While a search commits, each
+    new version reads only what was added since the newest shape read before (`read_shape`)."""
+    with _SHAPE_LOCK:
+        last = _LAST_SHAPE.get((path, tree_id))
+    shape = read_shape(path, tree_id, since=last)
+    if shape is not None:
+        with _SHAPE_LOCK:
+            held = _LAST_SHAPE.get((path, tree_id))
+            if held is None or len(held) <= len(shape):
+                _LAST_SHAPE[(path, tree_id)] = shape
+            if len(_LAST_SHAPE) > 8:
+                _LAST_SHAPE.pop(next(iter(_LAST_SHAPE)))
+    return shape
+
+
+def read_nodes(path: str, tree_id: int, ids: Iterable[int]) -> dict[int, Node]:
+    """Full nodes `ids` by id, uncached (the figure's hover labels, cached with the figure)."""
+    with Store(path, readonly=True) as store:
+        return store.load_nodes(tree_id, ids)
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def load_nodes(path: str, tree_id: int, ids: tuple[int, ...], version: Version) -> dict[int, Node]:
+    """Full nodes `ids` (texts included), by id: the drawn nodes' labels, the inspected node and
+    its neighbours."""
+    with Store(path, readonly=True) as store:
+        return store.load_nodes(tree_id, ids)
+
+
+def read_node_texts(path: str, tree_id: int) -> list[tuple[int, CompositeAction | None, str | None]]:
+    """(node id, action, raw completion) of every node: what a text search over the tree reads."""
+    with Store(path, readonly=True) as store:
+        return store.node_texts(tree_id)
 
 
 @st.cache_data(show_spinner=False, max_entries=32)

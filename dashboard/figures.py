@@ -3,7 +3,8 @@
 chosen by `dashboard.lod`; arrays go to the browser as typed arrays (plotly's base64 `bdata`).
 
 Values shown come from the engine (`Node.Q_mcts`, `Node.Q_critic`, `Node.value(alpha)` = eq. 10,
-`SearchTree.best_path`); this module only maps them to marks. Traces are built with plotly's
+`SearchTree.best_path`), or for a tree read as a skeleton from `dashboard.shape.TreeShape`, which
+computes the same; this module only maps them to marks. Traces are built with plotly's
 validation off: validating 100k-element symbol/text arrays costs seconds, and the tests validate
 the same construction on small trees instead.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import html
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 import numpy as np
 import plotly.graph_objects as go
@@ -21,6 +22,8 @@ from plotly.colors import get_colorscale
 
 from dashboard import data, lod
 from dashboard.layout import TreeLayout, layout_tree
+from dashboard.shape import TreeShape, as_shape
+from engine.actions import CompositeAction
 from engine.search.tree import Node, SearchTree
 
 # What colours the nodes: label shown in the UI -> key.
@@ -80,48 +83,63 @@ def _fmt(value: float | None) -> str:
 
 def hover_text(node: Node, alpha: float, hidden: int) -> str:
     """Short hover label. Env/model text is HTML-escaped: plotly renders a subset of HTML in labels."""
-    parts = [
-        f"#{node.id} · depth {node.depth}",
-        html.escape(short_command(node)),
-        f"N={node.N} · Q~={_fmt(node.Q_mcts)} · Q^={_fmt(node.Q_critic)} · Q={_fmt(node.value(alpha))}",
-    ]
-    if node.terminal:
-        parts.append(html.escape(node.terminal))
-    if hidden:
-        parts.append(f"+{hidden} hidden below")
-    return "<br>".join(parts)
+    return _hover(node.id, node.depth, short_command(node), node.N, node.Q_mcts,
+                  NO_VALUE if node.Q_critic is None else node.Q_critic, node.value(alpha), node.terminal, hidden)
 
 
 def matching_nodes(tree: SearchTree, query: str) -> list[int]:
     """Nodes whose composite action (or raw completion, for format errors) contains `query`
     (case-insensitive)."""
+    return matching_texts(((n.id, n.action, n.raw) for n in tree.nodes), query)
+
+
+def matching_texts(rows: Iterable[tuple[int, CompositeAction | None, str | None]], query: str) -> list[int]:
+    """`matching_nodes` over (node id, action, raw completion) rows (`Store.node_texts`)."""
     q = query.strip().lower()
     if not q:
         return []
     out = []
-    for n in tree.nodes:
-        a = n.action
+    for v, a, raw in rows:
         if a is not None:
             text = " ".join((a.command, a.thought, a.explanation, a.plan or "", a.status))
         else:
-            text = n.raw or ""
+            text = raw or ""
         if q in text.lower():
-            out.append(n.id)
+            out.append(v)
     return out
 
 
+def _hover(v: int, depth: int, command: str, visits: int, q_mcts: float, q_critic: float, q: float,
+           terminal: str | None, hidden: int) -> str:
+    parts = [
+        f"#{v} · depth {depth}",
+        html.escape(command),
+        f"N={visits} · Q~={_fmt(q_mcts)} · Q^={_fmt(q_critic)} · Q={_fmt(q)}",
+    ]
+    if terminal:
+        parts.append(html.escape(terminal))
+    if hidden:
+        parts.append(f"+{hidden} hidden below")
+    return "<br>".join(parts)
+
+
 def tree_figure(
-    tree: SearchTree,
+    tree: SearchTree | TreeShape,
     lay: TreeLayout,
     measure: str = "q",
     alpha: float = 0.5,
     best_path: Sequence[int] = (),
     matches: Collection[int] = (),
     height: int = 640,
+    commands: Mapping[int, str] | None = None,
 ) -> go.Figure:
     """The tree: one Scattergl trace of edges (NaN-separated segments), one of nodes (node id in
-    customdata, so a click names the node), and overlays for the best path and search matches."""
-    nodes = tree.nodes
+    customdata, so a click names the node), and overlays for the best path and search matches.
+    `commands`: the drawn nodes' one-line commands (`short_command`) for their hover labels; a
+    SearchTree has them itself, a `TreeShape` has no texts (the page reads the drawn nodes')."""
+    if commands is None:
+        commands = {} if isinstance(tree, TreeShape) else {int(v): short_command(tree.nodes[v]) for v in lay.ids}
+    shape = as_shape(tree)
     # Root on top via y = -depth: a reversed y axis draws Scattergl *lines* flat along the bottom in the
     # plotly.js that Streamlit 1.67 bundles (markers are fine).
     ids, x, y = lay.ids, lay.x, -lay.y
@@ -133,14 +151,23 @@ def tree_figure(
     ex = np.column_stack([x[par], x[child], nan]).ravel()
     ey = np.column_stack([y[par], y[child], nan]).ravel()
 
-    visible = [nodes[i] for i in ids.tolist()]
     hidden = lay.hidden.tolist()
-    values = np.fromiter((node_value(n, measure, alpha) for n in visible), dtype=np.float64, count=m)
-    visits = np.fromiter((n.N for n in visible), dtype=np.float64, count=m)
+    q_mcts = shape.q_mcts(ids)
+    q_critic = np.asarray(shape.q_critic, dtype=np.float64)[ids]
+    q = shape.value(alpha, ids)
+    if measure not in ("q", "q_mcts", "q_critic"):
+        raise ValueError(f"unknown measure {measure!r} (one of {', '.join(MEASURES.values())})")
+    values = {"q": q, "q_mcts": q_mcts, "q_critic": q_critic}[measure]
+    visits = np.asarray(shape.N, dtype=np.float64)[ids]
     small, extra = (5.0, 13.0) if m <= 2000 else (3.0, 9.0)  # big trees: smaller marks, less overlap
     size = small + extra * np.sqrt(visits / max(1.0, float(visits.max(initial=0.0))))
-    symbol = [COLLAPSED_SYMBOL if h else SYMBOLS.get(n.terminal, "circle") for n, h in zip(visible, hidden)]
-    text = [hover_text(n, alpha, h) for n, h in zip(visible, hidden)]  # short; as many as marks drawn
+    id_list = ids.tolist()
+    terminal = [shape.terminal[v] for v in id_list]
+    symbol = [COLLAPSED_SYMBOL if h else SYMBOLS.get(t, "circle") for t, h in zip(terminal, hidden)]
+    text = [  # short; as many as marks drawn
+        _hover(v, shape.depth[v], commands.get(v, ""), shape.N[v], a, b, c, t, h)
+        for v, a, b, c, t, h in zip(id_list, q_mcts.tolist(), q_critic.tolist(), q.tolist(), terminal, hidden)
+    ]
     label = next(k for k, v in MEASURES.items() if v == measure)
 
     traces = [
@@ -193,7 +220,7 @@ def tree_figure(
         yaxis={"visible": False},
         hovermode="closest",
         plot_bgcolor="white",
-        uirevision=f"tree-{tree.task.id}",
+        uirevision=f"tree-{shape.task_id}",
     )
     return fig
 
@@ -203,6 +230,13 @@ def tree_figure(
 # node sends byte-identical JSON and the chart (and its selection) stays as it is in the browser.
 
 
+def _shape(path: str, tree_id: int, version: data.Version) -> TreeShape:
+    shape = data.load_shape(path, tree_id, version)
+    if shape is None:
+        raise ValueError(f"tree {tree_id} has no nodes yet")
+    return shape
+
+
 @st.cache_data(show_spinner=False, max_entries=32)
 def cached_layout(
     path: str, tree_id: int, version: data.Version, max_depth: int | None, collapsed: tuple[int, ...],
@@ -210,12 +244,10 @@ def cached_layout(
 ) -> TreeLayout:
     """The drawn part: all of it (within depth / collapse) when `budget` is None, else the level of
     detail of `dashboard.lod` around `focus`."""
-    tree = data.load_tree(path, tree_id, version)
-    if tree is None:
-        raise ValueError(f"tree {tree_id} has no nodes yet")
+    shape = _shape(path, tree_id, version)
     if budget is None:
-        return layout_tree(tree, max_depth=max_depth, collapsed=collapsed)
-    return layout_tree(tree, opened=cached_open(path, tree_id, version, max_depth, collapsed, budget, focus))
+        return layout_tree(shape, max_depth=max_depth, collapsed=collapsed)
+    return layout_tree(shape, opened=cached_open(path, tree_id, version, max_depth, collapsed, budget, focus))
 
 
 @st.cache_data(show_spinner=False, max_entries=32)
@@ -224,16 +256,13 @@ def cached_open(
     budget: int, focus: int | None,
 ) -> frozenset[int]:
     """`lod.choose_open` for these view settings (the nodes whose children are drawn)."""
-    tree = data.load_tree(path, tree_id, version)
-    if tree is None:
-        raise ValueError(f"tree {tree_id} has no nodes yet")
-    return lod.choose_open(tree, budget, focus, max_depth, collapsed)
+    return lod.choose_open(_shape(path, tree_id, version), budget, focus, max_depth, collapsed)
 
 
 @st.cache_data(show_spinner=False, max_entries=32)
 def cached_matches(path: str, tree_id: int, version: data.Version, query: str) -> list[int]:
-    tree = data.load_tree(path, tree_id, version)
-    return matching_nodes(tree, query) if tree is not None else []
+    """Nodes matching `query`; the only read of every node's action text, made when one searches."""
+    return matching_texts(data.read_node_texts(path, tree_id), query) if query.strip() else []
 
 
 # cache_resource: a pickled plotly Figure re-validates every array when loaded (~0.8 s at 100k
@@ -251,12 +280,12 @@ def cached_tree_figure(
     budget: int | None = None,
     focus: int | None = None,
 ) -> go.Figure:
-    tree = data.load_tree(path, tree_id, version)
-    if tree is None:
-        raise ValueError(f"tree {tree_id} has no nodes yet")
+    """The figure, its hover labels read for the drawn nodes only (`Store.load_nodes`)."""
+    shape = _shape(path, tree_id, version)
     lay = cached_layout(path, tree_id, version, max_depth, collapsed, budget, focus)
     matches = cached_matches(path, tree_id, version, query)
-    return tree_figure(tree, lay, measure, alpha, tree.best_path(alpha), matches)
+    commands = {v: short_command(n) for v, n in data.read_nodes(path, tree_id, lay.ids.tolist()).items()}
+    return tree_figure(shape, lay, measure, alpha, shape.best_path(alpha), matches, commands=commands)
 
 
 # --- training and evaluation ------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dashboard.lod import subtree_sizes
+from dashboard.shape import TreeShape, as_shape
 from engine.search.tree import SearchTree
 
 
@@ -143,14 +144,14 @@ class TreeLayout:
 
 
 def layout_tree(
-    tree: SearchTree, max_depth: int | None = None, collapsed: Iterable[int] = (), distance: float = 1.0,
+    tree: SearchTree | TreeShape, max_depth: int | None = None, collapsed: Iterable[int] = (), distance: float = 1.0,
     opened: Collection[int] | None = None, sizes: Sequence[int] | None = None,
 ) -> TreeLayout:
     """Lay out the part of `tree` that is shown: depth <= max_depth, nothing below a collapsed node;
     or, when `opened` is given (a level of detail, `dashboard.lod`), the root and the children of
     the `opened` nodes only. `sizes`: subtree sizes, when the caller has them already."""
-    children = [n.children for n in tree.nodes]
-    depth = [n.depth for n in tree.nodes]
+    shape = as_shape(tree)
+    children, depth = shape.children, shape.depth
     folded = set(collapsed)
     limit = max_depth if max_depth is not None else len(depth)
     ids: list[int] = [0]
@@ -174,7 +175,7 @@ def layout_tree(
     x = tidy_x(kids, 0, distance)
     hidden = [0] * len(ids)
     if cut:  # what each cut node hides: its subtree but itself
-        size = sizes if sizes is not None else subtree_sizes(tree)
+        size = sizes if sizes is not None else subtree_sizes(shape)
         for i in cut:
             hidden[i] = size[ids[i]] - 1
     return TreeLayout(

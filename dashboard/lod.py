@@ -15,22 +15,25 @@ from __future__ import annotations
 import heapq
 from collections.abc import Collection
 
+from dashboard.shape import TreeShape, as_shape
 from engine.search.tree import SearchTree
 
 DEFAULT_BUDGET = 3000  # markers drawn at most (plus the focus path's siblings if they exceed it)
 
 
-def subtree_sizes(tree: SearchTree) -> list[int]:
+def subtree_sizes(tree: SearchTree | TreeShape) -> list[int]:
     """Nodes in each node's subtree, itself included (node ids are created parents-first)."""
-    size = [1] * len(tree.nodes)
-    for n in reversed(tree.nodes):
-        if n.parent is not None:
-            size[n.parent] += size[n.id]
+    parent = as_shape(tree).parent
+    size = [1] * len(parent)
+    for v in range(len(parent) - 1, 0, -1):
+        p = parent[v]
+        if p is not None:
+            size[p] += size[v]
     return size
 
 
 def choose_open(
-    tree: SearchTree,
+    tree: SearchTree | TreeShape,
     budget: int = DEFAULT_BUDGET,
     focus: int | None = None,
     max_depth: int | None = None,
@@ -42,28 +45,28 @@ def choose_open(
     The path to `focus` and its children are opened first, even past the budget; then the focus's
     subtree, then the rest, most visits first, for as long as whole sibling groups fit.
     """
-    nodes = tree.nodes
+    shape = as_shape(tree)
+    children, depth, visits, parent = shape.children, shape.depth, shape.N, shape.parent
     folded = set(collapsed)
-    limit = max_depth if max_depth is not None else len(nodes)
+    limit = max_depth if max_depth is not None else len(shape)
 
     def openable(v: int) -> bool:
-        n = nodes[v]
-        return bool(n.children) and v not in folded and n.depth < limit
+        return bool(children[v]) and v not in folded and depth[v] < limit
 
     opened: set[int] = set()
     shown = 1
     chain: list[int] = []
-    if focus is not None and 0 <= focus < len(nodes):
+    if focus is not None and 0 <= focus < len(shape):
         v: int | None = focus
         while v is not None:
             chain.append(v)
-            v = nodes[v].parent
+            v = parent[v]
         chain.reverse()
         for v in chain:
             if not openable(v):
                 break
             opened.add(v)
-            shown += len(nodes[v].children)
+            shown += len(children[v])
 
     heap: list[tuple[int, int, int, int]] = []
     focused: set[int] = set()  # queued nodes inside the focus's subtree
@@ -74,40 +77,41 @@ def choose_open(
             v, inside = stack.pop()
             inside = inside or v == focus
             if v in opened:
-                stack.extend((c, inside) for c in nodes[v].children)
+                stack.extend((c, inside) for c in children[v])
             elif openable(v):
-                n = nodes[v]
                 if inside:
                     focused.add(v)
-                heapq.heappush(heap, (0 if inside else 1, -n.N, n.depth, v))
+                heapq.heappush(heap, (0 if inside else 1, -visits[v], depth[v], v))
 
     push(0, False)
     while heap and shown < budget:
         _, _, _, v = heapq.heappop(heap)
-        k = len(nodes[v].children)
+        k = len(children[v])
         if shown + k > budget:
             continue  # a smaller sibling group elsewhere may still fit
         opened.add(v)
         shown += k
-        for c in nodes[v].children:
+        for c in children[v]:
             push(c, v in focused)
     return frozenset(opened)
 
 
-def visible_ids(tree: SearchTree, opened: Collection[int]) -> list[int]:
+def visible_ids(tree: SearchTree | TreeShape, opened: Collection[int]) -> list[int]:
     """The drawn nodes for `opened` (breadth-first from the root)."""
+    children = as_shape(tree).children
     out = [0]
     for v in out:
         if v in opened:
-            out.extend(tree.nodes[v].children)
+            out.extend(children[v])
     return out
 
 
-def fully_shown(tree: SearchTree, opened: Collection[int], node: int, max_depth: int | None = None,
+def fully_shown(tree: SearchTree | TreeShape, opened: Collection[int], node: int, max_depth: int | None = None,
                 collapsed: Collection[int] = ()) -> bool:
     """Whether `node` is drawn with its children (or cannot be: a leaf, folded or at the depth limit);
     when not, the page makes it the focus."""
-    n = tree.nodes[node]
-    drawn = node == 0 or n.parent in opened
-    can_open = bool(n.children) and node not in collapsed and (max_depth is None or n.depth < max_depth)
+    shape = as_shape(tree)
+    drawn = node == 0 or shape.parent[node] in opened
+    can_open = bool(shape.children[node]) and node not in collapsed and (
+        max_depth is None or shape.depth[node] < max_depth)
     return drawn and (node in opened or not can_open)

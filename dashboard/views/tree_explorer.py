@@ -7,7 +7,9 @@ reads it back. A big tree is drawn in part (`dashboard.lod`): selecting a marker
 subtree draws that subtree. While the run is searching, the plot and the inspector redraw every
 few seconds (a fragment), keeping the selected node and the filters; the zoom is kept while the
 tree is unchanged (Streamlit remounts a plotly chart whose figure changed, so `uirevision` cannot
-carry the zoom across new nodes: the sidebar can pause following). Env and model text
+carry the zoom across new nodes: the sidebar can pause following). The tree is read as a skeleton
+(`dashboard.shape`: numbers, no texts; a live view reads only the nodes added since); texts are
+read for the drawn nodes' hover labels and the inspected node's neighbourhood. Env and model text
 is shown only through `st.code` and data frames, never as markdown or HTML.
 """
 
@@ -22,7 +24,8 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import data, figures, lod
-from engine.search.tree import TERMINALS, Node, SearchTree
+from dashboard.shape import TreeShape
+from engine.search.tree import TERMINALS, Node
 from engine.store import RunInfo
 
 MAX_TABLE_ROWS = 500
@@ -56,12 +59,12 @@ if task_id is not None and task_id not in tree_of_task:
     task_id = None
 task_id = task_id if task_id is not None else trees[0][1]
 tree_id = tree_of_task[task_id]
-tree: SearchTree | None = data.load_tree(db, tree_id, version)
+tree: TreeShape | None = data.load_shape(db, tree_id, version)  # numbers only; texts of the nodes shown
 
 node_id = 0
 raw_node = qp.get("node")
 if tree is not None and raw_node is not None:
-    if raw_node.isdigit() and int(raw_node) < len(tree.nodes):
+    if raw_node.isdigit() and int(raw_node) < len(tree):
         node_id = int(raw_node)
     else:
         notes.append("The node named in the URL is not in this tree; showing the root.")
@@ -137,13 +140,13 @@ def _expand_all(tid: int) -> None:
 
 
 def node_table(
-    tree: SearchTree, ids: Sequence[int], key: str,
+    nodes: dict[int, Node], ids: Sequence[int], key: str,
     extra: dict[str, list] | None = None, columns: Sequence[str] | None = None,
 ) -> None:
-    """A selectable table of nodes (plus `extra` columns, shown in `columns` order); choosing a row
-    inspects that node."""
+    """A selectable table of nodes (`nodes`: the full nodes read, by id; plus `extra` columns, shown
+    in `columns` order); choosing a row inspects that node."""
     shown = list(ids[:MAX_TABLE_ROWS])
-    frame = pd.DataFrame([_row(tree.nodes[i], alpha) for i in shown])
+    frame = pd.DataFrame([_row(nodes[i], alpha) for i in shown])
     for name, values in (extra or {}).items():
         frame[name] = values[:MAX_TABLE_ROWS]
     st.dataframe(
@@ -188,7 +191,7 @@ if tree is None and run.status != "running":
     st.info("This task's tree has no committed nodes yet (the search has not reached it).")
     st.stop()
 
-max_tree_depth = max(n.depth for n in tree.nodes) if tree is not None else 0
+max_tree_depth = max(tree.depth) if tree is not None else 0
 folded: set[int] = st.session_state.setdefault("te_collapsed", {}).get(tree_id, set())
 with st.sidebar:
     depth_limit = max_tree_depth
@@ -237,20 +240,20 @@ def explorer(live: bool) -> None:
         now_folded = tuple(sorted(st.session_state.get("te_collapsed", {}).get(tree_id, set())))
         if info.status != "running" or now_folded != collapsed:
             st.rerun()  # the search ended (stop refreshing) or the sidebar must show a new fold
-    tree = data.load_tree(db, tree_id, version)
+    tree = data.load_shape(db, tree_id, version)
     progress_line(info)
     if tree is None:
         st.info("This task's tree has no committed nodes yet (the search has not reached it).")
         return
     raw = st.query_params.get("node", "0")
-    node_id = int(raw) if raw.isdigit() and int(raw) < len(tree.nodes) else 0
+    node_id = int(raw) if raw.isdigit() and int(raw) < len(tree) else 0
     if live:
         st.caption(f"Live: the search is running; this view redraws every {REFRESH_S:g} s "
                    f"(last {time.strftime('%H:%M:%S')}).")
     elif info.status == "running":
         st.caption("The search is running; live redrawing is off (sidebar).")
     st.caption("Goal")
-    st.code(tree.task.goal, language=None, wrap_lines=True)
+    st.code(tree.goal, language=None, wrap_lines=True)
 
     focus_of = st.session_state.setdefault("te_focus", {})
     focus = focus_of.get(tree_id)
@@ -264,14 +267,14 @@ def explorer(live: bool) -> None:
     lay = figures.cached_layout(db, tree_id, version, max_depth, collapsed, budget, focus)
     matches = figures.cached_matches(db, tree_id, version, query)
     best = tree.best_path(alpha)
-    successes = sum(n.terminal == "success" for n in tree.nodes)
+    successes = tree.terminal.count("success")
 
     plot_col, inspect_col = st.columns([3, 2], gap="medium")
     with plot_col:
         hidden = int(lay.hidden.sum())
         st.caption(
-            f"{len(tree.nodes)} nodes ({len(lay)} shown) · {len(tree.simulations)} simulations · "
-            f"{successes} success leaves · {'solved' if tree.solved() else 'not solved'} · "
+            f"{len(tree)} nodes ({len(lay)} shown) · {tree.simulations} simulations · "
+            f"{successes} success leaves · {'solved' if tree.solved else 'not solved'} · "
             f"best path {len(best)} steps · click a node to inspect it"
             + (f" · {hidden} more in hexagons (select one to draw its subtree)" if hidden else "")
         )
@@ -283,16 +286,26 @@ def explorer(live: bool) -> None:
         if query:
             st.caption(f"{len(matches)} nodes match the search")
             if matches:
-                node_table(tree, matches, key=f"te_matches_{tree_id}_{node_id}")
+                shown = tuple(matches[:MAX_TABLE_ROWS])
+                node_table(data.load_nodes(db, tree_id, shown, version), matches,
+                           key=f"te_matches_{tree_id}_{node_id}")
     inspector(tree, node_id, best, inspect_col, version)
 
 
-def inspector(tree: SearchTree, node_id: int, best: list[int], inspect_col: Any, version: data.Version) -> None:
-    """The selected node: values, composite action, observation, siblings, path, children."""
-    node = tree.nodes[node_id]
+def inspector(tree: TreeShape, node_id: int, best: list[int], inspect_col: Any, version: data.Version) -> None:
+    """The selected node: values, composite action, observation, siblings, path, children. Only
+    these nodes' texts are read from the store (`Store.load_nodes`), not the whole tree's."""
+    parent = tree.parent[node_id]
+    siblings = tree.children[parent] if parent is not None else []
+    path_ids = [0, *tree.path(node_id)]
+    children = tree.children[node_id]
+    wanted = {node_id, *siblings[:MAX_TABLE_ROWS], *path_ids, *children[:MAX_TABLE_ROWS]}
+    nodes = data.load_nodes(db, tree_id, tuple(sorted(wanted)), version)
+    node = nodes[node_id]
+    node.children = list(children)
     with inspect_col:
         st.session_state[NODE_INPUT] = str(node_id)  # the input always shows the node being inspected
-        st.text_input("Node id", key=NODE_INPUT, on_change=_typed_node, args=(len(tree.nodes),))
+        st.text_input("Node id", key=NODE_INPUT, on_change=_typed_node, args=(len(tree),))
         error = st.session_state.pop("te_node_error", None)
         if error:
             st.warning(error)
@@ -345,26 +358,25 @@ def inspector(tree: SearchTree, node_id: int, best: list[int], inspect_col: Any,
 
         if node.parent is not None:
             st.caption("Critic's ranking of this node and its siblings (0 = best)")
-            siblings = sorted(
-                tree.nodes[node.parent].children,
-                key=lambda i: (tree.nodes[i].critic_rank is None, tree.nodes[i].critic_rank or 0, i),
-            )
+            ranks = tree.critic_rank
+            siblings = sorted(siblings, key=lambda i: (ranks[i] is None, ranks[i] or 0, i))[:MAX_TABLE_ROWS]
+            if parent is not None and len(siblings) < len(tree.children[parent]):
+                nodes.update(data.load_nodes(db, tree_id, tuple(siblings), version))  # the first by rank
             node_table(
-                tree, siblings, key=f"te_siblings_{tree_id}_{node_id}",
+                nodes, siblings, key=f"te_siblings_{tree_id}_{node_id}",
                 extra={
                     "": ["▶" if i == node.id else "" for i in siblings],
-                    "rank": [tree.nodes[i].critic_rank for i in siblings],
-                    "reason": [tree.nodes[i].critic_reason or "" for i in siblings],
+                    "rank": [ranks[i] for i in siblings],
+                    "reason": [nodes[i].critic_reason or "" for i in siblings],
                 },
                 columns=["", "rank", "node", "command", "Q^", "reason", "N", "Q~", "Q", "terminal"],
             )
         st.caption("Path from the root")
-        path_ids = [0, *(n.id for n in tree.path(node))]
-        node_table(tree, path_ids, key=f"te_path_{tree_id}_{node_id}", extra={"step": list(range(len(path_ids)))},
+        node_table(nodes, path_ids, key=f"te_path_{tree_id}_{node_id}", extra={"step": list(range(len(path_ids)))},
                    columns=["step", "node", "command", "N", "Q", "terminal"])
         if node.children:
             st.caption("Children")
-            node_table(tree, node.children, key=f"te_children_{tree_id}_{node_id}")
+            node_table(nodes, children, key=f"te_children_{tree_id}_{node_id}")
 
 
 live = bool(follow)

@@ -36,6 +36,7 @@ from engine.store.records import (
     RunInfo,
     SaveReport,
     StoreError,
+    TreeSkeleton,
     UserInfo,
 )
 from engine.store.review import LABEL_RULES, ReviewStore
@@ -48,7 +49,7 @@ from engine.store.versioning import ConflictError
 __all__ = [
     "APP_ID", "CURATION_STATUSES", "FINAL_JOB_STATES", "JOB_STATES", "LABEL_RULES", "MIGRATIONS", "SCHEMA_VERSION",
     "ConflictError", "Connection", "Decision", "EditError", "FinalLabel", "HistoryEntry", "JobInfo", "LeaseError",
-    "MissingStoreError", "ModelRecord", "RunInfo", "SaveReport", "Store", "StoreError", "UserInfo", "data_version",
+    "MissingStoreError", "ModelRecord", "RunInfo", "SaveReport", "Store", "StoreError", "TreeSkeleton", "UserInfo", "data_version",
     "default_db_path",
 ]
 

@@ -9,15 +9,17 @@ import hashlib
 import json
 import time
 import uuid
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from engine.actions import CompositeAction
 from engine.envs.base import TaskSpec
 from engine.search.tree import Node, SearchTree, Simulation
 from engine.store.connection import Connection, _valid_text
-from engine.store.records import RunInfo, StoreError
+from engine.store.records import RunInfo, StoreError, TreeSkeleton
 
 JPEG_MAGIC = b"\xff\xd8\xff"
+NODES_PER_QUERY = 500  # ids bound in one IN (...): far below SQLite's and PostgreSQL's limits
 
 
 def _simulation(path: list[int], reward: float, rollout: Any) -> Simulation:
@@ -27,6 +29,17 @@ def _simulation(path: list[int], reward: float, rollout: Any) -> Simulation:
         turns = tuple((str(t[0]), str(t[1])) for t in rollout.get("turns", ()))
         return Simulation(tuple(path), reward, tuple(rollout.get("commands", ())), turns)
     return Simulation(tuple(path), reward, tuple(rollout))
+
+
+def _node(r: Sequence[Any]) -> Node:
+    """A node from a row of load_tree's / load_nodes' columns (node_id .. n_tokens, observation text 7th)."""
+    return Node(
+        id=r[0], parent=r[1], depth=r[2], observation=r[6],
+        action=CompositeAction.from_dict(json.loads(r[3])) if r[3] else None,
+        raw=r[4], format_error=r[5], N=r[7], value_sum=r[8], Q_critic=r[9], critic_rank=r[10],
+        critic_reason=r[11], logprob=r[12], reward=r[13], progress=r[14], terminal=r[15],
+        gen_ms=r[16] or 0.0, env_ms=r[17] or 0.0, n_tokens=r[18] or 0,
+    )
 
 
 def _obs_hash(text: str) -> str:
@@ -184,15 +197,7 @@ class RunsStore(Connection):
         for i, r in enumerate(rows):
             if r[0] != i:
                 raise StoreError(f"tree {tree_id}: node ids not contiguous at {i} (found {r[0]})")
-            nodes.append(
-                Node(
-                    id=r[0], parent=r[1], depth=r[2], observation=r[6],
-                    action=CompositeAction.from_dict(json.loads(r[3])) if r[3] else None,
-                    raw=r[4], format_error=r[5], N=r[7], value_sum=r[8], Q_critic=r[9], critic_rank=r[10],
-                    critic_reason=r[11], logprob=r[12], reward=r[13], progress=r[14], terminal=r[15],
-                    gen_ms=r[16] or 0.0, env_ms=r[17] or 0.0, n_tokens=r[18] or 0,
-                )
-            )
+            nodes.append(_node(r))
         for n in nodes:
             if n.parent is not None:
                 nodes[n.parent].children.append(n.id)
@@ -203,6 +208,66 @@ class RunsStore(Connection):
             )
         ]
         return SearchTree(task=task, nodes=nodes, simulations=sims)
+
+    # --- partial reads (the dashboard: numbers for drawing, texts for the few nodes shown) ----------
+
+    def tree_skeleton(self, tree_id: int, after: int = -1) -> TreeSkeleton:
+        """The numbers of the nodes with id > `after` (all of them by default), no texts: a live view
+        that has read up to node `after` reads only what was added since (ids grow, never reused).
+        Visits of the older nodes change too: `tree_visits` reads those."""
+        t = self.con.execute("SELECT task_id, goal, simulations, solved FROM trees WHERE id=?", (tree_id,)).fetchone()
+        if t is None:
+            raise StoreError(f"no tree {tree_id}")
+        rows = self.con.execute(
+            """SELECT node_id, parent_id, depth, n, value_sum, q_critic, critic_rank, terminal
+               FROM nodes WHERE tree_id=? AND node_id>? ORDER BY node_id""",
+            (tree_id, after),
+        ).fetchall()
+        cols = [list(c) for c in zip(*rows)] if rows else [[] for _ in range(8)]
+        if cols[0] != list(range(after + 1, after + 1 + len(rows))):
+            at = next(i for i, v in enumerate(cols[0], after + 1) if v != i)
+            raise StoreError(f"tree {tree_id}: node ids not contiguous at {at} (found {cols[0][at - after - 1]})")
+        return TreeSkeleton(
+            task_id=t[0], goal=t[1], simulations=t[2], solved=bool(t[3]), node_id=cols[0], parent=cols[1],
+            depth=cols[2], n=cols[3], value_sum=cols[4], q_critic=cols[5], critic_rank=cols[6], terminal=cols[7],
+        )
+
+    def tree_visits(self, tree_id: int) -> tuple[list[int], list[float]]:
+        """(N, value_sum) of every node in id order: the only node fields that change after a node
+        is written (backpropagation), re-read by a live view together with the new nodes."""
+        rows = self.con.execute(
+            "SELECT n, value_sum FROM nodes WHERE tree_id=? ORDER BY node_id", (tree_id,)
+        ).fetchall()
+        return [r[0] for r in rows], [r[1] for r in rows]
+
+    def load_nodes(self, tree_id: int, ids: Iterable[int]) -> dict[int, Node]:
+        """The full nodes `ids` (texts, action, observation), by id; ids not in the tree are left
+        out. Their `children` are not filled in (the skeleton has the shape)."""
+        wanted = sorted(set(ids))
+        out: dict[int, Node] = {}
+        for start in range(0, len(wanted), NODES_PER_QUERY):
+            chunk = wanted[start:start + NODES_PER_QUERY]
+            rows = self.con.execute(
+                f"""SELECT n.node_id, n.parent_id, n.depth, n.action, n.raw, n.format_error, o.text, n.n,
+                          n.value_sum, n.q_critic, n.critic_rank, n.critic_reason, n.logprob, n.reward,
+                          n.progress, n.terminal, n.gen_ms, n.env_ms, n.n_tokens
+                   FROM nodes n JOIN observations o ON o.hash = n.obs_hash
+                   WHERE n.tree_id=? AND n.node_id IN ({','.join('?' * len(chunk))})""",
+                (tree_id, *chunk),
+            ).fetchall()
+            for r in rows:
+                out[r[0]] = _node(r)
+        return out
+
+    def node_texts(self, tree_id: int) -> list[tuple[int, CompositeAction | None, str | None]]:
+        """(node id, composite action, raw completion) of every node, for a text search over the
+        tree; no observations."""
+        return [
+            (r[0], CompositeAction.from_dict(json.loads(r[1])) if r[1] else None, r[2])
+            for r in self.con.execute(
+                "SELECT node_id, action, raw FROM nodes WHERE tree_id=? ORDER BY node_id", (tree_id,)
+            )
+        ]
 
     def node_screenshot(self, tree_id: int, node_id: int) -> bytes | None:
         """The JPEG stored with a terminal node (None when it has none); not loaded with the tree."""

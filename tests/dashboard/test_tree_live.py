@@ -119,3 +119,23 @@ def test_a_bad_budget_in_the_url_is_one_warning(running) -> None:
     assert not at.exception
     assert any("max_nodes in the URL must be one of 1000, 3000, 10000 or all" in w.value for w in at.warning)
     assert at.selectbox(key="te_budget").value == 3000
+
+
+def test_a_node_added_while_live_is_inspected_in_full(running) -> None:
+    """The live view reads only the new nodes' numbers; the inspector reads the chosen node whole."""
+    db, run_id = running
+    at = AppTest.from_file(str(APP), default_timeout=60).run()
+    at.switch_page(TREE_PAGE)
+    at.query_params.update(run=run_id, task="goal-4")
+    at.run()
+    new = grow_tree(db, run_id, "goal-4", parent=0, n=2)
+    at.run()
+    at.text_input(key="te_node").input(str(new[-1])).run()
+    assert not at.exception
+    assert at.subheader[0].value == f"Node {new[-1]}"
+    codes = [c.value for c in at.code]
+    assert f"live observation {new[-1]}" in codes and f"live {new[-1]}" in codes
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["N (visits)"] == "1" and metrics["critic rank"] == "1"
+    siblings = at.dataframe[0].value
+    assert set(new) <= set(siblings["node"])
