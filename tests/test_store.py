@@ -271,3 +271,66 @@ def test_lone_surrogates_reaching_the_store_are_one_line_errors(db):
         with pytest.raises(StoreError, match="sample s1: task id"):
             store.save_samples([bad])
         assert store.runs() == [] and store.sample_counts()["total"] == 0
+
+
+def test_a_busy_check_never_removes_a_writers_wal(tmp_path: Path, monkeypatch) -> None:
+    """The read-only look at a database once removed the -wal and -shm it found missing whenever it
+    failed, also for a transient 'database is locked' while a job worker was opening the store: the
+    worker then wrote into unlinked files and every later commit was lost (a Training page's live job
+    stood still at its 9th step). A busy store is an error to retry; a writer's files stay."""
+    import sqlite3 as sqlite
+
+    from engine.store import schema
+
+    path = tmp_path / "o.db"
+    with Store(path) as store:
+        store.create_run("r", "line", "m", {}, SnapshotLineEnv().tasks()[:1])
+    wal, shm = path.with_name("o.db-wal"), path.with_name("o.db-shm")
+    for f in (wal, shm):
+        f.unlink(missing_ok=True)
+    real_connect = sqlite.connect
+
+    def writer_starts_meanwhile(*args, **kwargs):
+        wal.write_bytes(b"\0" * 4096)  # another process opened the store and wrote frames
+        shm.write_bytes(b"\0" * 32768)
+        raise sqlite.OperationalError("database is locked")
+
+    monkeypatch.setattr(schema.sqlite3, "connect", writer_starts_meanwhile)
+    with pytest.raises(StoreError, match="busy"):
+        schema._check_file(path)
+    assert wal.exists() and shm.exists()
+
+    def unreadable(*args, **kwargs):
+        wal.write_bytes(b"\0" * 4096)
+        raise sqlite.DatabaseError("disk I/O error")
+
+    wal.unlink()
+    shm.unlink()
+    monkeypatch.setattr(schema.sqlite3, "connect", unreadable)
+    with pytest.raises(StoreError, match="corrupt or unreadable"):
+        schema._check_file(path)
+    assert wal.exists()  # it holds frames: not this check's to remove
+    monkeypatch.setattr(schema.sqlite3, "connect", real_connect)
+
+
+def test_a_job_keeps_every_commit_while_others_open_and_close_the_store(tmp_path: Path, monkeypatch) -> None:
+    """Opening a Store once read the file's first bytes through a plain descriptor; closing it
+    dropped the POSIX locks of every SQLite connection of that process on the file (a job worker
+    opens a second Store for its heartbeat thread), so a reader's close in another process (the
+    dashboard polls every 2 s) took itself for the last connection, checkpointed and DELETED the
+    -wal the worker still wrote to: every later commit of the job was lost."""
+    from engine.train.jobs import JobRunner
+
+    monkeypatch.setenv("ORCHARD_JOB_HEARTBEAT_S", "0.05")
+    path = tmp_path / "o.db"
+    with Store(path) as store:
+        job = JobRunner(store).submit("probe", {"steps": 40, "seconds": 0.05}, device="cpu")
+        deadline = time.time() + 60
+        while time.time() < deadline and not store.job(job.id).final:
+            with Store(path) as poller:  # a poller's short-lived connection, as the dashboard's every 2 s
+                poller.jobs()
+            time.sleep(0.02)
+        done = JobRunner(store).wait(job.id, timeout=30)
+    assert done.state == "succeeded", done.error
+    with Store(path, readonly=True) as reader:
+        assert len(reader.job_metrics(job.id)) == 40 and reader.job(job.id).progress["step"] == 40

@@ -320,10 +320,11 @@ def _check_file(path: Path) -> int:
         raise StoreError(f"{path}: a folder, not a database file")
     if not path.exists() or path.stat().st_size == 0:
         return 0
-    with open(path, "rb") as f:
-        head = f.read(len(SQLITE_MAGIC))
-    if head != SQLITE_MAGIC:
-        raise StoreError(f"{path}: not an Orchard database (not a SQLite file)")
+    # The file is never opened here except through SQLite: closing any other descriptor of a
+    # database file drops every POSIX lock this process's SQLite connections hold on it (SQLite's
+    # documented pitfall), after which another process's close believes it is the last one,
+    # checkpoints and DELETES the -wal a live connection here still writes to (a job worker's
+    # heartbeat thread opening a second Store lost every later commit of its job that way).
     # Even a read-only look at a WAL-mode file creates its -wal / -shm companions: a file that is
     # refused gets them removed again, so a refusal leaves the folder as it was.
     companions = [path.with_name(path.name + suffix) for suffix in ("-wal", "-shm")]
@@ -346,13 +347,38 @@ def _check_file(path: Path) -> int:
             raise StoreError(f"{path}: schema version {version} is newer than this Orchard ({SCHEMA_VERSION}); "
                              "upgrade")
     except (sqlite3.DatabaseError, StoreError, ValueError) as e:
-        for companion, was_there in zip(companions, existed, strict=True):
-            if not was_there:
-                companion.unlink(missing_ok=True)
+        if isinstance(e, sqlite3.OperationalError) and _busy(e):
+            # Another process is writing right now (it may have just created the -wal and -shm
+            # this check saw missing): its files are never touched. Not a refusal: say so.
+            raise StoreError(f"{path}: the database is busy (another process holds a lock); try again") from None
+        _remove_our_companions(companions, existed)
         if isinstance(e, StoreError):
             raise
+        if "not a database" in str(e):
+            raise StoreError(f"{path}: not an Orchard database (not a SQLite file)") from None
         raise StoreError(f"{path}: corrupt or unreadable database ({e})") from None
     return version
+
+
+def _busy(e: sqlite3.OperationalError) -> bool:
+    text = str(e).lower()
+    return "locked" in text or "busy" in text
+
+
+def _remove_our_companions(companions: list[Path], existed: list[bool]) -> None:
+    """Remove the -wal / -shm that this check's own read-only look created, and nothing else: a
+    companion that was not there before but now holds data (a -wal with frames) belongs to a
+    writer that started meanwhile, and deleting it would lose that writer's commits."""
+    wal, shm = companions
+    wal_new, shm_new = not existed[0], not existed[1]
+    try:
+        wal_ours = wal_new and (not wal.exists() or wal.stat().st_size == 0)
+    except OSError:
+        wal_ours = False
+    if wal_ours:
+        wal.unlink(missing_ok=True)
+    if shm_new and (wal_ours or not wal.exists()):
+        shm.unlink(missing_ok=True)
 
 
 def _schema_tables() -> set[str]:
