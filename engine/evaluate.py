@@ -42,6 +42,9 @@ from engine.llm.base import Generator, GeneratorError, SampleRequest, SamplingPa
 from engine.prompts import HistoryStep, actor_prompt
 
 MODES = ("greedy", "sampled", "mcts")
+FORMAT_ERROR_OBSERVATION = (
+    "Invalid action: {reason}. Answer with THOUGHT, ACTION, EXPLANATION and STATUS lines; nothing happened."
+)
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,10 @@ class EvalConfig:
     mcts_alpha: float = 0.5
     mcts_rollout_temperature: float = 1.0
     mcts_backup: str = "reward"  # SearchConfig.backup: "reward" or "progress" (max(reward, latched progress))
+    # What an unreadable completion does (greedy/sampled): "terminal" ends the episode, as search does
+    # (the headline); "observe" answers it with FORMAT_ERROR_OBSERVATION and goes on, as AgentGym's
+    # servers answer an invalid action. It still counts as a step and a format error.
+    format_errors: str = "terminal"
 
     def __post_init__(self) -> None:
         checks = {
@@ -78,6 +85,7 @@ class EvalConfig:
             "mcts_k": self.mcts_k >= 1,
             "mcts_alpha": 0 <= self.mcts_alpha <= 1,
             "mcts_backup": self.mcts_backup in ("reward", "progress"),
+            "format_errors": self.format_errors in ("terminal", "observe"),
         }
         for name, ok in checks.items():
             if not ok:
@@ -226,6 +234,9 @@ def _apply(live: _Live, text: str, config: EvalConfig) -> bool:
     parsed = parse(text)
     if isinstance(parsed, FormatError):
         e.format_errors += 1
+        if config.format_errors == "observe" and e.steps < config.max_steps:
+            live.observation = FORMAT_ERROR_OBSERVATION.format(reason=parsed.reason)
+            return True
         e.terminal = "format_error"
         return False
     step = live.env.step(parsed.command)

@@ -255,6 +255,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         ev["mcts_simulations"] = args.simulations
     if args.backup is not None:
         ev["mcts_backup"] = args.backup
+    if args.format_errors is not None:
+        ev["format_errors"] = args.format_errors
     cfg = {"model": args.model, "env": args.env, "split": args.split, "tasks": args.tasks, "eval": ev,
            "recovery_runs": args.recovery_run or []}
     validate_job("eval", cfg)
@@ -384,6 +386,9 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     e.add_argument("--backup", choices=("reward", "progress"),
                    help="mcts mode: value backed up, the terminal reward (default) or max(reward, latched progress)")
     e.add_argument("--max-steps", dest="max_steps", type=int, default=15)
+    e.add_argument("--format-errors", dest="format_errors", choices=("terminal", "observe"),
+                   help="an unreadable action ends the episode (terminal, default) or is answered with an "
+                        "error observation and the episode goes on (observe, as AgentGym servers do)")
     e.add_argument("--max-tokens", dest="max_tokens", type=int, default=256, help="tokens per action (default 256)")
     e.add_argument("--recovery-run", dest="recovery_run", action="append",
                    help="also score recovery from this run's recovery prefixes (repeatable)")
