@@ -30,4 +30,4 @@ lint: $(STAMP)
 	$(BIN)/ruff check engine dashboard tests bench
 
 clean:
-	rm -rf $(VENV) data/runs data/models data/jobs data/orchard.db*
+	rm -rf $(VENV) data/runs data/models/tiny data/jobs data/orchard.db*  # data/models/shipped is committed

@@ -65,12 +65,15 @@ class TinyConfig:
     seed: int = 0
     # data (TextCraft train split, noisy expert)
     max_tasks: int | None = None  # None: every train task
-    episodes_per_task: int = 1
+    episodes_per_task: int = 3
     noise: float = 0.3  # expert mistake probability per step
-    rename_fraction: float = 0.0  # episodes shown with item names swapped (see tiny_data)
+    rename_fraction: float = 0.8  # episodes shown with item names swapped (see tiny_data)
     critic_fraction: float = 0.1  # chance of a critic row per expert step
     judge_fraction: float = 0.15  # chance of a judge row per expert step
-    max_row_tokens: int = 512  # longer rows are dropped from training
+    max_row_tokens: int = 1024  # longer rows are dropped from training
+    compact: bool = True  # the expert's compact texts (TextCraftExpert(compact=True))
+    chain: bool = True  # compact texts reasoning top-down from the goal (TextCraftExpert(chain=True))
+    val_every: int = 10  # hold every val_every-th train task out of the rows (0: none; see tiny_data)
     # tokenizer + model
     vocab_size: int = 4096
     hidden_size: int = 192
@@ -80,7 +83,7 @@ class TinyConfig:
     intermediate_size: int = 512
     max_positions: int = 4096
     # optimisation
-    steps: int = 560
+    steps: int = 1100
     batch_tokens: int = 3072
     lr: float = 3e-3
     warmup_steps: int = 15
@@ -360,15 +363,26 @@ def ensure_tiny_model(
     return path
 
 
+def tiny_model_dir(path: Path | None = None, seed: int = 0, log: Callable[[str], None] = print) -> Path:
+    """The folder `--model tiny` means: the shipped checkpoint, verified (see `tiny_checkpoint`),
+    for the default (no `path`, seed 0); else the cached build of `path` / `seed`."""
+    if path is None and seed == 0:
+        from engine.llm.tiny_checkpoint import shipped_model
+
+        return shipped_model(log)
+    return ensure_tiny_model(path, seed=seed, log=log)
+
+
 def tiny_generator(
     path: Path | None = None, seed: int = 0, log: Callable[[str], None] = print, **kwargs: Any
 ) -> HFGenerator:
-    """An `HFGenerator` named "tiny" on the cached (or freshly built) tiny model. One CPU thread
-    unless told otherwise: the model is too small to gain from two, and loses badly to contention."""
+    """An `HFGenerator` named "tiny" on the shipped checkpoint (or another build: `tiny_model_dir`).
+    One CPU thread unless told otherwise: the model is too small to gain from two, and loses badly
+    to contention."""
     from engine.llm.hf import HFGenerator
 
     kwargs.setdefault("num_threads", 1)
-    return HFGenerator(ensure_tiny_model(path, seed=seed, log=log), name="tiny", **kwargs)
+    return HFGenerator(tiny_model_dir(path, seed=seed, log=log), name="tiny", **kwargs)
 
 
 # ------------------------------------------------------------------ evaluation
