@@ -34,4 +34,4 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) data/runs data/models data/jobs data/orchard.db*
+	rm -rf $(VENV) data/runs data/models/tiny data/jobs data/orchard.db*  # data/models/shipped is committed

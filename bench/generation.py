@@ -21,7 +21,7 @@ from engine.envs.textcraft import TextCraftEnv
 from engine.envs.textcraft_expert import solve
 from engine.llm.base import Prompt, SampleRequest, SamplingParams
 from engine.llm.hf import HFGenerator
-from engine.llm.tiny import ensure_tiny_model
+from engine.llm.tiny_checkpoint import tiny_model_dir
 from engine.prompts import HistoryStep, actor_prompt
 
 
@@ -78,7 +78,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=96)
     args = parser.parse_args()
 
-    gen = HFGenerator(args.model or ensure_tiny_model(), device="cpu")
+    gen = HFGenerator(args.model or tiny_model_dir(), device="cpu")
     prompts = search_prompts(args.prompts)
     lengths = [len(gen.encode_prompt(p)) for p in prompts]
     print(

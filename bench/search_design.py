@@ -89,7 +89,7 @@ def main() -> None:
         proc.kill()
     _print(f"delayed server x{args.time_scale}", rows)
     if args.tiny:
-        from engine.llm.tiny import tiny_generator
+        from engine.llm.tiny_checkpoint import tiny_generator
 
         gen = tiny_generator(log=lambda *a: None)
         _print("tiny (CPU)", {d: run(d, gen, args.trees, args.simulations) for d in ("orchard", "agent-r")})

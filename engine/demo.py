@@ -21,7 +21,7 @@ DEMO_CONFIG = SearchConfig(simulations=8, k=4, depth_limit=10, rollout_temperatu
 
 def run_demo(db: str | Path | None = None, log: Callable[[str], None] = print) -> int:
     from engine.envs.registry import env_factory, select_tasks
-    from engine.llm.tiny import tiny_generator
+    from engine.llm.tiny_checkpoint import tiny_generator
     from engine.search.runner import new_run
     from engine.store import Store
 

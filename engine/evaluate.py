@@ -47,6 +47,9 @@ if TYPE_CHECKING:
     from engine.store import Store
 
 MODES = ("greedy", "sampled", "mcts")
+FORMAT_ERROR_OBSERVATION = (
+    "Invalid action: {reason}. Answer with THOUGHT, ACTION, EXPLANATION and STATUS lines; nothing happened."
+)
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,13 @@ class EvalConfig:
     mcts_backup: str = field(default="reward", metadata={  # SearchConfig.backup
         "help": "mcts mode: value backed up, the terminal reward or max(reward, latched progress)",
         "choices": ("reward", "progress")})
+    # What an unreadable completion does (greedy/sampled): "terminal" ends the episode, as search does
+    # (the headline); "observe" answers it with FORMAT_ERROR_OBSERVATION and goes on, as AgentGym's
+    # servers answer an invalid action. It still counts as a step and a format error.
+    format_errors: str = field(default="terminal", metadata={
+        "help": "an unreadable action ends the episode (terminal) or is answered with an error observation "
+                "and the episode goes on (observe, as AgentGym servers do)",
+        "choices": ("terminal", "observe")})
 
     def __post_init__(self) -> None:
         checks = {
@@ -85,6 +95,7 @@ class EvalConfig:
             "mcts_k": self.mcts_k >= 1,
             "mcts_alpha": 0 <= self.mcts_alpha <= 1,
             "mcts_backup": self.mcts_backup in ("reward", "progress"),
+            "format_errors": self.format_errors in ("terminal", "observe"),
         }
         for name, ok in checks.items():
             if not ok:
@@ -257,6 +268,9 @@ def _apply(live: _Live, text: str, config: EvalConfig) -> bool:
     parsed = parse(text)
     if isinstance(parsed, FormatError):
         e.format_errors += 1
+        if config.format_errors == "observe" and e.steps < config.max_steps:
+            live.observation = FORMAT_ERROR_OBSERVATION.format(reason=parsed.reason)
+            return True
         e.terminal = "format_error"
         return False
     step = _step(live.env, live.task.id, e.prefix_steps + len(e.commands) + 1, parsed.command)

@@ -8,6 +8,7 @@ import pytest
 from doubles import LineEnv, ScriptedGenerator, SnapshotLineEnv, action_text
 
 from engine.actions import parse
+from engine.config import ConfigError
 from engine.evaluate import (
     Episode,
     EvalConfig,
@@ -81,6 +82,28 @@ def test_episode_endings_and_progress() -> None:
     e = run_episodes(Fixed([action_text("right"), action_text("left")]), lambda: LineEnv(6),
                      [Start(t) for t in task], cfg)[0]
     assert (e.terminal, e.steps, e.progress) == ("max_steps", 5, 0.25)  # latched: left does not lower it
+
+
+def test_format_errors_observe_answers_the_error_and_goes_on() -> None:
+    """Lever (b): as AgentGym servers answer an unreadable action; the default stays terminal."""
+    seen: list[str] = []
+    texts = [action_text("right"), "garbage", action_text("right")]
+
+    class Scripted(ScriptedGenerator):
+        def sample(self, requests):
+            seen.extend(r.prompt[-1]["content"] for r in requests)
+            self.calls.append(len(requests))
+            return [[Completion(text=texts[min(len(self.calls) - 1, 2)])] for _ in requests]
+
+    start = [Start(TASKS[2])]  # goal 3
+    cfg = EvalConfig(max_steps=5, bootstrap=0, format_errors="observe")
+    e = run_episodes(Scripted(), lambda: LineEnv(6), start, cfg)[0]
+    assert (e.terminal, e.steps, e.format_errors, e.success) == ("success", 4, 1, True)
+    assert "OBSERVATION: Invalid action: no ACTION section" in seen[2] and "HISTORY:\nStep 1:" in seen[2]
+    e = run_episodes(Scripted(), lambda: LineEnv(6), start, EvalConfig(max_steps=5, bootstrap=0))[0]
+    assert (e.terminal, e.steps, e.format_errors) == ("format_error", 2, 1)
+    with pytest.raises(ConfigError, match="format_errors"):
+        EvalConfig(format_errors="retry")
 
 
 def test_recovery_starts_replay_the_prefix_and_show_it_in_the_prompt() -> None:

@@ -17,7 +17,8 @@ from engine.cli.flags import add_flags, default_help, given
 from engine.config import ConfigError, read_table
 
 EVAL_FLAGS = {"mode": "--mode", "temperature": "--temperature", "mcts_simulations": "--simulations",
-              "mcts_backup": "--backup", "max_steps": "--max-steps", "max_tokens": "--max-tokens"}
+              "mcts_backup": "--backup", "max_steps": "--max-steps", "max_tokens": "--max-tokens",
+              "format_errors": "--format-errors"}
 
 ITERATE_FLAGS = {"method": "--method", "model": "--model", "env": "--env", "iterations": "--iterations",
                  "tasks_per_iteration": "--tasks-per-iteration", "eval_tasks": "--eval-tasks", "seed": "--seed",

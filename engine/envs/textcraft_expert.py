@@ -4,6 +4,11 @@ The expert re-plans from the env's CURRENT inventory at every step (get the miss
 intermediates bottom-up, craft the goal), so it recovers from its own mistakes and from whatever another
 policy did before it took over. With probability `noise` a step is instead a plausible mistake (a
 wasted or failing command); `ExpertStep.is_mistake` says so, so that callers can mask or label it.
+
+`compact=True` writes the same five parts in far fewer words (a PLAN of "get N item" / "craft N item"
+lines, one-clause THOUGHT and EXPLANATION): the tiny model is trained on these, because every earlier
+step is repeated in the actor prompt's history, and long texts push late-step prompts past what a
+CPU-trained model can learn (measured in docs/decisions.md, "A capable tiny policy").
 """
 
 from __future__ import annotations
@@ -127,10 +132,14 @@ def _batches(n: int) -> str:
 class TextCraftExpert:
     """Plans the next command from `env`'s current state; `noise` is the per-step mistake probability."""
 
-    def __init__(self, env: TextCraftEnv, noise: float = 0.0, seed: int | str = 0) -> None:
+    def __init__(
+        self, env: TextCraftEnv, noise: float = 0.0, seed: int | str = 0, compact: bool = False,
+        chain: bool = False,
+    ) -> None:
         if not 0.0 <= noise <= 1.0:
             raise ValueError(f"noise must be in [0, 1], got {noise}")
-        self.env, self.noise, self._rng = env, noise, random.Random(seed)
+        self.env, self.noise, self._rng, self.compact = env, noise, random.Random(seed), compact
+        self.chain = chain  # compact texts that reason top-down from the goal (see _chain_reasons)
 
     def act(self, first_step: bool = False) -> ExpertStep:
         """The next step; `first_step` adds the PLAN (the numbered commands from the current state)."""
@@ -139,7 +148,12 @@ class TextCraftExpert:
             raise EnvError("the expert needs a reset env: call env.reset(task_id) first")
         goal = task.meta["goal_item"]
         moves = plan(goal, dict(self.env.inventory))
-        plan_text = self._plan_text(moves, goal) if first_step else None
+        plan_text = None
+        if first_step:
+            if self.chain:
+                plan_text = _chain_plan(moves, goal)
+            else:
+                plan_text = _compact_plan(moves, goal) if self.compact else self._plan_text(moves, goal)
         if not moves:
             thought = f"I already hold {readable(goal)}, the goal."
             return ExpertStep(
@@ -149,7 +163,10 @@ class TextCraftExpert:
             mistake = self._mistake(goal, moves, plan_text)
             if mistake is not None:
                 return mistake
-        thought, explanation = self._reasons(moves[0])
+        if self.chain:
+            thought, explanation = _chain_reasons(moves, moves[0], goal)
+        else:
+            thought, explanation = _compact_reasons(moves[0]) if self.compact else self._reasons(moves[0])
         return ExpertStep(CompositeAction(thought, moves[0].command, explanation, plan=plan_text))
 
     @staticmethod
@@ -192,6 +209,8 @@ class TextCraftExpert:
             item = readable(rng.choice([m.item for m in moves if m.recipe is not None]))
             thought = f"I need {item}. Getting it directly is quicker than crafting it."
             command, explanation = f"get 1 {item}", f"'get' should give me {item} in one step."
+            if self.compact:
+                thought, explanation = f"Get {item} directly.", f"get gives {item}."
         elif kind == "get_distractor":
             pool = _distractor_items(goal)
             if not pool:
@@ -199,6 +218,8 @@ class TextCraftExpert:
             item = readable(rng.choice(pool))
             thought = f"{item.capitalize()} goes into recipes with my ingredients; I gather some in case."
             command, explanation = f"get {rng.randint(1, 4)} {item}", f"'get' fetches {item}, a base item."
+            if self.compact:
+                thought, explanation = f"{item.capitalize()} may be useful.", f"get {item}."
         elif kind in ("wrong_count", "wrong_ingredient"):
             using = list(craft.using)
             i = rng.randrange(len(using))
@@ -211,12 +232,59 @@ class TextCraftExpert:
                     return None
                 using[i] = (rng.choice(pool), using[i][1])
             wrong = replace(craft, using=tuple(using))
-            thought, explanation = self._reasons(wrong)
+            if self.chain:
+                thought, explanation = _chain_reasons(moves, wrong, goal)
+            else:
+                thought, explanation = _compact_reasons(wrong) if self.compact else self._reasons(wrong)
             command = wrong.command
         else:
             thought = "Let me check what I am carrying before the next step."
             command, explanation = "inventory", "'inventory' lists the items I hold."
+            if self.compact:
+                thought, explanation = "Check the inventory.", "list held items."
         return ExpertStep(CompositeAction(thought, command, explanation, plan=plan_text), kind)
+
+
+def _compact_plan(moves: list[Move], goal: str) -> str:
+    """One short line per planned command: the verb, count and item (the recipe is in the task)."""
+    lines = [f"{i}. {m.command.split(' using ')[0]}" for i, m in enumerate(moves, 1)]
+    return "\n".join(lines) or f"1. Nothing to do: {readable(goal)} is already held."
+
+
+def _compact_reasons(move: Move) -> tuple[str, str]:
+    """THOUGHT names what the step is for and what is held; EXPLANATION the rule it applies."""
+    item = readable(move.item)
+    if move.recipe is None:
+        return f"Need {move.need} {item} for {_names(move.parents)}, have {move.held}.", "Base item: get it."
+    if not move.parents:
+        return f"All ingredients held; craft {item}, the goal.", "This completes the task."
+    thought = f"Need {move.need} {item} for {_names(move.parents)}, have {move.held}."
+    return thought, f"{move.recipe.count} per batch, {_batches(move.batches)}."
+
+
+def _chain_plan(moves: list[Move], goal: str) -> str:
+    """The recipes to use, goal first (each line a crafting command of the task, copied): every
+    line is found by the item the line before it names, which a small model can learn to look up."""
+    crafts = [m for m in reversed(moves) if m.recipe is not None]
+    lines = [f"{i}. {m.recipe.line()}" for i, m in enumerate(crafts, 1) if m.recipe is not None]
+    return "\n".join(lines) or f"1. Nothing to do: {readable(goal)} is already held."
+
+
+def _chain_reasons(moves: list[Move], move: Move, goal: str) -> tuple[str, str]:
+    """THOUGHT walks from the goal down to this step's item ("jungle boat <- jungle planks <- jungle
+    logs"), then says what is needed and held."""
+    by_item = {m.item: m for m in moves if m.recipe is not None}
+    names, cur = [move.item], move
+    while cur.parents and cur.parents[0] in by_item and len(names) < 8:
+        cur = by_item[cur.parents[0]]
+        names.append(cur.item)
+    path = " <- ".join(readable(n) for n in reversed(names))
+    item = readable(move.item)
+    if move.recipe is None:
+        return f"{path}. Need {move.need}, have {move.held}.", "Base item: get it."
+    if not move.parents:
+        return f"{path}: all ingredients held, craft it.", "This completes the task."
+    return f"{path}. Need {move.need}, have {move.held}.", f"{move.recipe.count} {item} per batch."
 
 
 def solve(

@@ -21,7 +21,7 @@ def load_generator(spec: str, log=print, allow_http_key: bool | None = None) -> 
     if allow_http_key is None:
         allow_http_key = os.environ.get("ORCHARD_ALLOW_HTTP_KEY") == "1"
     if spec == "tiny":
-        from engine.llm.tiny import tiny_generator
+        from engine.llm.tiny_checkpoint import tiny_generator
 
         return tiny_generator(log=log)
     if spec.startswith("openai:"):

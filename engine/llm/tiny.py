@@ -41,7 +41,6 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
 
     from engine.envs.base import Env
-    from engine.llm.hf import HFGenerator
     from engine.llm.tiny_data import Row
 
 # Bump when the data builder or training code changes what a given config produces.
@@ -324,17 +323,6 @@ def ensure_tiny_model(
     tmp.rename(path)
     log(f"tiny model: built in {read_meta(path)['build_seconds']:.0f} s")  # type: ignore[index]
     return path
-
-
-def tiny_generator(
-    path: Path | None = None, seed: int = 0, log: Callable[[str], None] = print, **kwargs: Any
-) -> HFGenerator:
-    """An `HFGenerator` named "tiny" on the cached (or freshly built) tiny model. One CPU thread
-    unless told otherwise: the model is too small to gain from two, and loses badly to contention."""
-    from engine.llm.hf import HFGenerator
-
-    kwargs.setdefault("num_threads", 1)
-    return HFGenerator(ensure_tiny_model(path, seed=seed, log=log), name="tiny", **kwargs)
 
 
 # ------------------------------------------------------------------ evaluation

@@ -16,12 +16,15 @@ class TinyConfig:
     seed: int = 0
     # data (TextCraft train split, noisy expert)
     max_tasks: int | None = None  # None: every train task
-    episodes_per_task: int = 1
+    episodes_per_task: int = 3
     noise: float = 0.3  # expert mistake probability per step
-    rename_fraction: float = 0.0  # episodes shown with item names swapped (see tiny_data)
+    rename_fraction: float = 0.8  # episodes shown with item names swapped (see tiny_data)
     critic_fraction: float = 0.1  # chance of a critic row per expert step
     judge_fraction: float = 0.15  # chance of a judge row per expert step
-    max_row_tokens: int = 512  # longer rows are dropped from training
+    max_row_tokens: int = 1024  # longer rows are dropped from training
+    compact: bool = True  # the expert's compact texts (TextCraftExpert(compact=True))
+    chain: bool = True  # compact texts reasoning top-down from the goal (TextCraftExpert(chain=True))
+    val_every: int = 10  # hold every val_every-th train task out of the rows (0: none; see tiny_data)
     # tokenizer + model
     vocab_size: int = 4096
     hidden_size: int = 192
@@ -31,7 +34,7 @@ class TinyConfig:
     intermediate_size: int = 512
     max_positions: int = 4096
     # optimisation
-    steps: int = 560
+    steps: int = 1100
     batch_tokens: int = 3072
     lr: float = 3e-3
     warmup_steps: int = 15

@@ -124,10 +124,19 @@ def renamer(rng: random.Random, names: Sequence[str]) -> Callable[[str], str]:
     return lambda text: _name_pattern().sub(one, text)
 
 
+def validation_tasks(every: int) -> list[TaskSpec]:
+    """Train tasks held out of the rows when `TinyConfig.val_every` is `every` (every `every`-th train
+    task, from the last of each block): recipes and builds are compared on these, never on test."""
+    if every <= 0:
+        return []
+    return [t for i, t in enumerate(TextCraftEnv().tasks("train")) if i % every == every - 1]
+
+
 def build_rows(cfg: TinyConfig) -> list[Row]:
     """All rows for `cfg`, deterministic given `cfg.seed`."""
     env = TextCraftEnv()
-    tasks = env.tasks("train")[: cfg.max_tasks]
+    held_out = {t.id for t in validation_tasks(cfg.val_every)}
+    tasks = [t for t in env.tasks("train") if t.id not in held_out][: cfg.max_tasks]
     rng = random.Random(f"tiny-data/{cfg.seed}")
     rows: list[Row] = []
     names = item_names()
@@ -152,9 +161,10 @@ def _episode_rows(
 ) -> list[Row]:
     description = env.describe()
     observation = env.reset(task.id)
-    noisy = TextCraftExpert(env, cfg.noise, seed)
-    clean = TextCraftExpert(env, 0.0, seed)
-    mistaker = TextCraftExpert(env, 1.0, f"{seed}/mistakes")
+    style = {"compact": cfg.compact, "chain": cfg.chain}
+    noisy = TextCraftExpert(env, cfg.noise, seed, **style)
+    clean = TextCraftExpert(env, 0.0, seed, **style)
+    mistaker = TextCraftExpert(env, 1.0, f"{seed}/mistakes", **style)
     history: list[HistoryStep] = []
     rows: list[Row] = []
     for t in range(MAX_EPISODE_STEPS):

@@ -160,9 +160,9 @@ def resolve_model_path(spec: str | Path, log: Callable[[str], None] = print) -> 
     """A local model folder from `tiny`, `hf:PATH` or `PATH` (training needs the weights at hand)."""
     path = local_model_folder(spec)
     if path is None:
-        from engine.llm.tiny import ensure_tiny_model
+        from engine.llm.tiny_checkpoint import tiny_model_dir
 
-        return ensure_tiny_model(log=log)
+        return tiny_model_dir(log=log)
     return path
 
 
