@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	# CPU build of torch first: an unpinned torch would pull a multi-GB CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e ".[dev,envs]"
+	$(BIN)/pip install -q -e ".[dev,envs,ray,postgres]"
 	touch $(STAMP)
 
 install: $(STAMP)
