@@ -32,8 +32,9 @@ def make_store(path, n_pairs: int = 12) -> tuple[Store, str]:
 
 
 @pytest.fixture
-def team(tmp_path):
-    store, run_id = make_store(tmp_path / "o.db")
+def team(new_db):
+    """A store with a run and its pairs, on each backend (SQLite, PostgreSQL: tests/pg_fixture.py)."""
+    store, run_id = make_store(new_db())
     yield store, run_id
     store.close()
 
@@ -120,14 +121,15 @@ def test_each_curator_gets_items_nobody_else_holds(team):
     assert {holders[i] for i in a} == {"ann"} and {holders[i] for i in b} == {"bob"}
 
 
-def test_two_connections_racing_never_get_the_same_item(tmp_path):
-    store, _ = make_store(tmp_path / "o.db", n_pairs=40)
+def test_two_connections_racing_never_get_the_same_item(new_db):
+    location = new_db()
+    store, _ = make_store(location, n_pairs=40)
     store.close()
     got: dict[str, list[str]] = {}
     barrier = threading.Barrier(4)
 
     def curator(name: str) -> None:
-        with Store(tmp_path / "o.db") as own:  # its own connection
+        with Store(location) as own:  # its own connection
             barrier.wait()
             mine = []
             for _ in range(5):
