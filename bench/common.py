@@ -112,6 +112,7 @@ class Table:
     seed: int = 0
     arms: dict[str, Arm] = field(default_factory=dict)
     began: float = field(default_factory=time.perf_counter)
+    began_cpu: float = field(default_factory=time.process_time)
 
     def header(self) -> None:
         print(self.title)
@@ -148,7 +149,8 @@ class Table:
         return out
 
     def footer(self) -> None:
-        print(f"wall time {time.perf_counter() - self.began:.0f} s", flush=True)
+        print(f"wall time {time.perf_counter() - self.began:.0f} s (cpu {time.process_time() - self.began_cpu:.0f} s in "
+              "this process: the compute, whatever else shares the cores)", flush=True)
 
 
 def excludes_zero(m: dict[str, float]) -> bool:
