@@ -54,9 +54,11 @@ def main(argv: list[str] | None = None) -> Table:
 
     work = Path(tempfile.mkdtemp(prefix="orchard-baselines-"))
     tasks = held_out(args.test_tasks)
+    # The tasks and search seed of agentq_iteration's first iteration (run_loop: Random(seed).sample,
+    # search seed + 1), so its agent-q arm is that bench's iteration 1.
     train = random.Random(args.seed).sample(TextCraftEnv().tasks("train"), args.tasks)
     search = SearchConfig(simulations=args.simulations, k=args.k, depth_limit=10, max_tokens=args.max_tokens,
-                          backup=args.backup, critic=True, alpha=0.5, seed=args.seed)
+                          backup=args.backup, critic=True, alpha=0.5, seed=args.seed + 1)
     common = {"epochs": args.epochs, "batch_size": 8, "num_threads": 2, "device": "cpu", "precision": "fp32",
               "include_pending": True, "seed": args.seed}
     dpo = DPOTrainConfig(learning_rate=args.lr, beta=0.1, **common)
