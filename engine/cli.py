@@ -187,13 +187,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from engine.demo import DEMO, run_demo
 
     settings = DEMO
-    if args.tasks:
+    if args.tasks is not None:
         settings = replace(settings, tasks=args.tasks)
-    if args.simulations:
+    if args.simulations is not None:
         settings = replace(settings, search=replace(settings.search, simulations=args.simulations))
-    if args.train_steps:
+    if args.train_steps is not None:
         settings = replace(settings, train_steps=args.train_steps)
-    if args.eval_tasks:
+    if args.eval_tasks is not None:
         settings = replace(settings, eval_tasks=args.eval_tasks)
     run_demo(db=args.db, log=_log, settings=settings)
     return 0

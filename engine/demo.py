@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.config import SearchConfig
+from engine.config import ConfigError, SearchConfig
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,14 @@ class DemoSettings:
     eval_tasks: str = "0:8"  # held-out (test) tasks, the same for both models
     eval_max_steps: int = 10
 
+    def __post_init__(self) -> None:
+        checks = {"tasks": bool(self.tasks.strip()), "theta": self.theta >= 0, "train_steps": self.train_steps >= 1,
+                  "batch_size": self.batch_size >= 1, "learning_rate": self.learning_rate > 0,
+                  "eval_tasks": bool(self.eval_tasks.strip()), "eval_max_steps": self.eval_max_steps >= 1}
+        for name, ok in checks.items():
+            if not ok:
+                raise ConfigError(f"demo setting {name}: invalid value {getattr(self, name)!r}")
+
 
 DEMO = DemoSettings()
 
@@ -55,12 +63,20 @@ class DemoResult:
     times: dict[str, float] = field(default_factory=dict)
 
 
-def stage_search(store: Any, generator: Any, settings: DemoSettings, log: Callable[[str], None]) -> str:
+def demo_tasks(settings: DemoSettings) -> tuple[list[Any], list[Any]]:
+    """(train tasks searched, held-out tasks evaluated); a bad selection is an error before anything runs."""
     from engine.envs.registry import env_factory, select_tasks
+
+    env = env_factory("textcraft")()
+    return select_tasks(env, settings.tasks, "train"), select_tasks(env, settings.eval_tasks, "test")
+
+
+def stage_search(store: Any, generator: Any, tasks: list[Any], settings: DemoSettings,
+                 log: Callable[[str], None]) -> str:
+    from engine.envs.registry import env_factory
     from engine.search.runner import new_run
 
     make_env = env_factory("textcraft")
-    tasks = select_tasks(make_env(), settings.tasks, "train")
     name = f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
     done = [0]
 
@@ -155,14 +171,13 @@ class _Quiet:
         pass
 
 
-def stage_evaluate(store: Any, run_id: str, generator: Any, model: str, settings: DemoSettings,
+def stage_evaluate(store: Any, run_id: str, generator: Any, model: str, tasks: list[Any], settings: DemoSettings,
                    log: Callable[[str], None]) -> str:
     """Greedy on the held-out demo tasks, plus the run's recovery prefixes (Agent-R's recovery score)."""
-    from engine.envs.registry import env_factory, select_tasks
+    from engine.envs.registry import env_factory
     from engine.evaluate import EvalConfig, evaluate_and_store, format_metrics, recovery_starts
 
     make_env = env_factory("textcraft")
-    tasks = select_tasks(make_env(), settings.eval_tasks, "test")
     recovery = recovery_starts(store.samples(run_id=run_id, kind="recovery"))
     config = EvalConfig(mode="greedy", max_steps=settings.eval_max_steps, max_tokens=settings.search.max_tokens)
     result = evaluate_and_store(store, generator, "textcraft", "test", tasks, config, recovery=recovery, model=model,
@@ -188,25 +203,27 @@ def run_demo(db: str | Path | None = None, log: Callable[[str], None] = print,
         log(f"time {stage}: {times[stage]:.1f}s (cpu {cpu[stage]:.1f}s)")
         return out
 
+    train_tasks, eval_tasks = demo_tasks(settings)
     base = timed("model (build or load)", lambda: ensure_tiny_model(log=log))
     generator = tiny_generator(base, log=log)
     with Store(db) as store:
-        run_id = timed("search", lambda: stage_search(store, generator, settings, log))
+        run_id = timed("search", lambda: stage_search(store, generator, train_tasks, settings, log))
         result = DemoResult(run_id=run_id, times=times)
         result.pairs = timed("pairs", lambda: stage_pairs(store, run_id, settings, log))
         result.revisions, result.judged, result.good = timed(
             "revisions", lambda: stage_revisions(store, run_id, generator, log))
         result.eval_ids.append(timed("evaluate base", lambda: stage_evaluate(
-            store, run_id, generator, str(base), settings, log)))
+            store, run_id, generator, str(base), eval_tasks, settings, log)))
         result.model = timed("train", lambda: stage_train(store, run_id, base, settings, log))
         if result.model:
             trained = load_generator(result.model, log=log)
             result.eval_ids.append(timed("evaluate trained", lambda: stage_evaluate(
-                store, run_id, trained, result.model, settings, log)))
+                store, run_id, trained, result.model, eval_tasks, settings, log)))
         _save_loop(store, run_id, base, result)
         log(f"stored in {store.path}")
     log(f"time total: {sum(times.values()):.1f}s (cpu {sum(cpu.values()):.1f}s)")
-    log(f"next: .venv/bin/orchard runs; .venv/bin/orchard export tree {run_id}; the dashboard shows every stage")
+    log(f"next: .venv/bin/orchard runs; .venv/bin/orchard export tree {run_id} --task {train_tasks[0].id}; "
+        "the dashboard shows every stage")
     return result
 
 

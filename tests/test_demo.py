@@ -33,3 +33,15 @@ def test_a_demo_run_stores_every_stage_of_the_loop(tmp_path: Path) -> None:
                           if n.terminal is not None and (n.reward or 0) >= DEMO.search.success_threshold]
         assert len(success_leaves) >= 1, "no success leaf in the demo's trees"
         assert [r["idx"] for r in store.iterations()] == [0, 1]
+
+
+@pytest.mark.parametrize(("flag", "value", "field"), [("--simulations", "0", "simulations"),
+                                                      ("--train-steps", "0", "train_steps"),
+                                                      ("--tasks", "", "tasks"), ("--eval-tasks", "5:2", "range")])
+def test_a_bad_demo_setting_is_one_line_before_anything_runs(tmp_path: Path, capsys, flag, value, field) -> None:
+    from engine.cli import main
+
+    assert main(["demo", flag, value, "--db", str(tmp_path / "orchard.db")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and field in err[0]
+    assert not (tmp_path / "orchard.db").exists()
