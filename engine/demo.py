@@ -1,57 +1,247 @@
-"""`orchard demo` / `make run`: the embedded default end to end, offline, on 2 CPU cores.
+"""`orchard demo` / `make run`: the embedded default's whole loop, offline, on 2 CPU cores.
 
-Builds (or loads) the tiny model, then runs MCTS with it as actor AND critic on TextCraft train
-tasks, stores the run and says where it is. Prints the time of each stage.
+Loads (or builds) the tiny model, then: MCTS with it as actor AND critic on the demo's train tasks ->
+step pairs (eq. 10, theta) and RFT rows -> revision trajectories (first errors judged by the model,
+spliced) -> a short DPO job on the step pairs -> greedy evaluation of the base and the trained model
+on the same held-out tasks. Everything is stored (run, pairs, samples, job with its loss curve,
+model, two evaluations, a two-record loop), so every dashboard page has content on first open.
+Prints each stage's time.
+
+WHY plain calls: each stage calls the same domain function the CLI does (`new_run`, `build_pairs`,
+`build_revisions`, `train_dpo`, `evaluate_and_store`), so the demo shows what the commands do, and a
+stage can later be submitted as a job without a second copy of its logic.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from engine.config import SearchConfig
-
-# 12 tasks x 8 simulations: ~65 s of search on 2 idle cores, so that a cold start (tiny-model build
-# ~210 s) stays under 5 minutes (measured: 16 tasks took 84 s, 294 s in all).
-DEMO_TASKS = "0:12"
-DEMO_CONFIG = SearchConfig(simulations=8, k=4, depth_limit=10, rollout_temperature=1.0, max_tokens=160,
-                           backup="progress")
+from engine.config import ConfigError, SearchConfig
 
 
-def run_demo(db: str | Path | None = None, log: Callable[[str], None] = print) -> int:
+@dataclass(frozen=True)
+class DemoSettings:
+    """The demo's size. Budget: <= 3 min of compute on 2 cores after install with a policy twice the
+    2M tiny model's per-token cost (docs/decisions.md "Demo stages and their budget" has the
+    per-stage figures measured with the 2M model)."""
+
+    tasks: str = "0:8"  # train tasks searched
+    search: SearchConfig = field(default_factory=lambda: SearchConfig(
+        simulations=8, k=4, depth_limit=10, rollout_temperature=1.0, max_tokens=160, backup="progress"))
+    theta: float = 0.1
+    train_steps: int = 12  # DPO optimizer steps
+    batch_size: int = 8
+    learning_rate: float = 5e-5
+    eval_tasks: str = "0:8"  # held-out (test) tasks, the same for both models
+    eval_max_steps: int = 10
+
+    def __post_init__(self) -> None:
+        checks = {"tasks": bool(self.tasks.strip()), "theta": self.theta >= 0, "train_steps": self.train_steps >= 1,
+                  "batch_size": self.batch_size >= 1, "learning_rate": self.learning_rate > 0,
+                  "eval_tasks": bool(self.eval_tasks.strip()), "eval_max_steps": self.eval_max_steps >= 1}
+        for name, ok in checks.items():
+            if not ok:
+                raise ConfigError(f"demo setting {name}: invalid value {getattr(self, name)!r}")
+
+
+DEMO = DemoSettings()
+
+
+@dataclass
+class DemoResult:
+    run_id: str
+    pairs: int = 0
+    revisions: int = 0
+    judged: int = 0
+    good: int = 0
+    model: str | None = None
+    eval_ids: list[str] = field(default_factory=list)
+    times: dict[str, float] = field(default_factory=dict)
+
+
+def demo_tasks(settings: DemoSettings) -> tuple[list[Any], list[Any]]:
+    """(train tasks searched, held-out tasks evaluated); a bad selection is an error before anything runs."""
     from engine.envs.registry import env_factory, select_tasks
-    from engine.llm.tiny_checkpoint import tiny_generator
+
+    env = env_factory("textcraft")()
+    return select_tasks(env, settings.tasks, "train"), select_tasks(env, settings.eval_tasks, "test")
+
+
+def stage_search(store: Any, generator: Any, tasks: list[Any], settings: DemoSettings,
+                 log: Callable[[str], None]) -> str:
+    from engine.envs.registry import env_factory
     from engine.search.runner import new_run
+
+    make_env = env_factory("textcraft")
+    name = f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
+    done = [0]
+
+    def progress(job, sim) -> None:
+        done[0] += 1
+        if done[0] % len(tasks) == 0:
+            log(f"  search: {done[0]}/{len(tasks) * settings.search.simulations} simulations")
+
+    run_id, stats = new_run(store, "textcraft", tasks, generator, settings.search, name, progress, make_env)
+    info = store.run(run_id)
+    leaves = sum(1 for tid, _ in store.tree_ids(run_id) for n in store.load_tree(tid).nodes
+                 if n.terminal is not None and (n.reward or 0) >= settings.search.success_threshold)
+    log(f"run {run_id} ({name}): {info.trees} TextCraft tasks, {info.simulations} simulations, {info.nodes} nodes, "
+        f"{info.solved} tasks solved at least once, {leaves} success leaves")
+    log(f"  batched calls: {stats.rounds}, mean completions per call {stats.to_dict()['mean_batch']:.1f}, "
+        f"generation {stats.gen_s:.1f}s, env {stats.env_s:.2f}s, engine {stats.engine_s:.2f}s")
+    return run_id
+
+
+def _refs(store: Any, run_id: str) -> list[Any]:
+    from engine.envs.registry import env_factory
+    from engine.train.iterate import tree_refs
+
+    return tree_refs(store, run_id, env_factory("textcraft")().describe())
+
+
+def stage_pairs(store: Any, run_id: str, settings: DemoSettings, log: Callable[[str], None]) -> int:
+    from engine.datasets.pairs import PairsConfig, build_pairs
+
+    built = build_pairs(_refs(store, run_id), PairsConfig(alpha=settings.search.alpha, theta=settings.theta))
+    with store.transaction():  # pairs and RFT rows of one build: both saved or neither
+        store.save_pairs(run_id, [*built.step, *built.trajectory])
+        store.save_samples(built.rft, prune_run=run_id, prune_kinds=("rft",))
+    log(f"pairs: {len(built.step)} step pairs, {len(built.trajectory)} trajectory pairs, {len(built.rft)} RFT rows")
+    return len(built.step)
+
+
+def stage_revisions(store: Any, run_id: str, judge: Any, log: Callable[[str], None]) -> tuple[int, int, int]:
+    from engine.datasets.revisions import RevisionConfig, build_revisions
+
+    built = build_revisions(_refs(store, run_id), judge, RevisionConfig())
+    store.save_samples(built.samples, prune_run=run_id, prune_kinds=("revision", "good", "recovery"))
+    judged = sum(1 for s in built.revision if s.source["error_found"])
+    log(f"revisions: {len(built.revision)} revision trajectories ({judged} with a judged first error), "
+        f"{len(built.good)} good trajectories, {len(built.recovery)} recovery prefixes")
+    return len(built.revision), judged, len(built.good)
+
+
+def stage_train(store: Any, run_id: str, base: Path, settings: DemoSettings, log: Callable[[str], None]) -> str | None:
+    """A short DPO job on the run's step pairs, recorded as a job (with its loss curve) and a model."""
+    from engine.store import ModelRecord
+    from engine.train.dpo import DPOTrainConfig, train_dpo
+
+    config = DPOTrainConfig.for_cpu(learning_rate=settings.learning_rate, max_steps=settings.train_steps,
+                                    batch_size=settings.batch_size, include_pending=True, num_threads=2)
+    pairs = store.pairs(run_id=run_id, kind=list(config.kinds), status=list(config.selected_statuses))
+    if not pairs:
+        log("train: no step pairs in this run; nothing to train")
+        return None
+    name = f"dpo-{store.run(run_id).name}"
+    out = Path(store.path).parent / "models" / "trained" / name
+    job = store.create_job("dpo", {"model": str(base), "output": str(out), "runs": [run_id],
+                                   "train": config.to_dict()}, "cpu", name=name)
+    tokens = store.node_token_counts([(p.tree_id, n) for p in pairs for n in (p.chosen_node, p.rejected_node)])
+    result = train_dpo(base, pairs, config, out, _Quiet(store, job.id), node_tokens=tokens, parent=str(base))
+    store.finish_job(job.id, "succeeded", output_path=str(result.output), expect=("queued",))
+    store.save_model(ModelRecord(path=str(result.output), name=name, kind="dpo", parent=str(base), job_id=job.id,
+                                 data_ids=list(result.data_ids), config=config.to_dict(), metrics=result.metrics))
+    log(f"train: DPO on {len(pairs)} step pairs, {result.metrics.get('steps')} steps, "
+        f"loss {result.metrics.get('train_loss'):.4f} -> {result.output}")
+    return str(result.output)
+
+
+class _Quiet:
+    """The job runner's store reporter without a line per step on the demo's console."""
+
+    def __init__(self, store: Any, job_id: str) -> None:
+        from engine.train.worker import StoreReporter
+
+        self._inner = StoreReporter(store, job_id)
+
+    def progress(self, data: dict[str, Any]) -> None:
+        self._inner.progress(data)
+
+    def metrics(self, step: int, data: dict[str, Any]) -> None:
+        self._inner.store.add_job_metrics(self._inner.job_id, data, step=step)
+
+    def should_stop(self) -> bool:
+        return False
+
+    def log(self, message: str) -> None:
+        pass
+
+
+def stage_evaluate(store: Any, run_id: str, generator: Any, model: str, tasks: list[Any], settings: DemoSettings,
+                   log: Callable[[str], None]) -> str:
+    """Greedy on the held-out demo tasks, plus the run's recovery prefixes (Agent-R's recovery score)."""
+    from engine.envs.registry import env_factory
+    from engine.evaluate import EvalConfig, evaluate_and_store, format_metrics, recovery_starts
+
+    make_env = env_factory("textcraft")
+    recovery = recovery_starts(store.samples(run_id=run_id, kind="recovery"))
+    config = EvalConfig(mode="greedy", max_steps=settings.eval_max_steps, max_tokens=settings.search.max_tokens)
+    result = evaluate_and_store(store, generator, "textcraft", "test", tasks, config, recovery=recovery, model=model,
+                                make_env=make_env)
+    log(f"evaluation {result.eval_id} of {model} on test {settings.eval_tasks}:\n{format_metrics(result.metrics)}")
+    return str(result.eval_id)
+
+
+def run_demo(db: str | Path | None = None, log: Callable[[str], None] = print,
+             settings: DemoSettings = DEMO) -> DemoResult:
+    from engine.llm.registry import load_generator
+    from engine.llm.tiny_checkpoint import tiny_generator, tiny_model_dir
     from engine.store import Store
 
     times: dict[str, float] = {}
-    t = time.perf_counter()
+    cpu: dict[str, float] = {}
+
+    def timed(stage: str, fn: Callable[[], Any]) -> Any:
+        """Wall time, and this process's CPU time (the compute, whatever else shares the cores)."""
+        t, c = time.perf_counter(), time.process_time()
+        out = fn()
+        times[stage], cpu[stage] = time.perf_counter() - t, time.process_time() - c
+        log(f"time {stage}: {times[stage]:.1f}s (cpu {cpu[stage]:.1f}s)")
+        return out
+
+    train_tasks, eval_tasks = demo_tasks(settings)
+    base = timed("model (load the shipped checkpoint)", lambda: tiny_model_dir(log=log))
     generator = tiny_generator(log=log)
-    times["model (build or load)"] = time.perf_counter() - t
-
-    t = time.perf_counter()
-    make_env = env_factory("textcraft")
-    tasks = select_tasks(make_env(), DEMO_TASKS, "train")
     with Store(db) as store:
-        name = f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
-        done = [0]
-
-        def progress(job, sim) -> None:
-            done[0] += 1
-            if done[0] % len(tasks) == 0:
-                log(f"  search: {done[0]}/{len(tasks) * DEMO_CONFIG.simulations} simulations")
-
-        run_id, stats = new_run(store, "textcraft", tasks, generator, DEMO_CONFIG, name, progress, make_env)
-        info = store.run(run_id)
-        times["search"] = time.perf_counter() - t
-        log(f"run {run_id} ({name}): {info.trees} TextCraft tasks, {info.simulations} simulations, "
-            f"{info.nodes} nodes, {info.solved} tasks solved at least once")
-        log(f"  batched calls: {stats.rounds}, mean completions per call {stats.to_dict()['mean_batch']:.1f}, "
-            f"generation {stats.gen_s:.1f}s, env {stats.env_s:.2f}s, engine {stats.engine_s:.2f}s")
+        run_id = timed("search", lambda: stage_search(store, generator, train_tasks, settings, log))
+        result = DemoResult(run_id=run_id, times=times)
+        result.pairs = timed("pairs", lambda: stage_pairs(store, run_id, settings, log))
+        result.revisions, result.judged, result.good = timed(
+            "revisions", lambda: stage_revisions(store, run_id, generator, log))
+        result.eval_ids.append(timed("evaluate base", lambda: stage_evaluate(
+            store, run_id, generator, str(base), eval_tasks, settings, log)))
+        result.model = timed("train", lambda: stage_train(store, run_id, base, settings, log))
+        if result.model:
+            trained_path = result.model
+            trained = load_generator(trained_path, log=log)
+            result.eval_ids.append(timed("evaluate trained", lambda: stage_evaluate(
+                store, run_id, trained, trained_path, eval_tasks, settings, log)))
+        _save_loop(store, run_id, base, result)
         log(f"stored in {store.path}")
-    for stage, seconds in times.items():
-        log(f"time {stage}: {seconds:.1f}s")
-    log(f"time total: {sum(times.values()):.1f}s")
-    log(f"next: .venv/bin/orchard runs; .venv/bin/orchard export tree {run_id} --task {tasks[0].id}")
-    return 0
+    log(f"time total: {sum(times.values()):.1f}s (cpu {sum(cpu.values()):.1f}s)")
+    log(f"next: .venv/bin/orchard runs; .venv/bin/orchard export tree {run_id} --task {train_tasks[0].id}; "
+        "the dashboard shows every stage")
+    return result
+
+
+def _save_loop(store: Any, run_id: str, base: Path, result: DemoResult) -> None:
+    """The demo as a one-iteration loop (base, trained), for the evaluation page's loop table."""
+    evals = {e["id"]: e["metrics"] for e in store.evaluations()}
+
+    def scores(eval_id: str) -> dict[str, Any]:
+        m = evals[eval_id]
+        return {"eval_id": eval_id, **{k: m[k] for k in ("success", "progress", "loop_rate")}}
+
+    loop_id = f"loop-{store.run(run_id).name}"
+    store.save_iteration(loop_id, 0, "agentq", {"model": str(base), "eval": scores(result.eval_ids[0])})
+    record: dict[str, Any] = {"run_id": run_id, "parent": str(base), "pairs": result.pairs,
+                              "model": result.model or str(base), "seconds": sum(result.times.values())}
+    if result.model and len(result.eval_ids) > 1:
+        record["eval"] = scores(result.eval_ids[1])
+    else:
+        record["skipped"] = "no step pairs (nothing trained)"
+    store.save_iteration(loop_id, 1, "agentq", record)

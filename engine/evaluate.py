@@ -166,10 +166,41 @@ def bootstrap_ci(groups: dict[str, list[float]], n: int, confidence: float, seed
         return {"mean": mean, "low": mean, "high": mean, "n": len(means)}
     rng = random.Random(seed)
     k = len(means)
-    stats = sorted(statistics.fmean(rng.choices(means, k=k)) for _ in range(n))
-    tail = (1 - confidence) / 2
-    low = stats[int(tail * (n - 1))]
-    high = stats[round((1 - tail) * (n - 1))]
+    low, high = _percentiles([statistics.fmean(rng.choices(means, k=k)) for _ in range(n)], confidence)
+    return {"mean": mean, "low": low, "high": high, "n": k}
+
+
+def _percentiles(stats: list[float], confidence: float) -> tuple[float, float]:
+    """The percentile interval of bootstrap statistics."""
+    stats = sorted(stats)
+    tail, n = (1 - confidence) / 2, len(stats)
+    return stats[int(tail * (n - 1))], stats[round((1 - tail) * (n - 1))]
+
+
+def paired_bootstrap_diff(a_by_task: dict[str, list[float]], b_by_task: dict[str, list[float]], n: int = 1000,
+                          confidence: float = 0.95, seed: int = 0) -> dict[str, float]:
+    """The mean over tasks of (b - a) (per-task means first) and a percentile bootstrap interval that
+    resamples TASKS, the same resampled tasks for both arms (docs/algorithms.md §7).
+
+    WHY paired: two policies on the same tasks share each task's difficulty; differencing per task
+    removes it, so the interval of the gain is much narrower than one built from two independent
+    intervals (and the two independent intervals overlapping says little about the difference).
+    Both arms must cover the same tasks: a task scored by only one arm is an error, not a silent drop."""
+    a = {t: statistics.fmean(v) for t, v in a_by_task.items() if v}
+    b = {t: statistics.fmean(v) for t, v in b_by_task.items() if v}
+    if a.keys() != b.keys():
+        only = sorted(a.keys() ^ b.keys())
+        raise ValueError(f"paired bootstrap: the arms cover different tasks ({len(only)} in one arm only, "
+                         f"e.g. {only[0]!r})")
+    diffs = [b[t] - a[t] for t in sorted(a)]
+    if not diffs:
+        return {"mean": float("nan"), "low": float("nan"), "high": float("nan"), "n": 0}
+    mean = statistics.fmean(diffs)
+    if n == 0 or len(diffs) == 1:
+        return {"mean": mean, "low": mean, "high": mean, "n": len(diffs)}
+    rng = random.Random(seed)
+    k = len(diffs)
+    low, high = _percentiles([statistics.fmean(rng.choices(diffs, k=k)) for _ in range(n)], confidence)
     return {"mean": mean, "low": low, "high": high, "n": k}
 
 

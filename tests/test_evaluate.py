@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+import statistics
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,7 @@ from engine.evaluate import (
     bootstrap_ci,
     evaluate,
     evaluate_and_store,
+    paired_bootstrap_diff,
     recovery_starts,
     repeats,
     reroot,
@@ -52,6 +55,45 @@ def test_bootstrap_intervals_resample_tasks_not_episodes() -> None:
     assert wide["low"] <= 0.5 <= wide["high"] and narrow["low"] <= 0.5 <= narrow["high"]
     assert narrow["high"] - narrow["low"] < wide["high"] - wide["low"]
     assert bootstrap_ci(many, 500, 0.9, seed=3) == bootstrap_ci(many, 500, 0.9, seed=3)
+
+
+def test_paired_difference_of_identical_arms_is_exactly_zero() -> None:
+    arm = {f"t{i}": [float(i % 3 == 0), float(i % 2)] for i in range(40)}
+    assert paired_bootstrap_diff(arm, dict(arm), 2000, 0.95, seed=1) == {"mean": 0.0, "low": 0.0, "high": 0.0,
+                                                                         "n": 40}
+
+
+def test_paired_difference_recovers_a_known_shift() -> None:
+    rng = random.Random(0)
+    before = {f"t{i}": [rng.random()] for i in range(200)}
+    after = {t: [v[0] + 0.2 + rng.gauss(0, 0.05)] for t, v in before.items()}
+    d = paired_bootstrap_diff(before, after, 2000, 0.95, seed=0)
+    assert d["n"] == 200 and abs(d["mean"] - 0.2) < 0.01
+    assert d["low"] < 0.2 < d["high"] and d["low"] > 0.18 and d["high"] < 0.22
+    flipped = paired_bootstrap_diff(after, before, 2000, 0.95, seed=0)  # b - a: the sign follows the order
+    assert flipped["mean"] == pytest.approx(-d["mean"]) and flipped["high"] < 0
+
+
+def test_pairing_narrows_the_interval_on_correlated_arms() -> None:
+    """Task difficulty dominates both arms; the unpaired interval (each arm resampled on its own)
+    is wide and spans 0, the paired one is narrow and excludes it."""
+    rng = random.Random(1)
+    difficulty = {f"t{i}": rng.random() for i in range(60)}
+    before = {t: [float(rng.random() < p)] for t, p in difficulty.items()}
+    after = {t: [1.0 if v[0] else float(rng.random() < 0.15)] for t, v in before.items()}
+    paired = paired_bootstrap_diff(before, after, 2000, 0.95, seed=0)
+    a, b = list(before.values()), list(after.values())
+    unpaired = sorted(statistics.fmean(x[0] for x in rng.choices(b, k=60))
+                      - statistics.fmean(x[0] for x in rng.choices(a, k=60)) for _ in range(2000))
+    low, high = unpaired[49], unpaired[1950]
+    assert paired["mean"] > 0 and paired["low"] > 0
+    assert low < 0 < high
+    assert paired["high"] - paired["low"] < (high - low) / 2
+
+
+def test_paired_difference_refuses_arms_on_different_tasks() -> None:
+    with pytest.raises(ValueError, match="different tasks"):
+        paired_bootstrap_diff({"a": [1.0], "b": [0.0]}, {"a": [1.0], "c": [0.0]})
 
 
 def test_one_generator_call_per_step_for_all_episodes() -> None:

@@ -19,9 +19,21 @@ def cmd_serve_env(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from engine.demo import run_demo
+    from dataclasses import replace
 
-    return run_demo(db=args.db, log=_log)
+    from engine.demo import DEMO, run_demo
+
+    settings = DEMO
+    if args.tasks is not None:
+        settings = replace(settings, tasks=args.tasks)
+    if args.simulations is not None:
+        settings = replace(settings, search=replace(settings.search, simulations=args.simulations))
+    if args.train_steps is not None:
+        settings = replace(settings, train_steps=args.train_steps)
+    if args.eval_tasks is not None:
+        settings = replace(settings, eval_tasks=args.eval_tasks)
+    run_demo(db=args.db, log=_log, settings=settings)
+    return 0
 
 
 def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -37,6 +49,11 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     se.set_defaults(func=cmd_serve_env)
 
     d = sub.add_parser(
-        "demo", parents=[common], help="build the tiny offline model if needed and search TextCraft with it"
+        "demo", parents=[common],
+        help="the whole loop on the tiny offline model: search, pairs, revisions, a short DPO job, evaluation",
     )
+    d.add_argument("--tasks", help="train tasks searched (default: the demo's, e.g. 0:8)")
+    d.add_argument("--simulations", type=int, help="MCTS simulations per task")
+    d.add_argument("--train-steps", dest="train_steps", type=int, help="DPO optimizer steps")
+    d.add_argument("--eval-tasks", dest="eval_tasks", help="held-out tasks both models are evaluated on (e.g. 0:8)")
     d.set_defaults(func=cmd_demo)

@@ -108,7 +108,8 @@ class IterateConfig:
         return EvalConfig.from_dict(self.eval)
 
 
-def _trees(store: Store, run_id: str, description: str) -> list[Any]:
+def tree_refs(store: Store, run_id: str, description: str) -> list[Any]:
+    """The run's stored trees as TreeRefs (what the pairs and revisions builders read)."""
     from engine.datasets.samples import TreeRef
 
     refs = []
@@ -195,7 +196,7 @@ def run_loop(store: Store, config: IterateConfig, reporter: Reporter | None = No
         generator = load(policy)
         run_id, stats = new_run(store, config.env, batch, generator, replace(search, seed=search.seed + i),
                                 f"{loop_id}-it{i}", make_env=make_env)
-        refs = _trees(store, run_id, description)
+        refs = tree_refs(store, run_id, description)
         record: dict[str, Any] = {"run_id": run_id, "parent": str(policy), "tasks": [t.id for t in batch],
                                   "solved_in_search": store.run(run_id).solved, "search_s": stats.wall_s,
                                   "config": asdict(config)}  # what a continuation of the loop runs with

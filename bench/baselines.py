@@ -1,0 +1,114 @@
+"""Agent Q against its baselines at the SAME search budget, on the embedded default.
+
+One MCTS search (critic on, reward backup) of B train tasks with the base policy; from those same
+trees, four training sets and four models, each evaluated greedily on the SAME first `--test-tasks`
+held-out tasks as the base (docs/algorithms.md §3, §7):
+- agent-q: step pairs by eq. 10 (alpha 0.5: MCTS value and critic) and theta -> DPO, stored reference;
+- tree-dpo-no-critic: step pairs with alpha = 1 (the MCTS value alone) -> the same DPO;
+- trajectory-dpo: whole successful vs failed trajectories per task -> the same DPO;
+- rft: SFT on the successful trajectories (rejection-sampling fine-tuning).
+Prints each with its 95% interval, the PAIRED interval of its gain over the base, and the ordering
+measured (by mean held-out success, ties by progress). No model is selected on the test split.
+
+    .venv/bin/python bench/baselines.py [--model tiny] [--tasks 16] [--simulations 12] [--test-tasks 32]
+        [--lr 5e-5] [--sft-lr 5e-5] [--epochs 2] [--seed 0]
+
+Sized for the 30-minute bench budget on 2 CPU cores with a policy twice the 2M tiny model's
+per-token cost (the wall time it prints is the measure).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+# The repository root, in place of this folder (bench/datasets.py would shadow the `datasets` package).
+sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+from bench.common import Table, add_common_args, add_loop_args, held_out, ordering
+from engine.config import SearchConfig
+from engine.datasets.pairs import PairsConfig, build_pairs
+from engine.envs.textcraft import TextCraftEnv
+from engine.evaluate import EvalConfig
+from engine.llm.registry import load_generator
+from engine.search.runner import new_run
+from engine.store import Store
+from engine.train.common import resolve_model_path
+from engine.train.dpo import DPOTrainConfig, train_dpo
+from engine.train.iterate import tree_refs
+from engine.train.sft import rft_config, train_sft
+
+
+def main(argv: list[str] | None = None) -> Table:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_common_args(ap, test_tasks=32)
+    add_loop_args(ap)
+    ap.add_argument("--theta", type=float, default=0.1)
+    ap.add_argument("--sft-lr", type=float, default=5e-5)
+    args = ap.parse_args(argv)
+
+    work = Path(tempfile.mkdtemp(prefix="orchard-baselines-"))
+    tasks = held_out(args.test_tasks)
+    # The tasks and search seed of agentq_iteration's first iteration (run_loop: Random(seed).sample,
+    # search seed + 1), so its agent-q arm is that bench's iteration 1.
+    train = random.Random(args.seed).sample(TextCraftEnv().tasks("train"), args.tasks)
+    search = SearchConfig(simulations=args.simulations, k=args.k, depth_limit=10, max_tokens=args.max_tokens,
+                          backup=args.backup, critic=True, alpha=0.5, seed=args.seed + 1)
+    common = {"epochs": args.epochs, "batch_size": 8, "num_threads": 2, "device": "cpu", "precision": "fp32",
+              "include_pending": True, "seed": args.seed}
+    dpo = DPOTrainConfig(learning_rate=args.lr, beta=0.1, **common)
+    table = Table("Agent Q vs baselines at the same search budget, greedy on the same held-out TextCraft tasks",
+                  {"model": args.model, "tasks": f"test[:{len(tasks)}]", "seed": args.seed,
+                   "budget": f"one search: {args.tasks} train tasks x {args.simulations} simulations, K={args.k}, "
+                             f"critic on, {args.backup} backup",
+                   "dpo": f"lr {args.lr}, {args.epochs} epochs, beta 0.1", "rft": f"lr {args.sft_lr}"},
+                  bootstrap=args.bootstrap, seed=args.seed)
+    table.header()
+    eval_config = EvalConfig(mode="greedy", max_steps=args.max_steps, max_tokens=args.max_tokens,
+                             bootstrap=args.bootstrap)
+    base = resolve_model_path(args.model)
+    generator = load_generator(args.model)
+    table.evaluate("base", generator, TextCraftEnv, tasks, eval_config)
+    with Store(work / "bench.db") as store:
+        t = time.perf_counter()
+        run_id, _ = new_run(store, "textcraft", train, generator, search, "bench-baselines", make_env=TextCraftEnv)
+        del generator
+        refs = tree_refs(store, run_id, TextCraftEnv().describe())
+        print(f"  search: {store.run(run_id).solved}/{len(train)} train tasks solved, "
+              f"{time.perf_counter() - t:.0f} s", flush=True)
+        critic = build_pairs(refs, PairsConfig(alpha=0.5, theta=args.theta))
+        no_critic = build_pairs(refs, PairsConfig(alpha=1.0, theta=args.theta))
+        data = {"agent-q": critic.step, "tree-dpo-no-critic": no_critic.step, "trajectory-dpo": critic.trajectory,
+                "rft": critic.rft}
+        print("  data: " + ", ".join(f"{name} {len(rows)} rows" for name, rows in data.items()), flush=True)
+        for name, rows in data.items():
+            if not rows:
+                print(f"  {name}: no training data from this search (not trained)")
+                continue
+            t = time.perf_counter()
+            out = work / "models" / name
+            if name == "rft":
+                result = train_sft(base, rows, rft_config(learning_rate=args.sft_lr, **common), out, kind="rft")
+            else:
+                cfg = replace(dpo, kinds=("trajectory",) if name == "trajectory-dpo" else ("step",))
+                tokens = store.node_token_counts([(p.tree_id, n) for p in rows for n in (p.chosen_node, p.rejected_node)])
+                result = train_dpo(base, rows, cfg, out, node_tokens=tokens)
+            trained = time.perf_counter() - t
+            arm = table.evaluate(name, load_generator(str(result.output)), TextCraftEnv, tasks, eval_config)
+            arm.note = f"(+ {trained:.0f} s training on {len(rows)} rows)"
+    trained_arms = [n for n in table.arms if n != "base"]
+    if trained_arms:
+        table.print_diffs([("base", n) for n in trained_arms])
+    print(f"ordering by held-out success (ties by progress): {ordering(table, list(table.arms))}")
+    table.footer()
+    print(f"work folder {work}")
+    return table
+
+
+if __name__ == "__main__":
+    main()

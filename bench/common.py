@@ -1,0 +1,169 @@
+"""Shared by the loop benches (inference_search, agentq_iteration, agentr_iteration, baselines): the
+options every one takes, the held-out tasks, and the table that compares arms on the SAME tasks
+with the same evaluation, with the paired bootstrap interval of each difference
+(`engine.evaluate.paired_bootstrap_diff`, docs/algorithms.md §7).
+
+WHY one module: the benches' claims are only comparable if they select tasks, score episodes and
+print intervals identically. Model selection never looks at the test split: every bench trains
+with fixed settings and reports the model it ends with.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import shlex
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.evaluate import EvalConfig, evaluate, paired_bootstrap_diff, repeats
+
+METRICS = ("success", "progress", "loop_rate")
+
+
+def add_common_args(ap: argparse.ArgumentParser, test_tasks: int) -> None:
+    """--model (a spec or folder: plug in any policy), held-out task count, evaluation limits, seed."""
+    ap.add_argument("--model", default="tiny", help="the base policy: 'tiny', a model folder, hf:/vllm:/openai: spec")
+    ap.add_argument("--test-tasks", type=int, default=test_tasks,
+                    help="the first N held-out (test) tasks every arm is evaluated on (0 = all 109)")
+    ap.add_argument("--max-steps", type=int, default=15, help="evaluation: model steps per episode")
+    ap.add_argument("--max-tokens", type=int, default=160)
+    ap.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples of tasks")
+    ap.add_argument("--seed", type=int, default=0)
+
+
+def add_loop_args(ap: argparse.ArgumentParser, tasks: int = 16, simulations: int = 12) -> None:
+    """The search budget (B train tasks x simulations, K, backup) and training settings of a loop bench."""
+    ap.add_argument("--tasks", type=int, default=tasks, help="B train tasks searched (per iteration)")
+    ap.add_argument("--simulations", type=int, default=simulations, help="MCTS simulations per task")
+    ap.add_argument("--k", type=int, default=4, help="candidate actions per expansion")
+    ap.add_argument("--backup", choices=("reward", "progress"), default="reward")
+    ap.add_argument("--lr", type=float, default=5e-5, help="learning rate of the training step")
+    ap.add_argument("--epochs", type=float, default=2.0)
+
+
+def held_out(n: int) -> list[Any]:
+    """The first `n` TextCraft test tasks (all for 0); the same list for every arm."""
+    from engine.envs.textcraft import TextCraftEnv
+
+    tasks = TextCraftEnv().tasks("test")
+    return tasks[:n] if n else tasks
+
+
+def greedy_config(args: argparse.Namespace, **overrides: Any) -> EvalConfig:
+    return EvalConfig(**{"mode": "greedy", "max_steps": args.max_steps, "max_tokens": args.max_tokens,
+                         "bootstrap": args.bootstrap, "seeds": (args.seed,), **overrides})
+
+
+def _get(e: Any, key: str) -> Any:
+    return e[key] if isinstance(e, dict) else getattr(e, key)
+
+
+def by_task(episodes: Sequence[Any], metric: str, loop_max_len: int = 4) -> dict[str, list[float]]:
+    """Per task (label for recovery starts), the episodes' values of `metric`, scored as `summarize`
+    scores them. Episodes are `Episode`s or the stored rows of an evaluation."""
+    def value(e: Any) -> float:
+        if metric == "success":
+            return 1.0 if _get(e, "success") else 0.0
+        if metric == "progress":
+            return float(_get(e, "progress"))
+        commands = _get(e, "commands")
+        return 1.0 if any(repeats(commands, L) for L in range(1, loop_max_len + 1)) else 0.0
+
+    out: dict[str, list[float]] = {}
+    for e in episodes:
+        out.setdefault(_get(e, "label") or _get(e, "task_id"), []).append(value(e))
+    return out
+
+
+def stored_episodes(store: Any, eval_id: str, recovery: bool = False) -> list[dict[str, Any]]:
+    """The episode rows of one stored evaluation (task episodes, or its recovery episodes)."""
+    for ev in store.evaluations(with_episodes=True):
+        if ev["id"] == eval_id:
+            return [e for e in ev["episodes"] if bool(e.get("recovery")) == recovery]
+    raise KeyError(f"evaluation {eval_id!r} is not in {store.path}")
+
+
+def ci(m: dict[str, float], signed: bool = False) -> str:
+    f = "+.3f" if signed else ".3f"
+    return f"{m['mean']:{f}} [{m['low']:{f}}, {m['high']:{f}}]"
+
+
+@dataclass
+class Arm:
+    name: str
+    metrics: dict[str, Any]
+    episodes: list[Any]
+    seconds: float
+    note: str = ""
+
+
+@dataclass
+class Table:
+    """Arms evaluated on the same tasks, printed with their intervals and paired differences."""
+
+    title: str
+    settings: dict[str, Any]
+    bootstrap: int = 2000
+    confidence: float = 0.95
+    seed: int = 0
+    arms: dict[str, Arm] = field(default_factory=dict)
+    began: float = field(default_factory=time.perf_counter)
+    began_cpu: float = field(default_factory=time.process_time)
+
+    def header(self) -> None:
+        print(self.title)
+        print("  " + ", ".join(f"{k} {v}" for k, v in self.settings.items()))
+        print(f"  command: {' '.join(shlex.quote(a) for a in [sys.executable, *sys.argv])}", flush=True)
+
+    def add(self, name: str, metrics: dict[str, Any], episodes: list[Any], seconds: float, note: str = "") -> Arm:
+        arm = self.arms[name] = Arm(name, metrics, episodes, seconds, note)
+        print(f"  {name:<22} success {ci(metrics['success'])}  progress {ci(metrics['progress'])}  "
+              f"loop rate {ci(metrics['loop_rate'])}  fmt err/step {metrics['format_error_rate']:.3f}  "
+              f"{seconds:.0f} s{'  ' + note if note else ''}", flush=True)
+        return arm
+
+    def evaluate(self, name: str, generator: Any, make_env: Callable[[], Any], tasks: Sequence[Any],
+                 config: EvalConfig, note: str = "") -> Arm:
+        t = time.perf_counter()
+        result = evaluate(generator, make_env, tasks, config)
+        return self.add(name, result.metrics, result.episodes, time.perf_counter() - t, note)
+
+    def diff(self, before: str, after: str, metric: str) -> dict[str, float]:
+        a, b = self.arms[before].episodes, self.arms[after].episodes
+        return paired_bootstrap_diff(by_task(a, metric), by_task(b, metric), self.bootstrap, self.confidence,
+                                     self.seed)
+
+    def print_diffs(self, pairs: Sequence[tuple[str, str]]) -> dict[tuple[str, str], dict[str, Any]]:
+        """`after - before` per metric, paired over tasks; '*' marks an interval that excludes 0."""
+        out = {}
+        print(f"paired differences (after - before, {self.confidence:.0%} bootstrap over the same tasks, "
+              f"{self.bootstrap} resamples):")
+        for before, after in pairs:
+            d = out[(before, after)] = {m: self.diff(before, after, m) for m in METRICS}
+            cells = "  ".join(f"{m} {ci(d[m], signed=True)}{'*' if excludes_zero(d[m]) else ' '}" for m in METRICS)
+            print(f"  {after} - {before}: {cells}", flush=True)
+        return out
+
+    def footer(self) -> None:
+        print(f"wall time {time.perf_counter() - self.began:.0f} s (cpu {time.process_time() - self.began_cpu:.0f} s in "
+              "this process: the compute, whatever else shares the cores)", flush=True)
+
+
+def excludes_zero(m: dict[str, float]) -> bool:
+    return m["low"] > 0 or m["high"] < 0
+
+
+def ordering(table: Table, names: Sequence[str], metric: str = "success") -> str:
+    """Arms by mean `metric`, best first (ties by progress), as 'a > b = c'."""
+    ranked = sorted(names, key=lambda n: (-table.arms[n].metrics[metric]["mean"],
+                                          -table.arms[n].metrics["progress"]["mean"]))
+    text = ranked[0]
+    for prev, cur in itertools.pairwise(ranked):
+        same = all(table.arms[prev].metrics[k]["mean"] == table.arms[cur].metrics[k]["mean"]
+                   for k in (metric, "progress"))
+        text += f" {'=' if same else '>'} {cur}"
+    return text

@@ -1,0 +1,41 @@
+"""bench/common.py: the loop benches' table compares arms on the same tasks with paired intervals."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from doubles import LineEnv, ScriptedGenerator
+
+from bench.common import Table, by_task, ordering, stored_episodes
+from engine.evaluate import EvalConfig, evaluate_and_store
+from engine.store import Store
+
+TASKS = LineEnv(8).tasks("train")
+
+
+def test_table_gives_the_paired_gain_of_a_better_policy_on_the_same_tasks(capsys) -> None:
+    config = EvalConfig(mode="sampled", seeds=(0, 1, 2), max_steps=8)
+    table = Table("line", {"tasks": len(TASKS)}, bootstrap=500)
+    table.evaluate("weak", ScriptedGenerator(p_right=0.3), LineEnv, TASKS, config)
+    table.evaluate("strong", ScriptedGenerator(p_right=1.0), LineEnv, TASKS, config)
+    same = table.diff("weak", "weak", "success")
+    assert (same["low"], same["high"]) == (0.0, 0.0)
+    diffs = table.print_diffs([("weak", "strong")])
+    gain = diffs[("weak", "strong")]["success"]
+    strong, weak = (table.arms[n].metrics["success"]["mean"] for n in ("strong", "weak"))
+    assert gain["mean"] == pytest.approx(strong - weak) and gain["low"] > 0 and gain["n"] == len(TASKS)
+    assert "strong - weak: success +" in capsys.readouterr().out
+    assert ordering(table, ["weak", "strong"]) == "strong > weak"
+
+
+def test_stored_episodes_score_like_the_live_ones(tmp_path: Path) -> None:
+    config = EvalConfig(mode="greedy", max_steps=6)
+    with Store(tmp_path / "o.db") as store:
+        result = evaluate_and_store(store, ScriptedGenerator(p_right=0.6), "line", "train", TASKS, config,
+                                    make_env=LineEnv)
+        rows = stored_episodes(store, result.eval_id)
+    for metric in ("success", "progress", "loop_rate"):
+        assert by_task(rows, metric) == by_task(result.episodes, metric)
+    with pytest.raises(KeyError), Store(tmp_path / "o.db") as store:
+        stored_episodes(store, "nope")

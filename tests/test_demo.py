@@ -1,0 +1,47 @@
+"""`orchard demo` end to end on whatever the embedded `tiny` policy is: every stage stores what its
+dashboard page shows (issue 14 item 3). Slow: the real demo, a few minutes on 2 cores."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from engine.demo import DEMO, run_demo
+from engine.store import Store
+
+STAGES = ("model (build or load)", "search", "pairs", "revisions", "evaluate base", "train", "evaluate trained")
+
+
+@pytest.mark.slow
+def test_a_demo_run_stores_every_stage_of_the_loop(tmp_path: Path) -> None:
+    lines: list[str] = []
+    result = run_demo(db=tmp_path / "orchard.db", log=lines.append)
+    for stage in STAGES:
+        assert any(line.startswith(f"time {stage}: ") and "(cpu " in line for line in lines), stage
+    with Store(tmp_path / "orchard.db", must_exist=True) as store:
+        assert len(store.pairs(run_id=result.run_id, kind=["step"])) >= 1
+        judged = [s for s in store.samples(run_id=result.run_id, kind="revision") if s.source["error_found"]]
+        assert len(judged) >= 1, "no revision trajectory with a judged first error"
+        (model,) = store.models()
+        assert model.path == result.model and (Path(model.path) / "config.json").is_file()
+        assert store.job(model.job_id).state == "succeeded" and store.job_metrics(model.job_id)
+        evaluations = store.evaluations()
+        assert [e["model"] for e in evaluations] == [evaluations[0]["model"], result.model]
+        assert evaluations[0]["task_ids"] == evaluations[1]["task_ids"] and len(evaluations[0]["task_ids"]) == 8
+        success_leaves = [n for tid, _ in store.tree_ids(result.run_id) for n in store.load_tree(tid).nodes
+                          if n.terminal is not None and (n.reward or 0) >= DEMO.search.success_threshold]
+        assert len(success_leaves) >= 1, "no success leaf in the demo's trees"
+        assert [r["idx"] for r in store.iterations()] == [0, 1]
+
+
+@pytest.mark.parametrize(("flag", "value", "field"), [("--simulations", "0", "simulations"),
+                                                      ("--train-steps", "0", "train_steps"),
+                                                      ("--tasks", "", "tasks"), ("--eval-tasks", "5:2", "range")])
+def test_a_bad_demo_setting_is_one_line_before_anything_runs(tmp_path: Path, capsys, flag, value, field) -> None:
+    from engine.cli import main
+
+    assert main(["demo", flag, value, "--db", str(tmp_path / "orchard.db")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and field in err[0]
+    assert not (tmp_path / "orchard.db").exists()
