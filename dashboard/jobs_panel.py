@@ -93,6 +93,11 @@ def show_job(db: str, job_id: str, key: str, extra: Callable[[JobInfo], None] | 
     fills as the rows land)."""
     with Store(db, readonly=True) as store:
         job = store.job(job_id)
+    if job.state == "queued" and poll(db) is None:
+        # A job queued just as the previous one of its device was finishing can miss that worker's
+        # last poll; the live panel is a poller too, so a queued job never waits for a page reload.
+        with Store(db, readonly=True) as store:
+            job = store.job(job_id)
     live_key, step_key = f"{key}_live", f"{key}_step"
     if job.final and st.session_state.get(live_key) == job_id:
         del st.session_state[live_key]

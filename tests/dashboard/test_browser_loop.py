@@ -74,6 +74,8 @@ def test_search_pairs_and_evaluation_launched_and_followed_from_the_pages(empty_
             page.get_by_label("Name", exact=True).fill("browser-search")
             for label, value in (("simulations", "2"), ("k", "2"), ("depth limit", "2"), ("max tokens", "8")):
                 page.get_by_label(label, exact=True).fill(value)
+            page.keyboard.press("Tab")
+            settle(page)
             page.get_by_role("button", name="Queue the search").click()
             # No reload: the live panel follows the job, and the page rereads the store when it ends.
             expect(page.get_by_text(SUCCEEDED).first).to_be_visible(timeout=180_000)
@@ -96,6 +98,8 @@ def test_search_pairs_and_evaluation_launched_and_followed_from_the_pages(empty_
             page.get_by_label("Tasks", exact=True).fill("0:1")
             page.get_by_label("max steps", exact=True).fill("2")
             page.get_by_label("max tokens", exact=True).fill("8")
+            page.keyboard.press("Tab")  # the last field's value is committed before the submit
+            settle(page)  # no rerun in flight: a click then is never swallowed by one
             page.get_by_role("button", name="Launch the evaluation").click()
             expect(page.get_by_text(SUCCEEDED).first).to_be_visible(timeout=180_000)
             expect(page.locator(".js-plotly-plot").first).to_be_visible(timeout=30_000)
