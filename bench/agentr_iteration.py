@@ -102,8 +102,8 @@ def recovery_set(store: Store, generator, tasks: list, config: IterateConfig, se
     """Bad prefixes through their first error (judged by the base model) on held-out `tasks`: the
     starts of the recovery score. Evaluation data only: nothing here is trained on."""
     from engine.datasets.revisions import RevisionConfig, build_revisions
+    from engine.datasets.samples import tree_refs
     from engine.search.runner import new_run
-    from engine.train.iterate import tree_refs
 
     if not tasks:
         return []

@@ -33,6 +33,7 @@ sys.path[0] = str(Path(__file__).resolve().parents[1])
 from bench.common import Table, add_common_args, add_loop_args, held_out, ordering
 from engine.config import SearchConfig
 from engine.datasets.pairs import PairsConfig, build_pairs
+from engine.datasets.samples import tree_refs
 from engine.envs.textcraft import TextCraftEnv
 from engine.evaluate import EvalConfig
 from engine.llm.registry import load_generator
@@ -40,7 +41,6 @@ from engine.search.runner import new_run
 from engine.store import Store
 from engine.train.common import resolve_model_path
 from engine.train.dpo import DPOTrainConfig, train_dpo
-from engine.train.iterate import tree_refs
 from engine.train.sft import rft_config, train_sft
 
 

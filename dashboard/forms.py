@@ -108,3 +108,27 @@ def check_settings(cls: type[Any], values: dict[str, Any]) -> dict[str, str]:
         if isinstance(fields[k].default, tuple) and not isinstance(v, tuple):
             out[k] = md(f"{k}: expected comma-separated numbers, got {v!r}")
     return out
+
+
+def check_target(problems: dict[str, str], spec: str, select: Any, model: str) -> None:
+    """A launch form's env spec, task selection (`select()`, which raises EnvError naming the tasks
+    or the env) and model, each problem put at its field (env, tasks, model)."""
+    from engine.envs.base import EnvError
+    from engine.envs.registry import env_factory
+    from engine.stages import check_model
+
+    try:
+        env_factory(spec)
+    except submit_errors() as e:
+        problems["env"] = refusal(e)
+    else:
+        try:
+            select()
+        except EnvError as e:
+            problems["tasks" if "task" in str(e) else "env"] = refusal(e)
+        except submit_errors() as e:
+            problems["env"] = refusal(e)
+    try:
+        check_model(model)
+    except submit_errors() as e:
+        problems["model"] = refusal(e)

@@ -97,8 +97,8 @@ def stage_search(store: Any, generator: Any, tasks: list[Any], settings: DemoSet
 
 
 def _refs(store: Any, run_id: str) -> list[Any]:
+    from engine.datasets.samples import tree_refs
     from engine.envs.registry import env_factory
-    from engine.train.iterate import tree_refs
 
     return tree_refs(store, run_id, env_factory("textcraft")().describe())
 

@@ -298,7 +298,7 @@ def run_search(store: Any, config: dict[str, Any], reporter: Any, make_env: Call
 
 def run_trees(store: Any, run_id: str) -> list[Any]:
     """The run's committed trees as TreeRefs, with the env description their prompts used."""
-    from engine.datasets.samples import TreeRef
+    from engine.datasets.samples import tree_refs
     from engine.envs.base import close_env
     from engine.envs.registry import env_factory
 
@@ -307,12 +307,7 @@ def run_trees(store: Any, run_id: str) -> list[Any]:
         description = env.describe()
     finally:
         close_env(env)
-    refs = []
-    for tree_id, _ in store.tree_ids(run_id):
-        tree = store.load_tree(tree_id)
-        if tree is not None:
-            refs.append(TreeRef(tree=tree, run_id=run_id, tree_id=tree_id, env_description=description))
-    return refs
+    return tree_refs(store, run_id, description)
 
 
 def rollout_only_hint(refs: list[Any], threshold: float) -> str | None:

@@ -88,10 +88,7 @@ with st.expander("Launch an evaluation", expanded=bool(fm.form_errors(FORM))), s
 
 
 def check_eval_form() -> tuple[dict[str, str], dict[str, Any]]:
-    from engine.envs.base import EnvError
-    from engine.envs.registry import env_factory
     from engine.evaluate import eval_tasks
-    from engine.stages import check_model
     from engine.submit import eval_job_config
 
     problems: dict[str, str] = {}
@@ -99,21 +96,7 @@ def check_eval_form() -> tuple[dict[str, str], dict[str, Any]]:
     settings = fm.changed(EvalConfig, values)
     config = eval_job_config(model.strip() or "tiny", spec, split, tasks.strip(),
                              {"mode": mode, **{k: list(v) if isinstance(v, tuple) else v for k, v in settings.items()}})
-    try:
-        env_factory(spec)
-    except fm.submit_errors() as e:
-        problems["env"] = fm.refusal(e)
-    else:
-        try:
-            eval_tasks(config)
-        except EnvError as e:
-            problems["tasks" if "task" in str(e) else "env"] = fm.refusal(e)
-        except fm.submit_errors() as e:
-            problems["env"] = fm.refusal(e)
-    try:
-        check_model(config["model"])
-    except fm.submit_errors() as e:
-        problems["model"] = fm.refusal(e)
+    fm.check_target(problems, spec, lambda: eval_tasks(config), config["model"])
     problems.update(fm.check_settings(EvalConfig, values))
     return problems, config
 

@@ -180,30 +180,14 @@ with st.expander("New search", expanded=not runs or bool(errors)), st.form(FORM,
 
 def check_new_search() -> tuple[dict[str, str], dict[str, Any]]:
     """Field messages for the form's values (empty: good), and the search job's config."""
-    from engine.envs.base import EnvError
-    from engine.envs.registry import env_factory
-    from engine.stages import check_model, search_tasks
+    from engine.stages import search_tasks
 
     problems: dict[str, str] = {}
     spec = f"{env}:{env_arg.strip()}" if env_arg.strip() else env
     settings = fm.changed(SearchConfig, values)
     config: dict[str, Any] = {"env": spec, "tasks": tasks.strip(), "split": split, "model": model.strip() or "tiny",
               "name": name.strip() or f"{env}-{time.strftime('%Y%m%d-%H%M%S')}", "search": settings}
-    try:
-        env_factory(spec)
-    except fm.submit_errors() as e:
-        problems["env"] = fm.refusal(e)
-    else:
-        try:
-            search_tasks(config)
-        except EnvError as e:
-            problems["tasks" if "task" in str(e) else "env"] = fm.refusal(e)
-        except fm.submit_errors() as e:
-            problems["env"] = fm.refusal(e)
-    try:
-        check_model(config["model"])
-    except fm.submit_errors() as e:
-        problems["model"] = fm.refusal(e)
+    fm.check_target(problems, spec, lambda: search_tasks(config), config["model"])
     problems.update(fm.check_settings(SearchConfig, values))
     return problems, config
 

@@ -50,6 +50,17 @@ class TreeRef:
     env_description: str = ""
 
 
+def tree_refs(store: Any, run_id: str, description: str) -> list[TreeRef]:
+    """The run's committed trees as TreeRefs (what the pairs and revisions builders read), with
+    `description`, the env description their prompts used."""
+    refs = []
+    for tree_id, _ in store.tree_ids(run_id):
+        tree = store.load_tree(tree_id)
+        if tree is not None:
+            refs.append(TreeRef(tree=tree, run_id=run_id, tree_id=tree_id, env_description=description))
+    return refs
+
+
 @dataclass(frozen=True)
 class Task:
     """What the agent was given. `system` is the full system message; `first_observation` is the

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.config import ConfigError, SearchConfig, from_dict
+from engine.datasets.samples import tree_refs
 from engine.train.common import MemoryReporter, Reporter, default_output_dir
 
 if TYPE_CHECKING:
@@ -106,18 +107,6 @@ class IterateConfig:
         from engine.evaluate import EvalConfig
 
         return EvalConfig.from_dict(self.eval)
-
-
-def tree_refs(store: Store, run_id: str, description: str) -> list[Any]:
-    """The run's stored trees as TreeRefs (what the pairs and revisions builders read)."""
-    from engine.datasets.samples import TreeRef
-
-    refs = []
-    for tree_id, _ in store.tree_ids(run_id):
-        tree = store.load_tree(tree_id)
-        if tree is not None:
-            refs.append(TreeRef(tree=tree, run_id=run_id, tree_id=tree_id, env_description=description))
-    return refs
 
 
 def _evaluate(store: Store, model_path: Path, config: IterateConfig, eval_tasks: list[Any], make_env: Any,
