@@ -48,6 +48,9 @@ class SearchConfig:
     trees_in_flight: int = field(default=64, metadata={
         "help": "trees advanced together; their LLM requests share one batch"})
     seed: int = field(default=0, metadata={"help": "search seed"})
+    constrained: bool = field(default=False, metadata={
+        "help": "decode the actor's composite actions under their grammar, commands from the env's own pattern "
+                "(engine/grammar.py; HF and vLLM backends)"})
 
     def __post_init__(self) -> None:
         checks = {

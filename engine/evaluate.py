@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 from engine.actions import FormatError, parse
 from engine.config import ConfigError, SearchConfig, from_dict
 from engine.envs.base import Env, Step, TaskSpec, checked_step, close_env, close_envs, env_label
+from engine.grammar import grammar_for
 from engine.llm.base import Generator, GeneratorError, SampleRequest, SamplingParams
 from engine.prompts import HistoryStep, actor_prompt
 
@@ -80,6 +81,9 @@ class EvalConfig:
         "help": "an unreadable action ends the episode (terminal) or is answered with an error observation "
                 "and the episode goes on (observe, as AgentGym servers do)",
         "choices": ("terminal", "observe")})
+    constrained: bool = field(default=False, metadata={
+        "help": "decode actions under the composite-action grammar, commands from the env's own pattern "
+                "(engine/grammar.py)"})
 
     def __post_init__(self) -> None:
         checks = {
@@ -345,7 +349,8 @@ def _policy_loop(generator: Generator, description: str, lives: list[_Live], con
             SampleRequest(
                 actor_prompt(description, lv.task.goal, lv.task.context, lv.history, lv.observation), 1,
                 SamplingParams(temperature=temperature, max_tokens=config.max_tokens,
-                               seed=_seed(lv.episode.seed, lv.episode.label, lv.task.id, lv.episode.steps)),
+                               seed=_seed(lv.episode.seed, lv.episode.label, lv.task.id, lv.episode.steps),
+                               grammar=grammar_for(lv.env, lv.task) if config.constrained else None),
             )
             for lv in active
         ]
@@ -432,7 +437,8 @@ def _mcts_loop(generator: Generator, make_env: Callable[[], Env], description: s
                                   depth_limit=config.max_steps, max_tokens=config.max_tokens,
                                   critic=config.mcts_critic, alpha=config.mcts_alpha,
                                   rollout_temperature=config.mcts_rollout_temperature,
-                                  backup=config.mcts_backup, success_threshold=config.success_threshold, seed=_seed(seed, step))
+                                  backup=config.mcts_backup, success_threshold=config.success_threshold, seed=_seed(seed, step),
+                                  constrained=config.constrained)
             MCTS(generator, search).run([batch[k] for k in ks])
         still = []
         for i in active:

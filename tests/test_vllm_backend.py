@@ -377,3 +377,18 @@ def test_constructor_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setitem(sys.modules, "vllm", None)  # as if not installed
     with pytest.raises(GeneratorError, match=r"vLLM is not installed.*\[vllm\]"):
         VLLMGenerator(tmp_path)
+
+
+def test_a_grammar_goes_to_vllm_as_structured_outputs(fake_vllm: Path) -> None:
+    from engine.grammar import ActionGrammar
+
+    sys.modules["vllm"].sampling_params = NS(StructuredOutputsParams=lambda regex: NS(regex=regex))
+    gen = VLLMGenerator(fake_vllm)
+    grammar = ActionGrammar("inventory|get [1-9] stick")
+    gen.sample([SampleRequest(PROMPT, n=2, params=SamplingParams(grammar=grammar)), SampleRequest(PROMPT, n=1)])
+    constrained, free = FakeLLM.instances[0].calls[-1][2]
+    assert constrained.structured_outputs.regex == grammar.regex
+    assert not hasattr(free, "structured_outputs")
+    del sys.modules["vllm"].sampling_params  # an old vLLM without structured outputs: refused, not ignored
+    with pytest.raises(GeneratorError, match="no structured outputs"):
+        gen.sample([SampleRequest(PROMPT, n=1, params=SamplingParams(grammar=grammar))])

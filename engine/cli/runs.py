@@ -17,7 +17,7 @@ from engine.errors import UsageError
 SEARCH_FLAGS = {
     "simulations": "--simulations", "k": "--k", "depth_limit": "--depth", "c_exp": "--c-exp", "alpha": "--alpha",
     "temperature": "--temperature", "rollout_temperature": "--rollout-temperature", "max_tokens": "--max-tokens",
-    "trees_in_flight": "--trees-in-flight", "backup": "--backup", "seed": "--seed",
+    "trees_in_flight": "--trees-in-flight", "backup": "--backup", "seed": "--seed", "constrained": "--constrained",
 }
 
 

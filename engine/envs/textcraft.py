@@ -35,6 +35,7 @@ from types import MappingProxyType
 
 from engine.envs.base import EnvBase, EnvError, Step, TaskSpec
 from engine.envs.textcraft_recipes import Recipe, RecipeTree, readable, recipe_book, recipe_tree
+from engine.grammar import NUMBER
 
 MAX_DEPTH = 4
 MAX_TREE_RECIPES = 6  # keeps the "Crafting commands:" block short
@@ -191,6 +192,13 @@ class TextCraftEnv(EnvBase):
             self._done, reward = True, 1.0
         return Step(observation, reward, self._done, self.progress, {"ok": ok})
 
+    def command_pattern(self, task: TaskSpec) -> str:
+        """The commands that can make sense in `task`, as a regex for constrained decoding
+        (engine/grammar.py): `inventory`; `get N` of an ingredient that has no crafting command of its
+        own in the task; `craft N item using N a, N b` with one crafting command's item and
+        ingredients (counts free, so a wrong count still fails in the env)."""
+        return _command_pattern(task.context)
+
     # -- state ----------------------------------------------------------------------------------------
 
     def snapshot(self) -> TextCraftState:
@@ -340,3 +348,35 @@ def _match(recipe: Recipe, given: Mapping[str, int], batches: int) -> tuple[list
                 f"{'es' if batches > 1 else ''} of {recipe.count} {readable(recipe.output)}), not {pair[1]}"
             )
     return [p for p in pairs if p is not None], wrong
+
+
+@lru_cache(maxsize=1024)
+def _command_pattern(context: str) -> str:
+    crafts: list[tuple[str, list[str]]] = []
+    for line in context.splitlines():
+        match = _CRAFT.match(line.strip())
+        if match:
+            ingredients = [m[2] for part in match[3].split(", ") if (m := _COUNTED.match(part.strip()))]
+            crafts.append((match[2], ingredients))
+    outputs = {out for out, _ in crafts}
+    named = outputs | {i for _, ings in crafts for i in ings}
+    book = recipe_book()
+
+    def accepted(name: str) -> list[str]:
+        """A group ingredient may be named by the group or by a member the task names."""
+        key = book.lookup(name)
+        members = {readable(m) for m in book.tags.get(key, ())} if key is not None else set()
+        return sorted({name} | (members & named), key=lambda n: (-len(n), n))
+
+    def one_of(names: list[str]) -> str:
+        return names[0] if len(names) == 1 else "(?:" + "|".join(names) + ")"
+
+    gets = sorted({i for _, ings in crafts for i in ings} - outputs, key=lambda n: (-len(n), n))
+    options = ["inventory"]
+    if gets:
+        options.append(f"get {NUMBER} {one_of([re.escape(g) for g in gets])}")
+    for out, ings in sorted({(o, tuple(i)) for o, i in crafts}):
+        using = ", ".join(f"{NUMBER} {one_of([re.escape(a) for a in accepted(i)])}" for i in ings)
+        options.append(f"craft {NUMBER} {re.escape(out)} using {using}")
+    return "|".join(options)
+

@@ -13,19 +13,24 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from engine.grammar import ActionGrammar
+
 Message = dict[str, str]  # {"role": "system" | "user" | "assistant", "content": str}
 Prompt = list[Message]
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """temperature 0 means greedy. `stop` strings end a completion (not included in it)."""
+    """temperature 0 means greedy. `stop` strings end a completion (not included in it).
+    `grammar`: decode only completions the composite-action grammar accepts (engine/grammar.py);
+    backends that cannot constrain refuse it rather than ignore it."""
 
     temperature: float = 1.0
     top_p: float = 1.0
     max_tokens: int = 256
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    grammar: ActionGrammar | None = None
 
 
 @dataclass(frozen=True)

@@ -27,12 +27,15 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from engine.llm.base import Completion, GeneratorError, Prompt, SampleRequest, SamplingParams, is_canonical
 from engine.torch_threads import torch_threads
+
+if TYPE_CHECKING:
+    from engine.llm.hf_constrain import TokenMasker
 
 _SEED_MOD = 2**63 - 1
 # Upper bound on the float32 elements of one logits tensor in `logprobs()` (~1 GiB): long
@@ -163,6 +166,22 @@ class HFGenerator:
         # transformers >= 5.2x renamed `past_key_values` to `cache` (the old name warns).
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._masker: TokenMasker | None = None  # built on the first constrained request
+
+    def _masks(self, rows: list[_Row], width: int) -> torch.Tensor | None:
+        """Allowed next tokens per row (rows without a grammar: all), or None when no row has one."""
+        if not any(row.params.grammar is not None for row in rows):
+            return None
+        if self._masker is None:
+            from engine.llm.hf_constrain import TokenMasker
+
+            self._masker = TokenMasker(self.tokenizer, width, self.eos_ids)
+        masker = self._masker
+        return torch.stack([
+            masker.mask(row.params.grammar, self._decode(row.ids)) if row.params.grammar is not None
+            else torch.ones(width, dtype=torch.bool)
+            for row in rows
+        ]).to(self.device)
 
     # ---------------------------------------------------------------- encoding
 
@@ -271,7 +290,7 @@ class HFGenerator:
         top_p = torch.tensor([row.params.top_p for row in rows], device=self.device)
         active = list(rows)
         for _ in range(max(row.params.max_tokens for row in rows)):
-            tokens, logps = self._pick(logits, active, temps, top_p)
+            tokens, logps = self._pick(logits, active, temps, top_p, self._masks(active, logits.shape[-1]))
             keep: list[int] = []
             for i, row in enumerate(active):
                 tok = int(tokens[i])
@@ -303,11 +322,15 @@ class HFGenerator:
             cache, logits = _cache_of(out), out.logits[:, -1]
 
     def _pick(
-        self, logits: torch.Tensor, rows: list[_Row], temps: torch.Tensor, top_p: torch.Tensor
+        self, logits: torch.Tensor, rows: list[_Row], temps: torch.Tensor, top_p: torch.Tensor,
+        allowed: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Next token per row (greedy where temperature is 0) and its RAW log-prob."""
+        """Next token per row (greedy where temperature is 0) and its RAW log-prob; `allowed`
+        (rows x vocab) masks what a grammar forbids before the pick, not in the log-prob."""
         logits = logits.float()
         raw = torch.log_softmax(logits, dim=-1)
+        if allowed is not None:
+            logits = logits.masked_fill(~allowed, float("-inf"))
         tokens = logits.argmax(dim=-1)
         sampled = [i for i, row in enumerate(rows) if row.rng is not None]
         if sampled:

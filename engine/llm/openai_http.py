@@ -418,6 +418,11 @@ class OpenAIGenerator:
 
     def _payload(self, req: SampleRequest, n: int, call: int) -> dict[str, Any]:
         p = req.params
+        if p.grammar is not None:
+            # Servers differ in how (and whether) they take a regex; one that ignored it would
+            # return unconstrained samples under a constrained run's name.
+            raise GeneratorError(f"{self.name}: constrained decoding needs an hf: or vllm: model (an HTTP "
+                                 "server's structured outputs are not used)")
         payload: dict[str, Any] = {
             "model": self.model,
             "n": n,

@@ -238,6 +238,16 @@ class VLLMGenerator:
                 raise
             raise GeneratorError(f"{self.name}: vLLM refused the request: {_one_line(exc)}") from exc
 
+    def _structured(self, r: int, pattern: str) -> dict[str, Any]:
+        """The `vllm.SamplingParams` kwarg that constrains decoding to `pattern`: structured outputs
+        (vLLM >= 0.11), else the guided decoding they replaced (removed in 0.12)."""
+        module = getattr(self._vllm, "sampling_params", self._vllm)
+        if hasattr(module, "StructuredOutputsParams"):
+            return {"structured_outputs": module.StructuredOutputsParams(regex=pattern)}
+        if hasattr(module, "GuidedDecodingParams"):
+            return {"guided_decoding": module.GuidedDecodingParams(regex=pattern)}
+        raise GeneratorError(f"{self.name}: request {r}: this vLLM has no structured outputs for constrained decoding")
+
     def _sampling_params(self, r: int, kwargs: dict[str, Any]) -> Any:
         try:
             return self._vllm.SamplingParams(**kwargs)
@@ -261,6 +271,8 @@ class VLLMGenerator:
                 kwargs = sampling_kwargs(req.params, req.n)
             except ValueError as exc:
                 raise GeneratorError(f"{self.name}: request {r}: {exc}") from None
+            if req.params.grammar is not None:
+                kwargs.update(self._structured(r, req.params.grammar.regex))
             sent.append(r)
             prompts.append({"prompt_token_ids": self.encode_prompt(req.prompt)})
             params.append(self._sampling_params(r, kwargs))

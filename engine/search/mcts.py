@@ -24,12 +24,13 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from collections.abc import Generator as Coroutine
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from engine.actions import CompositeAction, FormatError, normalize_command, parse
 from engine.config import SearchConfig
 from engine.envs.base import Env, Step, SupportsSnapshot, TaskSpec, checked_step, close_env, env_label
+from engine.grammar import ActionGrammar, grammar_for
 from engine.llm.base import Completion, Generator, GeneratorError, SampleRequest, SamplingParams
 from engine.prompts import HistoryStep, actor_prompt
 from engine.search.critic import rank_candidates, rank_to_score
@@ -147,6 +148,7 @@ class TreeJob:
     committed_nodes: int = 0  # nodes[:committed_nodes] are in the store
     session: EnvSession | None = None
     share_ms: float = 0.0  # per-completion share of the last generation call
+    grammar: ActionGrammar | None = None  # the task's, on a constrained run's first actor request
 
     @property
     def remaining(self) -> int:
@@ -422,6 +424,16 @@ class MCTS:
         seed = request_seed(self.config.seed, job.tree.task.id, len(job.tree.simulations), *key)
         return SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)
 
+    def _actor_params(self, job: TreeJob, temperature: float, *key: Any) -> SamplingParams:
+        """An actor request's settings: under the task's grammar when the run is `constrained`."""
+        params = self._params(job, temperature, self.config.max_tokens, *key)
+        if not self.config.constrained:
+            return params
+        if job.grammar is None:
+            assert job.session is not None
+            job.grammar = grammar_for(job.session.env, job.tree.task)
+        return replace(params, grammar=job.grammar)
+
     def _value(self, reward: float | None, progress: float | None) -> float:
         """The value an episode that ended here backs up (config `backup`)."""
         if self.config.backup == "progress":
@@ -443,7 +455,7 @@ class MCTS:
         task = tree.task
         history = tree.history(node)
         prompt = actor_prompt(job.env_description, task.goal, task.context, history, node.observation)
-        params = self._params(job, cfg.temperature, cfg.max_tokens, "expand", node.id)
+        params = self._actor_params(job, cfg.temperature, "expand", node.id)
         (completions,) = yield [SampleRequest(prompt, cfg.k, params)]
         share = job.share_ms
         if not completions:  # a backend that answered nothing still yields a visible node
@@ -535,7 +547,7 @@ class MCTS:
         progress = node.progress  # latched: the last step's progress is the episode's
         while depth < cfg.depth_limit:
             prompt = actor_prompt(job.env_description, task.goal, task.context, history, observation)
-            params = self._params(job, cfg.rollout_temperature, cfg.max_tokens, "rollout", node.id, depth)
+            params = self._actor_params(job, cfg.rollout_temperature, "rollout", node.id, depth)
             (completions,) = yield [SampleRequest(prompt, 1, params)]
             parsed = parse(completions[0].text) if completions else FormatError("no completion returned")
             if isinstance(parsed, FormatError):

@@ -1,0 +1,196 @@
+"""Constrained decoding: the composite-action grammar (engine/grammar.py), TextCraft's command
+pattern, the HF backend's token masks (engine/llm/hf_constrain.py) and the backends that take or
+refuse a grammar."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import regex
+from fuzz_data import model_outputs
+
+from engine.actions import FormatError, parse, render
+from engine.config import SearchConfig
+from engine.envs.textcraft import TextCraftEnv
+from engine.envs.textcraft_expert import TextCraftExpert
+from engine.grammar import ActionGrammar, alternatives, grammar_for
+from engine.llm.base import GeneratorError, SampleRequest, SamplingParams
+from engine.prompts import actor_prompt
+
+SHIPPED = Path(__file__).resolve().parents[1] / "data" / "models" / "shipped" / "textcraft-tiny"
+
+
+def _line_walk_accepts(grammar: ActionGrammar, text: str) -> bool:
+    """Acceptance by the line matcher (what the token masks use), to compare with the one regex."""
+    placed = grammar.place(text)
+    return placed is not None and placed[0] == "status" and grammar.complete(*placed)
+
+
+def _expert_answers(tasks: int = 40, noise: float = 0.3) -> list[tuple[object, str]]:
+    """(task, rendered correct expert action) for the first steps of `tasks` train tasks."""
+    env, out = TextCraftEnv(), []
+    for task in env.tasks("train")[:tasks]:
+        env.reset(task.id)
+        expert = TextCraftExpert(env, noise, task.id, compact=True, chain=True)
+        for i in range(12):
+            step = expert.act(first_step=i == 0)
+            if not step.is_mistake:
+                out.append((task, render(step.action)))
+            if env.step(step.action.command).done:
+                break
+    return out
+
+
+def test_textcraft_pattern_takes_every_correct_expert_command_on_every_task() -> None:
+    env, checked = TextCraftEnv(), 0
+    for split in ("train", "test"):
+        for task in env.tasks(split):
+            grammar = grammar_for(env, task)
+            command = regex.compile(grammar.command)
+            env.reset(task.id)
+            expert = TextCraftExpert(env, 0.0, task.id, compact=True, chain=True)
+            for i in range(30):
+                step = expert.act(first_step=i == 0)
+                assert command.fullmatch(step.action.command), (task.id, step.action.command)
+                assert grammar.accepts(render(step.action)), (task.id, render(step.action))
+                checked += 1
+                if env.step(step.action.command).done:
+                    break
+    assert checked > 1000
+
+
+def test_textcraft_pattern_refuses_names_the_task_does_not_have() -> None:
+    env = TextCraftEnv()
+    task = env.tasks("train")[0]
+    command = regex.compile(grammar_for(env, task).command)
+    assert command.fullmatch("inventory")
+    assert not command.fullmatch("get 1 unobtainium")
+    assert not command.fullmatch(f"craft 1 {task.goal.split(' ', 2)[2]} using 1 unobtainium")
+    assert not command.fullmatch("get 0 stick") and not command.fullmatch("look around")
+
+
+def test_the_one_regex_and_the_line_matcher_accept_the_same_texts() -> None:
+    env = TextCraftEnv()
+    answers = _expert_answers(10)
+    grammar = grammar_for(env, answers[0][0])  # accepts that task's answers, refuses most others
+    texts = [text for _, text in answers]
+    rng = random.Random(0)
+    mutated = []
+    for text in texts[:60]:
+        cut = rng.randrange(len(text))
+        mutated += [text[:cut], text + "\n", text + " extra", text.replace("STATUS: CONTINUE", "STATUS: MAYBE"),
+                    text.replace("THOUGHT: ", "THOUGHTS: "), text.replace("\nEXPLANATION", "\n\nEXPLANATION"),
+                    "PLAN:\n" + text, text[:cut] + text[cut + 1:]]
+    fuzz = [case.values[0][:5000] for case in model_outputs()]
+    free = ActionGrammar()
+    agree = 0
+    for g in (grammar, free):
+        for text in texts + mutated + fuzz:
+            assert g.accepts(text) == _line_walk_accepts(g, text), text[:200]
+            agree += g.accepts(text)
+    assert agree > len(texts)  # the comparison is not all-False
+    # What the grammar accepts, the parser reads, with the same command.
+    for task, text in answers:
+        assert grammar_for(env, task).accepts(text) and not isinstance(parse(text), FormatError)
+
+
+def test_alternatives_is_an_exact_list() -> None:
+    pattern = regex.compile(alternatives(["go north", "go north east", "take key (red)"]))
+    assert pattern.fullmatch("go north east") and pattern.fullmatch("take key (red)")
+    assert not pattern.fullmatch("go") and not pattern.fullmatch("take key red")
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(SHIPPED)
+
+
+def test_masks_allow_every_token_of_every_expert_answer_and_eos_only_at_the_end(tokenizer) -> None:
+    """Constrained decoding never forbids what the policy was trained to write."""
+    from engine.llm.hf_constrain import TokenMasker
+
+    masker = TokenMasker(tokenizer, len(tokenizer), {tokenizer.eos_token_id})
+    env = TextCraftEnv()
+    for task, text in _expert_answers(25):
+        grammar = grammar_for(env, task)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        for k, tok in enumerate(ids):
+            mask = masker.mask(grammar, tokenizer.decode(ids[:k]))
+            assert mask[tok], (text, k, tokenizer.decode([tok]))
+            assert not mask[tokenizer.eos_token_id]
+        assert masker.mask(grammar, text)[tokenizer.eos_token_id]
+        assert masker.mask(grammar, text).sum() == 1  # after STATUS: only the end
+
+
+def test_constrained_samples_stay_in_the_grammar_and_keep_raw_logprobs() -> None:
+    from engine.llm.hf import HFGenerator
+
+    gen = HFGenerator(SHIPPED, name="tiny", num_threads=1)
+    env = TextCraftEnv()
+    tasks = env.tasks("test")[:6]
+    requests = []
+    for task in tasks:
+        obs = env.reset(task.id)
+        prompt = actor_prompt(env.describe(), task.goal, task.context, [], obs)
+        requests.append(SampleRequest(prompt, 3, SamplingParams(temperature=1.0, max_tokens=160, seed=7,
+                                                                grammar=grammar_for(env, task))))
+    out = gen.sample(requests)
+    finished = 0
+    for task, req, comps in zip(tasks, requests, out, strict=True):
+        grammar = grammar_for(env, task)
+        for c in comps:
+            assert grammar.place(c.text) is not None  # every prefix stays inside the grammar
+            if c.finish_reason == "stop":
+                finished += 1
+                assert grammar.accepts(c.text), c.text
+                assert not isinstance(parse(c.text), FormatError)
+                if c.canonical:
+                    (scored,) = gen.logprobs([req.prompt], [c.text])
+                    assert scored == pytest.approx(c.logprob, abs=1e-3)
+    assert finished >= 6
+
+
+def test_a_constrained_search_stores_no_unreadable_node(tmp_path: Path) -> None:
+    from engine.llm.hf import HFGenerator
+    from engine.search.runner import new_run
+    from engine.store import Store
+
+    gen = HFGenerator(SHIPPED, name="tiny", num_threads=1)
+    env = TextCraftEnv()
+    cfg = SearchConfig(simulations=3, k=3, depth_limit=3, max_tokens=160, constrained=True, critic=False)
+    with Store(tmp_path / "o.db") as store:
+        run_id, _ = new_run(store, "textcraft", env.tasks("train")[:3], gen, cfg, "constrained", None, TextCraftEnv)
+        assert store.run(run_id).config["constrained"] is True
+        nodes = [n for tree_id, _ in store.tree_ids(run_id) for n in store.load_tree(tree_id).nodes[1:]]
+    assert len(nodes) >= 9
+    for node in nodes:  # only a completion cut by the token limit can be unreadable
+        assert node.format_error is None or node.n_tokens >= cfg.max_tokens, (node.format_error, node.raw)
+
+
+def test_http_servers_refuse_a_grammar_rather_than_ignore_it() -> None:
+    from engine.llm.openai_http import OpenAIGenerator
+
+    gen = OpenAIGenerator("http://127.0.0.1:9/v1", "m", retries=0, timeout_s=1)
+    req = SampleRequest([{"role": "user", "content": "x"}], 1, SamplingParams(grammar=ActionGrammar()))
+    with pytest.raises(GeneratorError, match="constrained decoding needs an hf: or vllm: model"):
+        gen.sample([req])
+
+
+def test_a_constrained_evaluation_has_no_format_error_but_at_the_token_limit() -> None:
+    from engine.evaluate import EvalConfig, evaluate
+    from engine.llm.hf import HFGenerator
+
+    gen = HFGenerator(SHIPPED, name="tiny", num_threads=1)
+    tasks = TextCraftEnv().tasks("test")[:6]
+    free = evaluate(gen, TextCraftEnv, tasks, EvalConfig(mode="sampled", max_steps=4, max_tokens=24, seeds=(0,)))
+    cut = evaluate(gen, TextCraftEnv, tasks, EvalConfig(mode="sampled", max_steps=4, max_tokens=24, seeds=(0,),
+                                                        constrained=True))
+    big = evaluate(gen, TextCraftEnv, tasks, EvalConfig(mode="sampled", max_steps=4, max_tokens=400, seeds=(0,),
+                                                        constrained=True))
+    assert sum(e.format_errors for e in free.episodes) > 0  # 24 tokens: too few for a whole action
+    assert sum(e.format_errors for e in cut.episodes) > 0  # the grammar cannot make 24 tokens enough
+    assert sum(e.format_errors for e in big.episodes) == 0 and sum(e.steps for e in big.episodes) >= 6
