@@ -55,11 +55,11 @@ def main(argv: list[str] | None = None) -> Table:
         seed=args.seed, theta=args.theta, eval_tasks=f"0:{len(tasks)}", evaluate_base=False, output_root=str(work / "models"),
         name="bench-agentq",
         search={"simulations": args.simulations, "k": args.k, "depth_limit": 10, "max_tokens": args.max_tokens,
-                "backup": args.backup, "alpha": args.alpha, "critic": True},
+                "backup": args.backup, "alpha": args.alpha, "critic": True, "constrained": args.constrained},
         dpo={"learning_rate": args.lr, "epochs": args.epochs, "batch_size": 8, "beta": 0.1, "num_threads": 2,
              "device": "cpu", "precision": "fp32", "ref_source": "auto"},
         eval={"mode": "greedy", "max_steps": args.max_steps, "max_tokens": args.max_tokens,
-              "bootstrap": args.bootstrap},
+              "bootstrap": args.bootstrap, "constrained": args.constrained},
     )
     table = Table("Agent Q iterations vs the base policy, greedy on the same held-out TextCraft tasks",
                   {"model": args.model, "tasks": f"test[:{len(tasks)}]", "seed": args.seed,
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> Table:
                              f"K={args.k})",
                    "search": f"critic on, {args.backup} backup", "pairs": f"eq. 10 alpha={args.alpha} "
                    f"theta={args.theta}", "dpo": f"lr {args.lr}, {args.epochs} epochs, beta 0.1, stored reference"},
-                  bootstrap=args.bootstrap, seed=args.seed)
+                  bootstrap=args.bootstrap, seed=args.seed, constrained=args.constrained)
     table.header()
     # The base is scored by the loop's own EvalConfig, so every arm has the same evaluation.
     table.evaluate("base", load_generator(args.model), TextCraftEnv, tasks, config.eval_config())

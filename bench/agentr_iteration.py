@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> Table:
     work = Path(tempfile.mkdtemp(prefix="orchard-agentr-"))
     tasks = held_out(args.test_tasks)
     search = {"simulations": args.simulations, "k": args.k, "depth_limit": 10, "max_tokens": args.max_tokens,
-              "backup": args.backup, "critic": True}
+              "backup": args.backup, "critic": True, "constrained": args.constrained}
     config = IterateConfig(
         method="agentr", model=args.model, iterations=1, tasks_per_iteration=args.tasks, seed=args.seed,
         eval_tasks=f"0:{len(tasks)}", evaluate_base=False, output_root=str(work / "models"), name="bench-agentr",
@@ -53,14 +53,14 @@ def main(argv: list[str] | None = None) -> Table:
         sft={"learning_rate": args.lr, "epochs": args.epochs, "batch_size": 8, "num_threads": 2, "device": "cpu",
              "precision": "fp32"},
         eval={"mode": "greedy", "max_steps": args.max_steps, "max_tokens": args.max_tokens,
-              "bootstrap": args.bootstrap},
+              "bootstrap": args.bootstrap, "constrained": args.constrained},
     )
     table = Table("One Agent-R iteration vs the base policy, greedy on the same held-out TextCraft tasks",
                   {"model": args.model, "tasks": f"test[:{len(tasks)}]", "seed": args.seed,
                    "budget": f"{args.tasks} train tasks x {args.simulations} simulations, K={args.k}",
                    "recovery set": f"prefixes from test[:{args.recovery_tasks}] searched by the base model",
                    "sft": f"lr {args.lr}, {args.epochs} epochs, revision share {config.revision_shares[0]}"},
-                  bootstrap=args.bootstrap, seed=args.seed)
+                  bootstrap=args.bootstrap, seed=args.seed, constrained=args.constrained)
     table.header()
     eval_config = config.eval_config()
     base_gen = load_generator(args.model)

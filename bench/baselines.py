@@ -58,7 +58,8 @@ def main(argv: list[str] | None = None) -> Table:
     # search seed + 1), so its agent-q arm is that bench's iteration 1.
     train = random.Random(args.seed).sample(TextCraftEnv().tasks("train"), args.tasks)
     search = SearchConfig(simulations=args.simulations, k=args.k, depth_limit=10, max_tokens=args.max_tokens,
-                          backup=args.backup, critic=True, alpha=0.5, seed=args.seed + 1)
+                          backup=args.backup, critic=True, alpha=0.5, seed=args.seed + 1,
+                          constrained=args.constrained)
     common = {"epochs": args.epochs, "batch_size": 8, "num_threads": 2, "device": "cpu", "precision": "fp32",
               "include_pending": True, "seed": args.seed}
     dpo = DPOTrainConfig(learning_rate=args.lr, beta=0.1, **common)
@@ -67,10 +68,10 @@ def main(argv: list[str] | None = None) -> Table:
                    "budget": f"one search: {args.tasks} train tasks x {args.simulations} simulations, K={args.k}, "
                              f"critic on, {args.backup} backup",
                    "dpo": f"lr {args.lr}, {args.epochs} epochs, beta 0.1", "rft": f"lr {args.sft_lr}"},
-                  bootstrap=args.bootstrap, seed=args.seed)
+                  bootstrap=args.bootstrap, seed=args.seed, constrained=args.constrained)
     table.header()
     eval_config = EvalConfig(mode="greedy", max_steps=args.max_steps, max_tokens=args.max_tokens,
-                             bootstrap=args.bootstrap)
+                             bootstrap=args.bootstrap, constrained=args.constrained)
     base = resolve_model_path(args.model)
     generator = load_generator(args.model)
     table.evaluate("base", generator, TextCraftEnv, tasks, eval_config)

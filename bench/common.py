@@ -33,6 +33,8 @@ def add_common_args(ap: argparse.ArgumentParser, test_tasks: int) -> None:
     ap.add_argument("--max-tokens", type=int, default=160)
     ap.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples of tasks")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--constrained", action="store_true",
+                    help="decode every actor completion (search and evaluation) under the action grammar")
 
 
 def add_loop_args(ap: argparse.ArgumentParser, tasks: int = 16, simulations: int = 12) -> None:
@@ -55,7 +57,8 @@ def held_out(n: int) -> list[Any]:
 
 def greedy_config(args: argparse.Namespace, **overrides: Any) -> EvalConfig:
     return EvalConfig(**{"mode": "greedy", "max_steps": args.max_steps, "max_tokens": args.max_tokens,
-                         "bootstrap": args.bootstrap, "seeds": (args.seed,), **overrides})
+                         "bootstrap": args.bootstrap, "seeds": (args.seed,),
+                         "constrained": args.constrained, **overrides})
 
 
 def _get(e: Any, key: str) -> Any:
@@ -110,6 +113,7 @@ class Table:
     bootstrap: int = 2000
     confidence: float = 0.95
     seed: int = 0
+    constrained: bool = False  # printed: every figure is reported with and without the grammar
     arms: dict[str, Arm] = field(default_factory=dict)
     began: float = field(default_factory=time.perf_counter)
     began_cpu: float = field(default_factory=time.process_time)
@@ -117,6 +121,7 @@ class Table:
     def header(self) -> None:
         print(self.title)
         print("  " + ", ".join(f"{k} {v}" for k, v in self.settings.items()))
+        print(f"  decoding {'constrained (engine/grammar.py)' if self.constrained else 'unconstrained'}")
         print(f"  command: {' '.join(shlex.quote(a) for a in [sys.executable, *sys.argv])}", flush=True)
 
     def add(self, name: str, metrics: dict[str, Any], episodes: list[Any], seconds: float, note: str = "") -> Arm:

@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> Table:
     table = Table("MCTS at inference vs greedy, same model, held-out TextCraft tasks",
                   {"model": args.model, "tasks": f"test[:{len(tasks)}]", "seed": args.seed,
                    "budget": f"MCTS {args.simulations} simulations per real step, K={args.k}",
-                   "max steps": args.max_steps}, bootstrap=args.bootstrap, seed=args.seed)
+                   "max steps": args.max_steps}, bootstrap=args.bootstrap, seed=args.seed, constrained=args.constrained)
     table.header()
     base = greedy_config(args)
     table.evaluate("greedy", generator, TextCraftEnv, tasks, base)

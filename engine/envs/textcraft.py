@@ -28,7 +28,7 @@ import difflib
 import math
 import random
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from types import MappingProxyType
@@ -40,6 +40,7 @@ from engine.grammar import NUMBER
 MAX_DEPTH = 4
 MAX_TREE_RECIPES = 6  # keeps the "Crafting commands:" block short
 MAX_DISTRACTORS = 10
+MAX_BATCHES = 9  # the most batches of one craft a constrained command may run (the expert's plans need 9)
 TEST_EVERY = 5  # goal i (in sorted order) is a test task when i % TEST_EVERY == TEST_EVERY - 1
 SPLITS = ("train", "test")
 GOAL_COUNT = 1
@@ -195,8 +196,9 @@ class TextCraftEnv(EnvBase):
     def command_pattern(self, task: TaskSpec) -> str:
         """The commands that can make sense in `task`, as a regex for constrained decoding
         (engine/grammar.py): `inventory`; `get N` of an ingredient that has no crafting command of its
-        own in the task; `craft N item using N a, N b` with one crafting command's item and
-        ingredients (counts free, so a wrong count still fails in the env)."""
+        own in the task (any count); `craft N item using N a, N b` with one crafting command's item and
+        ingredients, for 1..MAX_BATCHES batches: N within the batch count's range, every ingredient
+        count the recipe's times the batches (the counts the env accepts)."""
         return _command_pattern(task.context)
 
     # -- state ----------------------------------------------------------------------------------------
@@ -352,31 +354,34 @@ def _match(recipe: Recipe, given: Mapping[str, int], batches: int) -> tuple[list
 
 @lru_cache(maxsize=1024)
 def _command_pattern(context: str) -> str:
-    crafts: list[tuple[str, list[str]]] = []
+    crafts: list[tuple[int, str, tuple[tuple[int, str], ...]]] = []
     for line in context.splitlines():
         match = _CRAFT.match(line.strip())
         if match:
-            ingredients = [m[2] for part in match[3].split(", ") if (m := _COUNTED.match(part.strip()))]
-            crafts.append((match[2], ingredients))
-    outputs = {out for out, _ in crafts}
-    named = outputs | {i for _, ings in crafts for i in ings}
+            parts = [_COUNTED.match(part.strip()) for part in match[3].split(", ")]
+            crafts.append((int(match[1] or 1), match[2], tuple((int(m[1]), m[2]) for m in parts if m)))
+    outputs = {out for _, out, _ in crafts}
+    named = outputs | {name for *_, ings in crafts for _, name in ings}
     book = recipe_book()
 
-    def accepted(name: str) -> list[str]:
+    def one_of(names: Iterable[str]) -> str:
+        names = sorted(set(names), key=lambda n: (-len(n), n))
+        return re.escape(names[0]) if len(names) == 1 else "(?:" + "|".join(map(re.escape, names)) + ")"
+
+    def accepted(name: str) -> str:
         """A group ingredient may be named by the group or by a member the task names."""
         key = book.lookup(name)
         members = {readable(m) for m in book.tags.get(key, ())} if key is not None else set()
-        return sorted({name} | (members & named), key=lambda n: (-len(n), n))
+        return one_of({name} | (members & named))
 
-    def one_of(names: list[str]) -> str:
-        return names[0] if len(names) == 1 else "(?:" + "|".join(names) + ")"
-
-    gets = sorted({i for _, ings in crafts for i in ings} - outputs, key=lambda n: (-len(n), n))
+    gets = {name for *_, ings in crafts for _, name in ings} - outputs
     options = ["inventory"]
     if gets:
-        options.append(f"get {NUMBER} {one_of([re.escape(g) for g in gets])}")
-    for out, ings in sorted({(o, tuple(i)) for o, i in crafts}):
-        using = ", ".join(f"{NUMBER} {one_of([re.escape(a) for a in accepted(i)])}" for i in ings)
-        options.append(f"craft {NUMBER} {re.escape(out)} using {using}")
+        options.append(f"get {NUMBER} {one_of(gets)}")
+    for count, out, ings in sorted(set(crafts)):
+        # b batches: N in (c(b-1), cb], every ingredient count b times the recipe's (what the env accepts)
+        for b in range(1, MAX_BATCHES + 1):
+            counts = "|".join(str(n) for n in range(count * b, count * (b - 1), -1))
+            using = ", ".join(f"{n * b} {accepted(name)}" for n, name in ings)
+            options.append(f"craft (?:{counts}) {re.escape(out)} using {using}")
     return "|".join(options)
-
