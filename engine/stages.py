@@ -14,11 +14,14 @@ exists, a server that answers within `MODEL_TIMEOUT_S`) and returns the queued j
 
 Devices: every job goes through the one queue, whose slots are devices. Pairs builds need none and
 take the `cpu` slot; search, revisions and refine take the `cpu` slot when their model is `tiny` or
-a remote server (`openai:`), else the machine's default device (`cuda:0` where there is one).
+a remote server (`openai:`) or run on Ray (the workers load the model), else the machine's default
+device (`cuda:0` where there is one).
 
 Job configs (JSON):
 - search: {"env", "tasks" ("" = the first 8), "split", "model", "name", "search": {SearchConfig fields},
-  "allow_http_key"} or {"resume": RUN, "model": spec | null (the run's own)};
+  "allow_http_key", "ray"} or {"resume": RUN, "model": spec | null (the run's own), "ray"}; "ray" (absent
+  or null: a local search) is the address `orchard search --ray` takes: HOST:PORT, auto, or "" (start a
+  local Ray); the trees then grow on Ray workers and this job's process is the one store writer;
 - pairs: {"run", "alpha" (null = the run's), "theta", "trajectory_pairs"};
 - revisions: {"run", "model" (the judge), RevisionConfig fields (alpha_good, beta_gap, ...)};
 - refine: {"model", "n", "out", "personas", "seed", "refine": {RefineConfig fields}}.
@@ -45,7 +48,7 @@ REVISION_CHUNK = 8  # trees judged together: one batch of judge requests per ste
 DEFAULT_TASKS = 8
 
 _FIELDS = {
-    "search": {"env", "tasks", "split", "model", "name", "search", "allow_http_key", "resume"},
+    "search": {"env", "tasks", "split", "model", "name", "search", "allow_http_key", "resume", "ray"},
     "pairs": {"run", "alpha", "theta", "trajectory_pairs"},
     "revisions": {"run", "model", "alpha_good", "beta_gap", "max_per_task", "noop_command", "judge_max_tokens",
                   "seed"},
@@ -182,12 +185,14 @@ def validate_stage(kind: str, config: Any) -> None:
     if kind == "search":
         if config.get("resume") is not None:
             _text(kind, config, "resume")
-            extra = sorted(set(config) - {"resume", "model", "allow_http_key"})
+            extra = sorted(set(config) - {"resume", "model", "allow_http_key", "ray"})
             if extra:
-                raise ConfigError(f"search job: a resume takes only 'model', not {', '.join(extra)}")
+                raise ConfigError(f"search job: a resume takes only 'model' and 'ray', not {', '.join(extra)}")
             _text(kind, config, "model", required=False)
+            check_ray(config)
             return
         _text(kind, config, "model", required=False)
+        check_ray(config)
         search_config(config)
         search_tasks(config)
     elif kind == "pairs":
@@ -208,6 +213,17 @@ def validate_stage(kind: str, config: Any) -> None:
             raise ConfigError(f"refine job: field 'out' must be a file name, got {out!r}")
     else:
         raise ConfigError(f"unknown stage {kind!r} (expected one of {', '.join(STAGE_KINDS)})")
+
+
+def check_ray(config: dict[str, Any]) -> None:
+    """A search job's "ray" field (absent or null: not on Ray): an address of the form `--ray` takes,
+    and Ray importable (RayUnavailable says how to install it). Nothing is started or joined."""
+    if config.get("ray") is None:
+        return
+    from engine.search.ray_search import check_address, import_ray
+
+    check_address(config["ray"])
+    import_ray()
 
 
 def check_model(spec: str, timeout: float = MODEL_TIMEOUT_S) -> None:
@@ -254,6 +270,8 @@ def run_search(store: Any, config: dict[str, Any], reporter: Any, make_env: Call
     from engine.search.runner import new_run, resume_run
 
     allow = config.get("allow_http_key")
+    if config.get("ray") is not None:
+        return _run_search_on_ray(store, config, reporter, prepared)
     if config.get("resume"):
         run_id = store.find_run(config["resume"])
         info = store.run(run_id)
@@ -294,6 +312,51 @@ def run_search(store: Any, config: dict[str, Any], reporter: Any, make_env: Call
     line = (f"run {run_id} ({info.name}): {info.trees} trees, {stats.simulations} simulations, {info.solved} solved, "
             f"{stats.wall_s:.1f}s; db {store.path}")
     return StageResult(run_id, [line])
+
+
+def _run_search_on_ray(store: Any, config: dict[str, Any], reporter: Any,
+                       prepared: tuple[Callable[[], Any] | None, list[Any], Any] | None) -> StageResult:
+    """`run_search` with the trees grown by Ray workers (engine/search/ray_search.py). The workers
+    load the model, so its spec is checked here on the driver first: a bad one is refused in one line
+    before the run is written or a worker starts, as a local search refuses it before loading."""
+    from engine.search.ray_search import prepare_resume_on_ray, prepare_run_on_ray
+
+    check_ray(config)
+    address = config["ray"].strip() or None
+    if config.get("resume"):
+        run_id = store.find_run(config["resume"])
+        info = store.run(run_id)
+        model = config.get("model") or info.model
+        check_model(model)
+        search = prepare_resume_on_ray(store, run_id, model, address=address)
+        done = sum(len(m.job.tree.simulations) for m in search.mirrors if m.job)
+        units = _Units(reporter, f"resume {run_id}", max(0, search.config.simulations * len(search.mirrors) - done),
+                       run_id=run_id)
+    else:
+        cfg = search_config(config)
+        model = config.get("model") or "tiny"
+        if not prepared:  # the CLI checks the model and the tasks before it opens the database
+            check_model(model)
+        tasks = prepared[1] if prepared else search_tasks(config)[1]
+        env_spec = config.get("env") or "textcraft"
+        name = config.get("name") or f"{env_spec}-{time.strftime('%Y%m%d-%H%M%S')}"
+        search = prepare_run_on_ray(store, env_spec, tasks, model, cfg, name, address=address)
+        units = _Units(reporter, "search", cfg.simulations * len(tasks), run_id=search.run_id)
+    threshold = search.config.success_threshold
+    solved: set[Any] = set()
+
+    def on_sim(job: Any, sim: Any) -> None:
+        if sim.reward >= threshold:
+            solved.add(job.tree_id)
+        units.step(**({} if config.get("resume") else {"solved": len(solved)}))
+
+    search.progress = on_sim
+    stats = search.run()
+    units.finish()
+    info = store.run(search.run_id)
+    line = (f"run {search.run_id} ({info.name}): {info.trees} trees, {stats.simulations} simulations on Ray, "
+            f"{info.solved} solved, {stats.wall_s:.1f}s; db {store.path}")
+    return StageResult(search.run_id, [line])
 
 
 def run_trees(store: Any, run_id: str) -> list[Any]:

@@ -16,8 +16,8 @@ from engine.stages import check_model, validate_stage
 
 def stage_device(kind: str, config: dict[str, Any]) -> str:
     """The queue slot of a stage job (see the module docstring)."""
-    if kind == "pairs":
-        return "cpu"
+    if kind == "pairs" or (kind == "search" and config.get("ray") is not None):
+        return "cpu"  # a search on Ray: the workers load the model; this job only commits
     model = str(config.get("model") or "tiny")
     if model == "tiny" or model.startswith("openai:"):
         return "cpu"
@@ -36,7 +36,9 @@ def submit_stage(store: Any, kind: str, config: dict[str, Any], device: str | No
     if kind in ("pairs", "revisions"):
         store.find_run(config["run"])
     if kind == "search" and config.get("resume"):
-        store.find_run(config["resume"])
+        run_id = store.find_run(config["resume"])
+        if config.get("ray") is not None and not config.get("model"):
+            check_model(store.run(run_id).model)  # Ray workers would each fail on a bad stored spec
     if config.get("model"):
         check_model(config["model"])
     runner = runner or JobRunner(store)
@@ -53,14 +55,17 @@ def _name(kind: str, config: dict[str, Any]) -> str:
 
 def submit_search(store: Any, env: str = "textcraft", tasks: str = "", split: str = "train", model: str | None = None,
                   name: str | None = None, search: dict[str, Any] | None = None, resume: str | None = None,
-                  device: str | None = None) -> str:
+                  device: str | None = None, ray: str | None = None) -> str:
     """Queue a new search (model default `tiny`) or, with `resume`, the rest of an interrupted run
-    (model default: the run's own); returns the job id."""
+    (model default: the run's own); `ray`: grow the trees on Ray (the address `--ray` takes: HOST:PORT,
+    auto, or "" for a local Ray); returns the job id."""
     if resume:
         config: dict[str, Any] = {"resume": resume, **({"model": model} if model else {})}
     else:
         config = {"env": env, "tasks": tasks, "split": split, "model": model or "tiny", "name": name,
                   "search": search or {}}
+    if ray is not None:
+        config["ray"] = ray
     return submit_stage(store, "search", config, device=device)
 
 

@@ -165,6 +165,166 @@ def test_cli_search_with_ray_commits_every_simulation(cluster, tmp_path, capsys)
             assert tree.check_invariants() == [] and len(tree.simulations) == 3
 
 
+def _sims(tree):
+    return [(s.path, s.reward, s.rollout) for s in tree.simulations]
+
+
+@pytest.mark.slow
+def test_cli_resume_on_ray_continues_from_the_committed_simulations(cluster, tmp_path, capsys):
+    """A run interrupted locally after 6 of 12 simulations (one tree whole, one half, one never
+    committed: trees_in_flight=1) is finished on Ray by `search --resume RUN --ray`: the trees of an
+    uninterrupted run, nothing lost or doubled."""
+    from engine import cli
+
+    class Stop(Exception):
+        pass
+
+    cfg = SearchConfig(simulations=4, k=2, depth_limit=3, seed=5, trees_in_flight=1)
+    tasks = env_factory("textcraft")().tasks("train")[:3]
+    db = tmp_path / "half.db"
+    with delayed_server(commands=None, time_scale=0.1) as (url, _):
+        with Store(tmp_path / "full.db") as store:
+            gen = OpenAIGenerator(url, "m")
+            full_id, _ = new_run(store, "textcraft", tasks, gen, cfg, "full")
+            gen.close()
+            full = _trees(store, full_id)
+        with Store(db) as store:
+            gen = OpenAIGenerator(url, "m")
+            seen: list[int] = []
+
+            def stop_after_six(job, sim):
+                seen.append(1)
+                if len(seen) == 6:
+                    raise Stop
+
+            with pytest.raises(Stop):
+                new_run(store, "textcraft", tasks, gen, cfg, "half", progress=stop_after_six)
+            gen.close()
+            run_id = store.find_run("half")
+            assert store.run(run_id).status == "interrupted"
+            before = {task_id: store.load_tree(tree_id) for tree_id, task_id in store.tree_ids(run_id)}
+        counts = sorted(len(t.simulations) if t else 0 for t in before.values())
+        assert counts == [0, 2, 4], counts  # whole, half and never committed: each resume path
+        capsys.readouterr()
+        rc = cli.main(["search", "--db", str(db), "--resume", "half", "--ray", cluster, "--model", f"openai:{url}#m"])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    assert f"run {run_id} (half): 3 trees, 6 simulations on Ray" in err  # only the missing ones were searched
+    with Store(db, must_exist=True) as store:
+        info = store.run(run_id)
+        assert info.status == "finished" and info.simulations == 12
+        after = _trees(store, run_id)
+    for task in tasks:
+        tree = after[task.id]
+        assert tree.check_invariants() == [] and len(tree.simulations) == 4
+        assert tree.nodes[0].N == len(tree.simulations)  # every simulation passes through the root once
+        assert _texts(tree) == _texts(full[task.id]) and _sims(tree) == _sims(full[task.id])
+        kept = before[task.id]
+        if kept is not None:  # what was committed stays, in order
+            assert _sims(tree)[:len(kept.simulations)] == _sims(kept)
+            assert [n.raw for n in tree.nodes[:len(kept.nodes)]] == [n.raw for n in kept.nodes]
+
+
+@pytest.mark.slow
+def test_a_queued_search_job_with_a_ray_address_runs_on_ray(cluster, tmp_path):
+    """The job config the dashboard's New search form queues ({"ray": ADDRESS}): the job's worker is
+    the driver, the trees grow on the cluster."""
+    from engine.submit import submit_search
+    from engine.train.jobs import JobRunner
+
+    with delayed_server(commands=None, time_scale=0.1) as (url, _), Store(tmp_path / "job.db") as store:
+        job_id = submit_search(store, tasks="0:2", model=f"openai:{url}#m", name="job-on-ray",
+                               search={"simulations": 2, "k": 2, "depth_limit": 2}, ray=cluster)
+        assert store.job(job_id).config["ray"] == cluster and store.job(job_id).device == "cpu"
+        done = JobRunner(store).wait(job_id, timeout=240)
+        log = Path(done.log_path).read_text()
+        assert done.state == "succeeded", log[-2000:]
+        assert "2 trees, 4 simulations on Ray" in log
+        run_id = store.find_run("job-on-ray")
+        assert store.run(run_id).status == "finished"
+        for tree in _trees(store, run_id).values():
+            assert tree.check_invariants() == [] and len(tree.simulations) == 2
+
+
+@pytest.mark.parametrize("address", ["", "auto", "127.0.0.1:6379", "head-1.cluster.local:10001", "[::1]:6379",
+                                     "  10.0.0.2:6379 "])
+def test_ray_addresses_the_cli_takes(address):
+    from engine.search.ray_search import check_address
+
+    assert check_address(address) == address.strip()
+
+
+@pytest.mark.parametrize("address", ["head", "head:", ":6379", "head:0", "head:65536", "head:port",
+                                     "ray://head:10001", "http://head:6379", "he ad:6379", "[::zz]:6379",
+                                     "a..b:1", "-head:1"])
+def test_malformed_ray_addresses_are_refused_in_one_line(address, tmp_path, capsys, monkeypatch):
+    from engine import cli
+    from engine.search import ray_search
+
+    monkeypatch.setattr(ray_search, "_connect", _no_worker)
+    rc = cli.main(["search", "--db", str(tmp_path / "x.db"), "--tasks", "0:1", f"--ray={address}"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err == (f"orchard: error: ray address {address!r}: expected HOST:PORT, auto (the cluster "
+                               "this machine has joined) or empty (start a local Ray)")
+    assert not (tmp_path / "x.db").exists()
+
+
+def _no_worker(*args, **kwargs):
+    raise AssertionError("the driver joined Ray: a worker would start")
+
+
+def test_a_bad_model_spec_with_ray_is_refused_by_the_driver(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("ray")
+    from engine import cli
+    from engine.search import ray_search
+
+    monkeypatch.setattr(ray_search, "_connect", _no_worker)
+    port = _free_port()
+    down = f"openai:http://127.0.0.1:{port}/v1#m"
+    for spec, words in [("/no/such/model", "model '/no/such/model': no such folder"),
+                        (down, f"model {down!r}: the server at"),
+                        ("openai:http://127.0.0.1:1/v1", "model 'openai:http://127.0.0.1:1/v1': expected")]:
+        rc = cli.main(["search", "--db", str(tmp_path / "x.db"), "--tasks", "0:1", "--model", spec, "--ray"])
+        err = capsys.readouterr().err.strip()
+        assert rc == 2 and err.startswith(f"orchard: error: {words}") and "\n" not in err, err
+        assert not (tmp_path / "x.db").exists()  # nothing written: not even a database file
+
+
+def test_resume_on_ray_with_a_bad_stored_model_is_refused_before_any_worker(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("ray")
+    from dataclasses import asdict
+
+    from engine import cli
+    from engine.llm.base import GeneratorError
+    from engine.search import ray_search
+    from engine.stages import run_search
+    from engine.submit import submit_search
+    from engine.train.common import MemoryReporter
+
+    monkeypatch.setattr(ray_search, "_connect", _no_worker)
+    db = tmp_path / "x.db"
+    tasks = env_factory("textcraft")().tasks("train")[:2]
+    with Store(db) as store:
+        run_id = store.create_run("gone", "textcraft", "/no/such/model", asdict(SearchConfig()), tasks)
+        store.set_run_status(run_id, "interrupted")
+        stamp = store.run(run_id).to_dict()
+    rc = cli.main(["search", "--db", str(db), "--resume", "gone", "--ray"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err.startswith("orchard: error: model '/no/such/model': no such folder"), err
+    with Store(db) as store:
+        assert store.run(run_id).to_dict() == stamp  # untouched
+        # a queued job (the dashboard's Resume, or a job queued before the model folder went) alike
+        with pytest.raises(GeneratorError, match="no such folder"):
+            submit_search(store, resume=run_id, ray="")
+        with pytest.raises(GeneratorError, match="no such folder"):
+            run_search(store, {"resume": run_id, "ray": ""}, MemoryReporter())
+        with pytest.raises(GeneratorError, match="no such folder"):
+            run_search(store, {"tasks": "0:1", "model": "/no/such/model", "name": "x", "ray": "auto"},
+                       MemoryReporter())
+        assert store.run(run_id).to_dict() == stamp and [r.id for r in store.runs()] == [run_id]
+        assert store.jobs() == []
+
+
 @pytest.mark.slow
 def test_cluster_tests_in_a_loopback_only_namespace() -> None:
     """Run this module's cluster tests in a new network namespace where loopback is the only interface."""

@@ -1,6 +1,7 @@
 """Runs: every search run with its key settings and where it stands in the loop (searched / pairs /
 revisions / trained / evaluated), links to the pages that show each stage; a "New search" form and
-"Resume" for an interrupted run, both queued as search jobs (engine/stages.py) and followed live.
+"Resume" for an interrupted run, both queued as search jobs (engine/stages.py) and followed live;
+a new search can run on Ray (the job config `orchard search --ray ADDRESS` runs).
 
 Why the form checks each field itself: a bad env, task range, model or setting is told at its field
 and nothing is queued or written; the job's own checks (the same ones, in engine.stages) run again
@@ -173,6 +174,14 @@ with st.expander("New search", expanded=not runs or bool(errors)), st.form(FORM,
     with right:
         fm.field_error(FORM, "model")
     name = right.text_input("Name", key="rs_name", placeholder="(empty: ENV-DATE-TIME)")
+    on_ray = right.checkbox("Run on Ray", key="rs_ray",
+                            help="Grow the trees on Ray workers, as `orchard search --ray ADDRESS` does; this "
+                                 "job commits every simulation. Needs orchard[ray].")
+    ray_address = right.text_input("Ray address", key="rs_ray_address", placeholder="(empty: start a local Ray)",
+                                   help="HOST:PORT of the cluster's head, auto (the cluster this machine has "
+                                        "joined), or empty to start a local Ray. Used with Run on Ray.")
+    with right:
+        fm.field_error(FORM, "ray")
     st.markdown("**Search settings** (docs/algorithms.md §2)")
     values = fm.settings_inputs(SearchConfig, FORM, "rs_set_")
     submitted = st.form_submit_button("Queue the search", type="primary")
@@ -187,6 +196,14 @@ def check_new_search() -> tuple[dict[str, str], dict[str, Any]]:
     settings = fm.changed(SearchConfig, values)
     config: dict[str, Any] = {"env": spec, "tasks": tasks.strip(), "split": split, "model": model.strip() or "tiny",
               "name": name.strip() or f"{env}-{time.strftime('%Y%m%d-%H%M%S')}", "search": settings}
+    if on_ray:  # the job config `orchard search --ray` runs (engine.stages): the address, Ray installed
+        from engine.stages import check_ray
+
+        config["ray"] = ray_address.strip()
+        try:
+            check_ray(config)
+        except fm.submit_errors() as e:
+            problems["ray"] = fm.refusal(e)
     fm.check_target(problems, spec, lambda: search_tasks(config), config["model"])
     problems.update(fm.check_settings(SearchConfig, values))
     return problems, config
@@ -202,7 +219,8 @@ if submitted:
             auth.require(db, "launch_jobs")  # a login (and a maintainer) where one is needed
             with Store(db) as store:
                 job_id = submit_stage(store, "search", config)
-            state["rs_flash"] = f"Queued job {job_id}: search {md(config['name'])}."
+            where = "" if config.get("ray") is None else f" on Ray ({md(config['ray'] or 'local')})"
+            state["rs_flash"] = f"Queued job {job_id}: search {md(config['name'])}{where}."
         except fm.submit_errors() as e:
             state["rs_error"] = f"The search was not queued: {fm.refusal(e)}"
     st.rerun()

@@ -34,65 +34,43 @@ def _search_config(args: argparse.Namespace):
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-    """The search stage in the foreground (its body is engine.stages.run_search, as for a job)."""
+    """The search stage in the foreground (its body is engine.stages.run_search, as for a job; with
+    --ray the same job config carries the address and the trees grow on Ray workers)."""
     from dataclasses import asdict
 
     from engine.llm.registry import load_generator
-    from engine.stages import ConsoleReporter, run_search, search_tasks
+    from engine.stages import ConsoleReporter, check_model, check_ray, run_search, search_tasks
     from engine.store import Store
 
     reporter = ConsoleReporter(unit="sim")
+    ray = {"ray": args.ray} if args.ray is not None else {}
+    check_ray(ray)  # a malformed address, or no Ray installed: refused before anything is opened
     if args.resume:
         with Store(args.db, must_exist=True) as store:
             run_id = store.find_run(args.resume)
             info = store.run(run_id)
             if args.model is None:
                 _confirm_stored_endpoint(info.model, run_id)
-            generator = load_generator(args.model or info.model, log=_log, allow_http_key=args.allow_http_key)
-            result = run_search(store, {"resume": run_id}, reporter, prepared=(None, [], generator))
+            if ray:  # the workers load the model; the spec is checked first (engine.stages)
+                result = run_search(store, {"resume": run_id, "model": args.model, **ray}, reporter)
+            else:
+                generator = load_generator(args.model or info.model, log=_log, allow_http_key=args.allow_http_key)
+                result = run_search(store, {"resume": run_id}, reporter, prepared=(None, [], generator))
         reporter.close()
         _log(result.lines[0])
         return 0
 
     config = {"env": args.env, "tasks": args.tasks or "", "split": args.split, "model": args.model or "tiny",
               "name": args.name or f"{args.env}-{time.strftime('%Y%m%d-%H%M%S')}",
-              "search": asdict(_search_config(args))}
-    if args.ray is not None:  # refused before anything is written when Ray is not installed
-        from engine.search.ray_search import import_ray
-
-        import_ray()
+              "search": asdict(_search_config(args)), **ray}
     make_env, tasks = search_tasks(config)  # an env that cannot start is refused before anything is loaded
-    if args.ray is not None:
-        return _search_on_ray(args, config, tasks, reporter)
-    generator = load_generator(config["model"], log=_log, allow_http_key=args.allow_http_key)
+    if ray:  # the workers load the model: its spec is checked here, before the database is opened
+        check_model(config["model"])
+    model = None if ray else load_generator(config["model"], log=_log, allow_http_key=args.allow_http_key)
     with Store(args.db) as store:
-        result = run_search(store, config, reporter, prepared=(make_env, tasks, generator))
+        result = run_search(store, config, reporter, prepared=(make_env, tasks, model))
     reporter.close()
     _log(result.lines[0])
-    return 0
-
-
-def _search_on_ray(args: argparse.Namespace, config: dict[str, Any], tasks: list[Any], reporter: Any) -> int:
-    """A new search whose trees Ray workers grow (they load the model and envs); this process is
-    the one store writer and commits every simulation as it arrives (engine/search/ray_search.py)."""
-    from engine.config import SearchConfig, from_dict
-    from engine.search.ray_search import new_run_on_ray
-    from engine.store import Store
-
-    search = from_dict(SearchConfig, config["search"], where="command line")
-    done = {"sims": 0}
-
-    def progress(job: Any, sim: Any) -> None:
-        done["sims"] += 1
-        reporter.progress({"phase": "search", "step": done["sims"], "total": search.simulations * len(tasks)})
-
-    with Store(args.db) as store:
-        run_id, stats = new_run_on_ray(store, config["env"], tasks, config["model"], search, config["name"],
-                                       progress, address=args.ray or None)
-        solved = store.run(run_id).solved
-    reporter.close()
-    _log(f"run {run_id} ({config['name']}): {len(tasks)} trees, {stats.simulations} simulations on Ray, "
-         f"{solved} solved; db {args.db or 'default'}")
     return 0
 
 
@@ -190,7 +168,8 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> Any:
     add_flags(s, SearchConfig, SEARCH_FLAGS)
     s.add_argument("--no-critic", action="store_true", help="skip AI process supervision")
     s.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
-                   help="grow the trees on a Ray cluster (HOST:PORT or auto; none: the local one); needs orchard[ray]")
+                   help="grow the trees on a Ray cluster (HOST:PORT or auto; none: start a local Ray); needs "
+                        "orchard[ray]; with --resume, the rest of the run")
     s.add_argument("--allow-http-key", dest="allow_http_key", action="store_true",
                    help="let an openai:http://... model that is not on loopback receive $OPENAI_API_KEY "
                         "unencrypted (refused by default)")

@@ -10,17 +10,23 @@ simulation as it arrives (it stays the single writer of the store) and reports p
 A shard whose worker dies (process killed, node lost) is started again from the driver's mirrors,
 which hold exactly what was committed, so nothing committed is lost or sent twice and at most
 each tree's unfinished simulation is redone; with per-request seeds it is redone identically, so
-the trees are those a local run grows. An error raised by the search itself (a bad model spec, an
-env that fails) is not retried: the run stops with that error, as a local one would.
+the trees are those a local run grows. An error raised by the search itself (an env that fails) is
+not retried: the run stops with that error, as a local one would. `resume_run_on_ray` continues an
+interrupted run (local or Ray) the same way: the mirrors start as the committed trees.
+
+The address is checked for its form here (`check_address`); the model spec is the caller's to check
+before anything is written (engine.stages does it on the driver: a bad spec would fail every shard).
 
 Ray is an optional extra (`pip install "orchard[ray]"`), imported only here, only when asked for.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import pickle
 import queue
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -28,14 +34,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.config import SearchConfig, from_dict
+from engine.config import ConfigError, SearchConfig, from_dict
 from engine.envs.base import TaskSpec, close_env, close_envs
 from engine.llm.base import GeneratorError
 from engine.search.mcts import SearchStats, TreeJob
 from engine.search.tree import Node, SearchTree, Simulation
-from engine.store import Store
+from engine.store import Store, StoreError
 
 INSTALL_HINT = 'Ray is not installed: pip install "orchard[ray]" (or "ray[default]>=2.60")'
+ADDRESS_HELP = "HOST:PORT, auto (the cluster this machine has joined) or empty (start a local Ray)"
+_HOST = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
 _SUMMED = ("rounds", "requests", "completions", "critic_fallbacks", "replays", "restores",
            "gen_s", "env_s", "commit_s")
 
@@ -49,6 +57,28 @@ def import_ray() -> Any:
     except ImportError:
         raise RayUnavailable(INSTALL_HINT) from None
     return ray
+
+
+def check_address(address: str) -> str:
+    """`address` as `--ray` takes it, stripped: "" (start a local Ray), "auto" or HOST:PORT (an IPv6
+    host in brackets); ConfigError otherwise, before anything is written (`ray.init` waits over a
+    minute on an address it cannot reach)."""
+    if not isinstance(address, str):
+        raise ConfigError(f"ray address {address!r}: expected {ADDRESS_HELP}")
+    text = address.strip()
+    if text in ("", "auto"):
+        return text
+    host, sep, port = text.rpartition(":")
+    if sep and port.isdigit() and 0 < int(port) < 65536:
+        if host.startswith("[") and host.endswith("]"):
+            try:
+                ipaddress.IPv6Address(host[1:-1])
+                return text
+            except ValueError:
+                pass
+        elif len(host) <= 253 and _HOST.fullmatch(host):
+            return text
+    raise ConfigError(f"ray address {address!r}: expected {ADDRESS_HELP}")
 
 
 class RayUnavailable(GeneratorError):
@@ -288,6 +318,7 @@ def prepare_run_on_ray(store: Store, env_spec: str, tasks: list[TaskSpec], model
                        config: SearchConfig, name: str, **options: Any) -> RaySearch:
     """Create the run in the store and the search that grows it (options: RaySearch fields)."""
     import_ray()  # refuse before anything is written
+    check_address(options.get("address") or "")
     run_id = store.create_run(name, env_spec, model_spec, asdict(config), tasks)
     by_task = {t.id: t for t in tasks}
     mirrors = [_Mirror(tree_id, by_task[task_id]) for tree_id, task_id in store.tree_ids(run_id)]
@@ -308,4 +339,43 @@ def new_run_on_ray(
     """`runner.new_run` on a Ray cluster: the same run in the store, trees grown by Ray workers."""
     search = prepare_run_on_ray(store, env_spec, tasks, model_spec, config, name, progress=progress,
                                 address=address, shards=shards)
+    return search.run_id, search.run()
+
+
+def prepare_resume_on_ray(store: Store, run_key: str, model_spec: str | None = None, **options: Any) -> RaySearch:
+    """The search that continues run `run_key` (id, id prefix or name) to its configured simulation
+    count on Ray, with the run's model unless `model_spec`: its mirrors start as the committed trees,
+    so the shards continue from exactly what was committed (`runner.resume_run` on Ray)."""
+    from engine.envs.registry import env_factory
+
+    import_ray()
+    check_address(options.get("address") or "")
+    run_id = store.find_run(run_key)
+    info = store.run(run_id)
+    config = from_dict(SearchConfig, info.config, where=f"run {run_id} config")
+    mirrors: list[_Mirror] = []
+    catalogue: dict[str, TaskSpec] | None = None
+    for tree_id, task_id in store.tree_ids(run_id):
+        tree = store.load_tree(tree_id)
+        if tree is not None:
+            job = TreeJob(tree=tree, make_env=_no_env, env_description="", target=0, tree_id=tree_id,
+                          committed_nodes=len(tree.nodes))
+            mirrors.append(_Mirror(tree_id, tree.task, job))
+            continue
+        if catalogue is None:  # a tree that never committed a simulation starts afresh from its task
+            env = env_factory(info.env)()
+            try:
+                catalogue = {t.id: t for split in ("train", "test") for t in env.tasks(split)}
+            finally:
+                close_env(env)
+        if task_id not in catalogue:
+            raise StoreError(f"run {run_id}: task {task_id!r} no longer exists in env {info.env}")
+        mirrors.append(_Mirror(tree_id, catalogue[task_id]))
+    return RaySearch(store, run_id, info.env, model_spec or info.model, config, mirrors, **options)
+
+
+def resume_run_on_ray(store: Store, run_key: str, model_spec: str | None = None, progress: Progress | None = None,
+                      address: str | None = None, shards: int | None = None) -> tuple[str, SearchStats]:
+    """`runner.resume_run` on a Ray cluster; returns (run id, stats of the simulations added)."""
+    search = prepare_resume_on_ray(store, run_key, model_spec, progress=progress, address=address, shards=shards)
     return search.run_id, search.run()

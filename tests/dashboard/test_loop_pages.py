@@ -128,6 +128,70 @@ def test_bad_input_in_the_new_search_form_is_told_at_its_field_and_writes_nothin
     assert not db.exists()  # nothing queued, nothing written: not even a database file
 
 
+def fill_ray(at: AppTest, address: str) -> None:
+    at.checkbox(key="rs_ray").check()
+    at.text_input(key="rs_ray_address").set_value(address)
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1:6379", "auto", ""])
+def test_new_search_on_ray_queues_the_job_config_of_search_ray(db: Path, monkeypatch, address: str) -> None:
+    """The job carries the address as `orchard search --ray ADDRESS` does (engine.stages runs it on
+    Ray: tests/test_ray_search.py runs such a job on a cluster); here it is only queued."""
+    pytest.importorskip("ray")
+    monkeypatch.setattr(JobRunner, "poll", lambda self, device=None: [])  # queued, not started
+    at = open_page()
+    fill_search(at, "tiny")
+    fill_ray(at, address)
+    queue_search(at)
+    assert not at.exception and not at.error, errors(at)
+    assert any("on Ray" in s.value for s in at.success)
+    with Store(db) as store:
+        (job,) = store.jobs()
+    assert job.kind == "search" and job.state == "queued" and job.device == "cpu"
+    assert job.config["ray"] == address and job.config["model"] == "tiny" and job.config["tasks"] == "0:2"
+
+
+@pytest.mark.parametrize(("fill", "field_words"), [
+    ({"ray": "head"}, "ray address 'head': expected HOST:PORT"),
+    ({"ray": "ray://head:10001"}, "ray address 'ray://head:10001': expected HOST:PORT"),
+    ({"ray": "head:99999"}, "ray address 'head:99999': expected HOST:PORT"),
+    ({"ray": "127.0.0.1:6379", "model": "/no/such/model"}, "model '/no/such/model': no such folder"),
+])
+def test_bad_ray_input_in_the_new_search_form_is_told_at_its_field_and_writes_nothing(
+        db: Path, fill: dict, field_words: str) -> None:
+    pytest.importorskip("ray")
+    at = open_page()
+    fill_search(at, fill.get("model", "tiny"), "0:1")
+    fill_ray(at, fill["ray"])
+    queue_search(at)
+    assert not at.exception
+    assert field_words in errors(at), errors(at)
+    assert len(at.error) == 1  # one message, at its field
+    assert not db.exists()  # nothing queued, nothing written
+
+
+def test_new_search_on_ray_without_ray_installed_says_how_to_install_it(db: Path, monkeypatch) -> None:
+    import builtins
+
+    from engine.search.ray_search import INSTALL_HINT
+
+    real_import = builtins.__import__
+
+    def no_ray(name, *args, **kwargs):
+        if name == "ray" or name.startswith("ray."):
+            raise ImportError("No module named 'ray'")
+        return real_import(name, *args, **kwargs)
+
+    at = open_page()
+    fill_search(at, "tiny", "0:1")
+    fill_ray(at, "")
+    monkeypatch.setattr(builtins, "__import__", no_ray)
+    queue_search(at)
+    assert not at.exception
+    assert errors(at) == INSTALL_HINT and len(at.error) == 1
+    assert not db.exists()
+
+
 def test_resume_an_interrupted_run_from_the_runs_page(db: Path, model: str) -> None:
     from engine.stages import Cancelled, run_search
     from engine.train.common import MemoryReporter
