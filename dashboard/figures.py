@@ -20,7 +20,7 @@ import plotly.graph_objects as go
 import streamlit as st
 from plotly.colors import get_colorscale
 
-from dashboard import data, lod
+from dashboard import data, keep_zoom, lod
 from dashboard.layout import TreeLayout, layout_tree
 from dashboard.shape import TreeShape, as_shape
 from engine.actions import CompositeAction
@@ -132,11 +132,13 @@ def tree_figure(
     matches: Collection[int] = (),
     height: int = 640,
     commands: Mapping[int, str] | None = None,
+    revision: str | None = None,
 ) -> go.Figure:
     """The tree: one Scattergl trace of edges (NaN-separated segments), one of nodes (node id in
     customdata, so a click names the node), and overlays for the best path and search matches.
     `commands`: the drawn nodes' one-line commands (`short_command`) for their hover labels; a
-    SearchTree has them itself, a `TreeShape` has no texts (the page reads the drawn nodes')."""
+    SearchTree has them itself, a `TreeShape` has no texts (the page reads the drawn nodes').
+    `revision`: the layout's `uirevision` (`keep_zoom.revision`: one per tree; default per task)."""
     if commands is None:
         commands = {} if isinstance(tree, TreeShape) else {int(v): short_command(tree.nodes[v]) for v in lay.ids}
     shape = as_shape(tree)
@@ -220,7 +222,7 @@ def tree_figure(
         yaxis={"visible": False},
         hovermode="closest",
         plot_bgcolor="white",
-        uirevision=f"tree-{shape.task_id}",
+        uirevision=revision or f"tree-{shape.task_id}",
     )
     return fig
 
@@ -285,7 +287,8 @@ def cached_tree_figure(
     lay = cached_layout(path, tree_id, version, max_depth, collapsed, budget, focus)
     matches = cached_matches(path, tree_id, version, query)
     commands = {v: short_command(n) for v, n in data.read_nodes(path, tree_id, lay.ids.tolist()).items()}
-    return tree_figure(shape, lay, measure, alpha, shape.best_path(alpha), matches, commands=commands)
+    return tree_figure(shape, lay, measure, alpha, shape.best_path(alpha), matches, commands=commands,
+                       revision=keep_zoom.revision(tree_id))
 
 
 # --- training and evaluation ------------------------------------------------------------------------

@@ -142,12 +142,14 @@ else:
                              format_func=lambda k: dict(figures.EVAL_METRICS)[k])
     chosen = [e for e in evaluations if e["env"] == env and e["split"] == split_seen]
     labels = {e["id"]: f"{model_label(e['model'])} · {e['mode']} · {e['id'][:6]}" for e in chosen}
-    # The newest evaluation of each (model, mode) by default: one column per model, side by side.
+    # The newest evaluation of each (model, mode) by default: one column per model, side by side. The key
+    # names the newest evaluation: a keyed multiselect keeps its picks when its default changes, so an
+    # evaluation that lands while the page is open would otherwise stay out of the comparison.
     newest_each: dict[tuple[str, str], str] = {}
     for ev in chosen:
         newest_each[(ev["model"], ev["mode"])] = ev["id"]
     picked = st.multiselect("Evaluations side by side", list(labels), default=list(newest_each.values())[-4:],
-                            format_func=lambda i: labels[i], key="ev_pick")
+                            format_func=lambda i: labels[i], key=f"ev_pick_{chosen[-1]['id']}")
     shown = [e for e in chosen if e["id"] in picked] or chosen
     rows = [{"label": labels[e["id"]], "mode": e["mode"], **{k: e["metrics"].get(k) for k, _ in figures.EVAL_METRICS}}
             for e in shown]

@@ -5,9 +5,9 @@ budget), so a view can be shared. Every way of choosing a node (a click in the p
 row in the path / sibling / children / search tables) writes the `node` query parameter; the page
 reads it back. A big tree is drawn in part (`dashboard.lod`): selecting a marker that hides a
 subtree draws that subtree. While the run is searching, the plot and the inspector redraw every
-few seconds (a fragment), keeping the selected node and the filters; the zoom is kept while the
-tree is unchanged (Streamlit remounts a plotly chart whose figure changed, so `uirevision` cannot
-carry the zoom across new nodes: the sidebar can pause following). The tree is read as a skeleton
+few seconds (a fragment), keeping the selected node, the filters and the zoom (`dashboard.keep_zoom`:
+Streamlit mounts a new chart for a changed figure, which plotly's `uirevision` alone cannot follow;
+the sidebar can pause following). The tree is read as a skeleton
 (`dashboard.shape`: numbers, no texts; a live view reads only the nodes added since); texts are
 read for the drawn nodes' hover labels and the inspected node's neighbourhood. Env and model text
 is shown only through `st.code` and data frames, never as markdown or HTML.
@@ -23,7 +23,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from dashboard import data, figures, lod
+from dashboard import data, figures, keep_zoom, lod
 from dashboard.shape import TreeShape
 from engine.search.tree import TERMINALS, Node
 from engine.store import RunInfo
@@ -204,13 +204,14 @@ with st.sidebar:
                       "most-visited subtrees. A hexagon stands for a hidden subtree; select it to draw it.")
     follow = run.status == "running" and st.toggle(
         "Follow the search live", value=True, key="te_follow",
-        help=f"Redraw every {REFRESH_S:g} s while the run searches. A redraw that brings new nodes resets "
-             "the zoom (Streamlit draws a changed figure afresh); turn this off to zoom around at leisure.")
+        help=f"Redraw every {REFRESH_S:g} s while the run searches, keeping the selection, the filters "
+             "and the zoom (double-click the plot for the full view); turn this off to hold the drawing still.")
     if folded:
         st.caption(f"Collapsed below nodes {', '.join(str(i) for i in sorted(folded))}")
         st.button("Expand all", on_click=_expand_all, args=(tree_id,), key="te_expand_all")
     st.caption("Database")
     st.code(db, language=None, wrap_lines=True)
+    keep_zoom.keep_zoom()  # outside the live fragment: mounted once
 
 measure = figures.MEASURES[measure_label]
 # At the slider's end: no limit, also when a live search grows the tree deeper than the slider knows.

@@ -266,6 +266,7 @@ MARKER_COUNT = """() => { const gd = document.querySelector('.js-plotly-plot');
   const tr = gd && gd._fullData && gd._fullData.find(t => t.name === 'nodes');
   return tr && tr.customdata ? tr.customdata.length : 0 }"""
 X_RANGE = "() => Array.from(document.querySelector('.js-plotly-plot')._fullLayout.xaxis.range)"
+Y_RANGE = "() => Array.from(document.querySelector('.js-plotly-plot')._fullLayout.yaxis.range)"
 
 
 def synthetic_tree(n: int):
@@ -369,7 +370,7 @@ def test_the_tree_grows_live_keeping_the_selection_and_the_zoom(big_server, tmp_
             page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
             page.mouse.wheel(0, -400)  # scrollZoom: zoom in
             page.wait_for_timeout(800)
-            zoomed = page.evaluate(X_RANGE)
+            zoomed, zoomed_y = page.evaluate(X_RANGE), page.evaluate(Y_RANGE)
             stamp = page.get_by_text("Live: the search is running", exact=False).inner_text()
             page.wait_for_function(  # the timer redraws the fragment (its time stamp moves) ...
                 "([s]) => { const e = Array.from(document.querySelectorAll('[data-testid=stCaptionContainer]'))"
@@ -388,7 +389,11 @@ def test_the_tree_grows_live_keeping_the_selection_and_the_zoom(big_server, tmp_
             assert page.evaluate(MARKER_XY, new[-1]) is not None
             expect(page.get_by_role("heading", name=f"Node {node}", exact=True)).to_be_visible()
             assert f"node={node}" in page.url
-            # (a redraw with new nodes starts from the full view: Streamlit remounts a changed plotly chart)
+            # A redraw with new nodes mounts a new chart (Streamlit); dashboard.keep_zoom puts the zoom back.
+            page.wait_for_function(f"([z]) => {{ const r = ({X_RANGE})(); return Math.abs(r[0] - z[0]) < 1e-6 }}",
+                                   arg=[zoomed], timeout=10_000)
+            assert page.evaluate(X_RANGE) == pytest.approx(zoomed), "a redraw with new nodes lost the zoom"
+            assert page.evaluate(Y_RANGE) == pytest.approx(zoomed_y)
             settle(page)
             page.screenshot(path=tmp_path / "tree_live.png", full_page=True)
 

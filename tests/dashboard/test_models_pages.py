@@ -143,6 +143,28 @@ def test_evaluation_page_shows_every_metric_with_its_interval(db) -> None:
     assert not at.get("plotly_chart") and any("recovery score" in c.value for c in at.caption)
 
 
+def test_an_evaluation_that_lands_while_the_page_is_open_joins_the_comparison(db) -> None:
+    path, _ = db
+    env = SnapshotLineEnv()
+    config = EvalConfig(mode="sampled", seeds=(0,), max_steps=4, bootstrap=50)
+
+    def evaluate(model: str) -> None:
+        with Store(path) as store:
+            evaluate_and_store(store, ScriptedGenerator(p_right=0.5), "line", "train", env.tasks()[:2], config,
+                               model=model, make_env=SnapshotLineEnv)
+
+    evaluate("/models/trained")
+    at = open_page(EVALUATION)
+    assert list(frame(at, "success rate")["model"]) == ["trained"]
+    side = next(d.value for d in at.dataframe if any(str(c).startswith("trained · ") for c in d.value.columns))
+    assert len(side.columns) == 1
+    evaluate("/models/base")  # e.g. a job launched from this page ends: the page reruns
+    at.run()
+    assert not at.exception
+    side = next(d.value for d in at.dataframe if any(str(c).startswith("trained · ") for c in d.value.columns))
+    assert sorted(str(c).split(" · ")[0] for c in side.columns) == ["base", "trained"]
+
+
 def test_evaluation_page_without_evaluations_says_how_to_make_one(db) -> None:
     at = open_page(EVALUATION)
     assert not at.exception
