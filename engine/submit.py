@@ -1,8 +1,8 @@
 """Submitting the long stages as jobs: what the dashboard's forms and the CLI call.
 
-Each `submit_*` checks a stage job (its config, env and tasks, the model reachable, the run known)
-and queues it with the job runner (engine/train/jobs.py); nothing is queued or written when a check
-fails. The stage bodies the jobs run live in engine/stages.py, which never imports the runner: this
+Each `submit_*` checks a stage job (its config, env and tasks, the model reachable, the run known, a
+Ray address answering) and queues it with the job runner (engine/train/jobs.py); nothing is queued or
+written when a check fails. The stage bodies the jobs run live in engine/stages.py, which never imports the runner: this
 module sits above both.
 """
 
@@ -28,7 +28,8 @@ def stage_device(kind: str, config: dict[str, Any]) -> str:
 
 def submit_stage(store: Any, kind: str, config: dict[str, Any], device: str | None = None, name: str | None = None,
                  runner: Any = None) -> str:
-    """Check a stage job (config, env and tasks, model reachable, run known) and queue it; returns its id.
+    """Check a stage job (config, env and tasks, model reachable, run known, Ray address answering) and
+    queue it; returns its id.
     Nothing is queued or written when a check fails."""
     from engine.train.jobs import JobRunner
 
@@ -41,6 +42,10 @@ def submit_stage(store: Any, kind: str, config: dict[str, Any], device: str | No
             check_model(store.run(run_id).model)  # Ray workers would each fail on a bad stored spec
     if config.get("model"):
         check_model(config["model"])
+    if kind == "search" and config.get("ray") is not None:
+        from engine.search.ray_search import probe_address
+
+        probe_address(config["ray"])  # a HOST:PORT nothing answers: refused now, not a job that waits
     runner = runner or JobRunner(store)
     job = runner.submit(kind, config, device=device or stage_device(kind, config), name=name or _name(kind, config),
                         validate=False)

@@ -261,12 +261,100 @@ def test_malformed_ray_addresses_are_refused_in_one_line(address, tmp_path, caps
     from engine import cli
     from engine.search import ray_search
 
-    monkeypatch.setattr(ray_search, "_connect", _no_worker)
+    monkeypatch.setattr(ray_search, "connect", _no_worker)
     rc = cli.main(["search", "--db", str(tmp_path / "x.db"), "--tasks", "0:1", f"--ray={address}"])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and err == (f"orchard: error: ray address {address!r}: expected HOST:PORT, auto (the cluster "
                                "this machine has joined) or empty (start a local Ray)")
     assert not (tmp_path / "x.db").exists()
+
+
+def _unreachable(port: int) -> str:
+    return (f"cannot reach the Ray cluster at 127.0.0.1:{port}: connection refused (is its head started there "
+            "with `ray start --head`?)")
+
+
+def test_an_address_nothing_answers_is_refused_in_seconds_and_writes_nothing(tmp_path, capsys):
+    """`ray.init` waits over a minute on a HOST:PORT nothing answers; the probe before it refuses in
+    one line naming the address, before the database is opened."""
+    pytest.importorskip("ray")
+    import time
+
+    from engine import cli
+
+    port = _free_port()  # bound, then closed: nothing listens
+    t0 = time.perf_counter()
+    rc = cli.main(["search", "--db", str(tmp_path / "x.db"), "--tasks", "0:1", "--ray", f"127.0.0.1:{port}"])
+    elapsed = time.perf_counter() - t0
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err == f"orchard: error: {_unreachable(port)}", err
+    assert elapsed < 10, elapsed
+    assert not (tmp_path / "x.db").exists()  # nothing written: not even a database file
+
+
+def test_a_resume_on_an_address_nothing_answers_is_refused_and_leaves_the_run_as_it_was(tmp_path, capsys):
+    pytest.importorskip("ray")
+    import time
+    from dataclasses import asdict
+
+    from engine import cli
+
+    db = tmp_path / "x.db"
+    with Store(db) as store:
+        run_id = store.create_run("half", "textcraft", "tiny", asdict(SearchConfig()),
+                                  env_factory("textcraft")().tasks("train")[:2])
+        store.set_run_status(run_id, "interrupted")
+        stamp = store.run(run_id).to_dict()
+    port = _free_port()  # bound, then closed: nothing listens
+    t0 = time.perf_counter()
+    rc = cli.main(["search", "--db", str(db), "--resume", "half", "--ray", f"127.0.0.1:{port}"])
+    elapsed = time.perf_counter() - t0
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err == f"orchard: error: {_unreachable(port)}", err
+    assert elapsed < 10, elapsed
+    with Store(db) as store:
+        assert store.run(run_id).to_dict() == stamp and [r.id for r in store.runs()] == [run_id]
+
+
+def test_a_job_whose_ray_address_stopped_answering_fails_with_that_reason(tmp_path):
+    """Submitting probes the address (nothing queued when nothing answers); a cluster gone between
+    submission and start fails the job in seconds with the one-line reason, and no run is written."""
+    pytest.importorskip("ray")
+    import time
+
+    from engine.llm.base import GeneratorError
+    from engine.submit import submit_search
+    from engine.train.jobs import JobRunner
+
+    with Store(tmp_path / "job.db") as store:
+        port = _free_port()  # bound, then closed: nothing listens
+        t0 = time.perf_counter()
+        with pytest.raises(GeneratorError) as refused:
+            submit_search(store, tasks="0:1", name="nowhere", ray=f"127.0.0.1:{port}")
+        assert time.perf_counter() - t0 < 10 and str(refused.value) == _unreachable(port)
+        assert store.jobs() == []
+        with socket.socket() as head:  # answers while the job is submitted, then goes
+            head.bind(("127.0.0.1", 0))
+            head.listen()
+            port = head.getsockname()[1]
+            job_id = submit_search(store, tasks="0:1", name="gone", ray=f"127.0.0.1:{port}")
+        done = JobRunner(store).wait(job_id, timeout=120)
+        assert done.state == "failed", Path(done.log_path).read_text()[-2000:]
+        assert done.error == f"RayUnavailable: {_unreachable(port)}"
+        assert done.started_at is not None and done.finished_at is not None
+        assert done.finished_at - done.started_at < 10, done.finished_at - done.started_at
+        assert store.runs() == []  # joined before the run is written
+
+
+def test_the_probe_passes_an_address_that_answers_and_leaves_local_and_auto_alone():
+    from engine.search.ray_search import probe_address
+
+    with socket.socket() as head:
+        head.bind(("127.0.0.1", 0))
+        head.listen()
+        probe_address(f"127.0.0.1:{head.getsockname()[1]}")
+    probe_address("")
+    probe_address("auto")
 
 
 def _no_worker(*args, **kwargs):
@@ -278,7 +366,7 @@ def test_a_bad_model_spec_with_ray_is_refused_by_the_driver(tmp_path, capsys, mo
     from engine import cli
     from engine.search import ray_search
 
-    monkeypatch.setattr(ray_search, "_connect", _no_worker)
+    monkeypatch.setattr(ray_search, "connect", _no_worker)
     port = _free_port()
     down = f"openai:http://127.0.0.1:{port}/v1#m"
     for spec, words in [("/no/such/model", "model '/no/such/model': no such folder"),
@@ -301,7 +389,7 @@ def test_resume_on_ray_with_a_bad_stored_model_is_refused_before_any_worker(tmp_
     from engine.submit import submit_search
     from engine.train.common import MemoryReporter
 
-    monkeypatch.setattr(ray_search, "_connect", _no_worker)
+    monkeypatch.setattr(ray_search, "connect", _no_worker)
     db = tmp_path / "x.db"
     tasks = env_factory("textcraft")().tasks("train")[:2]
     with Store(db) as store:

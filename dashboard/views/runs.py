@@ -1,7 +1,8 @@
 """Runs: every search run with its key settings and where it stands in the loop (searched / pairs /
 revisions / trained / evaluated), links to the pages that show each stage; a "New search" form and
 "Resume" for an interrupted run, both queued as search jobs (engine/stages.py) and followed live;
-a new search can run on Ray (the job config `orchard search --ray ADDRESS` runs).
+a new search and a resume can run on Ray (the job config `orchard search --ray ADDRESS` runs; a
+HOST:PORT nothing answers is told at its field).
 
 Why the form checks each field itself: a bad env, task range, model or setting is told at its field
 and nothing is queued or written; the job's own checks (the same ones, in engine.stages) run again
@@ -34,6 +35,42 @@ STAGE_PAGES = (("views/tree_explorer.py", "Tree explorer", ":material/account_tr
                ("views/trajectories.py", "Trajectories", ":material/alt_route:"),
                ("views/training.py", "Training", ":material/model_training:"),
                ("views/evaluation.py", "Evaluation", ":material/leaderboard:"))
+
+
+def ray_inputs(form: str, prefix: str) -> tuple[bool, str]:
+    """The "Run on Ray" box and its address, with the address's message from `form`'s last submission
+    (drawn where called; the New search and Resume forms both use it)."""
+    on_ray = st.checkbox("Run on Ray", key=f"{prefix}ray",
+                         help="Grow the trees on Ray workers, as `orchard search --ray ADDRESS` does; this "
+                              "job commits every simulation. Needs orchard[ray].")
+    address = st.text_input("Ray address", key=f"{prefix}ray_address", placeholder="(empty: start a local Ray)",
+                            help="HOST:PORT of the cluster's head, auto (the cluster this machine has "
+                                 "joined), or empty to start a local Ray. Used with Run on Ray.")
+    fm.field_error(form, "ray")
+    return on_ray, address
+
+
+def check_ray_inputs(problems: dict[str, str], config: dict[str, Any], on_ray: bool, address: str) -> None:
+    """With Run on Ray: the address into `config["ray"]` (the job config `orchard search --ray` runs),
+    and at the "ray" field what is wrong: its form, Ray not installed, a HOST:PORT nothing answers
+    (probed for a few seconds: a job would otherwise wait over a minute in `ray.init` to fail)."""
+    if not on_ray:
+        return
+    from engine.search.ray_search import probe_address
+    from engine.stages import check_ray
+
+    config["ray"] = address.strip()
+    try:
+        check_ray(config)
+        probe_address(config["ray"])
+    except fm.submit_errors() as e:
+        problems["ray"] = fm.refusal(e)
+
+
+def on_ray_words(config: dict[str, Any]) -> str:
+    """" on Ray (ADDRESS)" for a job config on Ray, else "" (Markdown-safe)."""
+    return "" if config.get("ray") is None else f" on Ray ({md(config['ray'] or 'local')})"
+
 
 st.title("Runs")
 
@@ -123,9 +160,12 @@ if runs:
                                   help="Its API key ($OPENAI_API_KEY) goes to a stored server URL only when you "
                                        "type that spec again here.")
             fm.field_error("rs_resume", "model")
+            resume_on_ray, resume_address = ray_inputs("rs_resume", "rs_resume_")
             resume = st.form_submit_button("Resume", type="primary")
         if resume:
             errors: dict[str, str] = {}
+            resume_config: dict[str, Any] = {}
+            check_ray_inputs(errors, resume_config, resume_on_ray, resume_address)
             resume_model = typed.strip() or None
             if resume_model is None and needs_retype:
                 errors["model"] = ("The stored model's URL comes from the database: type the spec again to send "
@@ -144,8 +184,9 @@ if runs:
 
                     auth.require(db, "launch_jobs")  # a login (and a maintainer) where one is needed
                     with Store(db) as store:
-                        job_id = submit_search(store, resume=chosen, model=resume_model)
-                    state["rs_flash"] = f"Queued job {job_id}: resume run {chosen}."
+                        job_id = submit_search(store, resume=chosen, model=resume_model,
+                                               ray=resume_config.get("ray"))
+                    state["rs_flash"] = f"Queued job {job_id}: resume run {chosen}{on_ray_words(resume_config)}."
                 except fm.submit_errors() as e:
                     state["rs_error"] = f"Not resumed: {fm.refusal(e)}"
             st.rerun()
@@ -174,14 +215,8 @@ with st.expander("New search", expanded=not runs or bool(errors)), st.form(FORM,
     with right:
         fm.field_error(FORM, "model")
     name = right.text_input("Name", key="rs_name", placeholder="(empty: ENV-DATE-TIME)")
-    on_ray = right.checkbox("Run on Ray", key="rs_ray",
-                            help="Grow the trees on Ray workers, as `orchard search --ray ADDRESS` does; this "
-                                 "job commits every simulation. Needs orchard[ray].")
-    ray_address = right.text_input("Ray address", key="rs_ray_address", placeholder="(empty: start a local Ray)",
-                                   help="HOST:PORT of the cluster's head, auto (the cluster this machine has "
-                                        "joined), or empty to start a local Ray. Used with Run on Ray.")
     with right:
-        fm.field_error(FORM, "ray")
+        on_ray, ray_address = ray_inputs(FORM, "rs_")
     st.markdown("**Search settings** (docs/algorithms.md §2)")
     values = fm.settings_inputs(SearchConfig, FORM, "rs_set_")
     submitted = st.form_submit_button("Queue the search", type="primary")
@@ -196,14 +231,7 @@ def check_new_search() -> tuple[dict[str, str], dict[str, Any]]:
     settings = fm.changed(SearchConfig, values)
     config: dict[str, Any] = {"env": spec, "tasks": tasks.strip(), "split": split, "model": model.strip() or "tiny",
               "name": name.strip() or f"{env}-{time.strftime('%Y%m%d-%H%M%S')}", "search": settings}
-    if on_ray:  # the job config `orchard search --ray` runs (engine.stages): the address, Ray installed
-        from engine.stages import check_ray
-
-        config["ray"] = ray_address.strip()
-        try:
-            check_ray(config)
-        except fm.submit_errors() as e:
-            problems["ray"] = fm.refusal(e)
+    check_ray_inputs(problems, config, on_ray, ray_address)
     fm.check_target(problems, spec, lambda: search_tasks(config), config["model"])
     problems.update(fm.check_settings(SearchConfig, values))
     return problems, config
@@ -219,8 +247,7 @@ if submitted:
             auth.require(db, "launch_jobs")  # a login (and a maintainer) where one is needed
             with Store(db) as store:
                 job_id = submit_stage(store, "search", config)
-            where = "" if config.get("ray") is None else f" on Ray ({md(config['ray'] or 'local')})"
-            state["rs_flash"] = f"Queued job {job_id}: search {md(config['name'])}{where}."
+            state["rs_flash"] = f"Queued job {job_id}: search {md(config['name'])}{on_ray_words(config)}."
         except fm.submit_errors() as e:
             state["rs_error"] = f"The search was not queued: {fm.refusal(e)}"
     st.rerun()

@@ -65,7 +65,10 @@ def cmd_search(args: argparse.Namespace) -> int:
               "search": asdict(_search_config(args)), **ray}
     make_env, tasks = search_tasks(config)  # an env that cannot start is refused before anything is loaded
     if ray:  # the workers load the model: its spec is checked here, before the database is opened
+        from engine.search.ray_search import connect
+
         check_model(config["model"])
+        connect(args.ray.strip() or None)  # joined now: an address nothing answers is refused in seconds
     model = None if ray else load_generator(config["model"], log=_log, allow_http_key=args.allow_http_key)
     with Store(args.db) as store:
         result = run_search(store, config, reporter, prepared=(make_env, tasks, model))

@@ -14,8 +14,11 @@ the trees are those a local run grows. An error raised by the search itself (an 
 not retried: the run stops with that error, as a local one would. `resume_run_on_ray` continues an
 interrupted run (local or Ray) the same way: the mirrors start as the committed trees.
 
-The address is checked for its form here (`check_address`); the model spec is the caller's to check
-before anything is written (engine.stages does it on the driver: a bad spec would fail every shard).
+The address is checked for its form here (`check_address`) and, before the driver joins, for an answer
+(`probe_address`: `ray.init` waits over a minute on a HOST:PORT nothing answers); `connect` is the one
+place Orchard joins Ray, and `prepare_*` join before the run is written. The model spec is the caller's
+to check before anything is written (engine.stages does it on the driver: a bad spec would fail every
+shard).
 
 Ray is an optional extra (`pip install "orchard[ray]"`), imported only here, only when asked for.
 """
@@ -27,6 +30,7 @@ import os
 import pickle
 import queue
 import re
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -44,6 +48,7 @@ from engine.store import Store, StoreError
 INSTALL_HINT = 'Ray is not installed: pip install "orchard[ray]" (or "ray[default]>=2.60")'
 ADDRESS_HELP = "HOST:PORT, auto (the cluster this machine has joined) or empty (start a local Ray)"
 _HOST = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
+PROBE_TIMEOUT_S = 3.0
 _SUMMED = ("rounds", "requests", "completions", "critic_fallbacks", "replays", "restores",
            "gen_s", "env_s", "commit_s")
 
@@ -79,6 +84,38 @@ def check_address(address: str) -> str:
         elif len(host) <= 253 and _HOST.fullmatch(host):
             return text
     raise ConfigError(f"ray address {address!r}: expected {ADDRESS_HELP}")
+
+
+def probe_address(address: str, timeout: float = PROBE_TIMEOUT_S) -> None:
+    """RayUnavailable, in one line naming the address, unless something accepts a TCP connection at
+    HOST:PORT within `timeout` seconds (name lookup included). WHY: `ray.init` on a HOST:PORT nothing
+    answers waits over a minute. "" and "auto" are not probed (a local Ray is started; `auto` finds
+    the cluster this machine has joined, and says so at once when there is none)."""
+    text = check_address(address)
+    if text in ("", "auto"):
+        return
+    host, _, port = text.rpartition(":")
+    outcome: list[OSError | None] = []
+
+    def attempt() -> None:
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+                outcome.append(None)
+        except OSError as e:
+            outcome.append(e)
+
+    thread = threading.Thread(target=attempt, name="orchard-ray-probe", daemon=True)
+    thread.start()
+    thread.join(timeout)  # a name lookup is not bounded by the socket's timeout: the wait is
+    if outcome and outcome[0] is None:
+        return
+    error = outcome[0] if outcome else None
+    if error is None or isinstance(error, TimeoutError):
+        reason = f"no answer within {timeout:g}s"
+    else:
+        reason = (error.strerror or str(error) or type(error).__name__).lower()
+    raise RayUnavailable(f"cannot reach the Ray cluster at {text}: {reason} (is its head started there with "
+                         "`ray start --head`?)")
 
 
 class RayUnavailable(GeneratorError):
@@ -209,8 +246,7 @@ class RaySearch:
     attempts: dict[int, int] = field(default_factory=dict)
 
     def run(self) -> SearchStats:
-        ray = import_ray()
-        _connect(ray, self.address)
+        ray = connect(self.address)
         n_shards = self.shards or max(1, int(ray.cluster_resources().get("CPU", 1)))
         n_shards = max(1, min(n_shards, len(self.mirrors)))
         groups = [self.mirrors[s::n_shards] for s in range(n_shards)]
@@ -301,24 +337,28 @@ def _consume(ray: Any, gen: Any, shard: int, attempt: int, events: queue.SimpleQ
         events.put((shard, attempt, "error", f"{type(e).__name__}: {e}"))
 
 
-def _connect(ray: Any, address: str | None) -> None:
-    """Join the cluster at `address` ("auto" or HOST:PORT; None or "" starts a local one). The
+def connect(address: str | None) -> Any:
+    """The `ray` module, joined to the cluster at `address` ("auto" or HOST:PORT, which must answer
+    first: `probe_address`; None or "" starts a local one). The one place Orchard joins Ray; the
     workers import this checkout's `engine` package (shipped as a py_module)."""
+    ray = import_ray()
+    probe_address(address or "")  # also when joined already: the address asked for must answer
     if ray.is_initialized():
-        return
+        return ray
     engine_dir = str(Path(__file__).resolve().parent.parent)
     try:
         ray.init(address=address or None, runtime_env={"py_modules": [engine_dir]}, log_to_driver=False,
                  logging_level="ERROR", configure_logging=True)
     except (ConnectionError, RuntimeError, ValueError) as e:
         raise RayUnavailable(f"cannot join the Ray cluster at {address or '(local)'}: {e}") from None
+    return ray
 
 
 def prepare_run_on_ray(store: Store, env_spec: str, tasks: list[TaskSpec], model_spec: str,
                        config: SearchConfig, name: str, **options: Any) -> RaySearch:
-    """Create the run in the store and the search that grows it (options: RaySearch fields)."""
-    import_ray()  # refuse before anything is written
-    check_address(options.get("address") or "")
+    """Join the cluster, then create the run in the store and the search that grows it (options:
+    RaySearch fields): a cluster that cannot be reached leaves no run behind."""
+    connect(options.get("address"))
     run_id = store.create_run(name, env_spec, model_spec, asdict(config), tasks)
     by_task = {t.id: t for t in tasks}
     mirrors = [_Mirror(tree_id, by_task[task_id]) for tree_id, task_id in store.tree_ids(run_id)]
@@ -348,10 +388,9 @@ def prepare_resume_on_ray(store: Store, run_key: str, model_spec: str | None = N
     so the shards continue from exactly what was committed (`runner.resume_run` on Ray)."""
     from engine.envs.registry import env_factory
 
-    import_ray()
-    check_address(options.get("address") or "")
     run_id = store.find_run(run_key)
     info = store.run(run_id)
+    connect(options.get("address"))  # before the run is touched
     config = from_dict(SearchConfig, info.config, where=f"run {run_id} config")
     mirrors: list[_Mirror] = []
     catalogue: dict[str, TaskSpec] | None = None

@@ -128,17 +128,39 @@ def test_bad_input_in_the_new_search_form_is_told_at_its_field_and_writes_nothin
     assert not db.exists()  # nothing queued, nothing written: not even a database file
 
 
-def fill_ray(at: AppTest, address: str) -> None:
-    at.checkbox(key="rs_ray").check()
-    at.text_input(key="rs_ray_address").set_value(address)
+def fill_ray(at: AppTest, address: str, prefix: str = "rs_") -> None:
+    at.checkbox(key=f"{prefix}ray").check()
+    at.text_input(key=f"{prefix}ray_address").set_value(address)
 
 
-@pytest.mark.parametrize("address", ["127.0.0.1:6379", "auto", ""])
-def test_new_search_on_ray_queues_the_job_config_of_search_ray(db: Path, monkeypatch, address: str) -> None:
+@pytest.fixture()
+def head():
+    """HOST:PORT where something answers (a listening socket: the probe's TCP connect succeeds)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield f"127.0.0.1:{s.getsockname()[1]}"
+
+
+def closed_address() -> str:
+    """HOST:PORT where nothing listens (a port bound, then closed)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+def addresses(text: str, head: str, closed: str) -> str:
+    return text.replace("HEAD", head).replace("CLOSED", closed)
+
+
+@pytest.mark.parametrize("address", ["HEAD", "auto", ""])
+def test_new_search_on_ray_queues_the_job_config_of_search_ray(db: Path, monkeypatch, head: str,
+                                                                address: str) -> None:
     """The job carries the address as `orchard search --ray ADDRESS` does (engine.stages runs it on
     Ray: tests/test_ray_search.py runs such a job on a cluster); here it is only queued."""
     pytest.importorskip("ray")
     monkeypatch.setattr(JobRunner, "poll", lambda self, device=None: [])  # queued, not started
+    address = addresses(address, head, "")
     at = open_page()
     fill_search(at, "tiny")
     fill_ray(at, address)
@@ -155,17 +177,19 @@ def test_new_search_on_ray_queues_the_job_config_of_search_ray(db: Path, monkeyp
     ({"ray": "head"}, "ray address 'head': expected HOST:PORT"),
     ({"ray": "ray://head:10001"}, "ray address 'ray://head:10001': expected HOST:PORT"),
     ({"ray": "head:99999"}, "ray address 'head:99999': expected HOST:PORT"),
-    ({"ray": "127.0.0.1:6379", "model": "/no/such/model"}, "model '/no/such/model': no such folder"),
+    ({"ray": "HEAD", "model": "/no/such/model"}, "model '/no/such/model': no such folder"),
+    ({"ray": "CLOSED"}, "cannot reach the Ray cluster at CLOSED: connection refused"),
 ])
 def test_bad_ray_input_in_the_new_search_form_is_told_at_its_field_and_writes_nothing(
-        db: Path, fill: dict, field_words: str) -> None:
+        db: Path, head: str, fill: dict, field_words: str) -> None:
     pytest.importorskip("ray")
+    closed = closed_address()
     at = open_page()
     fill_search(at, fill.get("model", "tiny"), "0:1")
-    fill_ray(at, fill["ray"])
+    fill_ray(at, addresses(fill["ray"], head, closed))
     queue_search(at)
     assert not at.exception
-    assert field_words in errors(at), errors(at)
+    assert addresses(field_words, head, closed) in errors(at), errors(at)
     assert len(at.error) == 1  # one message, at its field
     assert not db.exists()  # nothing queued, nothing written
 
@@ -221,6 +245,50 @@ def test_resume_an_interrupted_run_from_the_runs_page(db: Path, model: str) -> N
         done = JobRunner(store).wait(job.id, timeout=240)
         assert done.state == "succeeded", Path(done.log_path).read_text()[-2000:]
         assert store.run(run.id).status == "finished" and store.run(run.id).simulations == 3
+
+
+def resume_button(at: AppTest) -> None:
+    next(b for b in at.button if b.label == "Resume").click()
+    at.run()
+
+
+def test_resume_on_ray_queues_the_address_and_a_bad_one_is_told_at_its_field(db: Path, monkeypatch,
+                                                                              head: str) -> None:
+    """Resume takes the New search form's Ray inputs (the same helper): the queued job is the config
+    `orchard search --resume RUN --ray ADDRESS` runs; a malformed address, or one nothing answers
+    (told within seconds), is refused at the field with nothing queued."""
+    pytest.importorskip("ray")
+    import time
+    from dataclasses import asdict
+
+    from engine.config import SearchConfig
+    from engine.envs.registry import env_factory
+
+    monkeypatch.setattr(JobRunner, "poll", lambda self, device=None: [])  # queued, not started
+    with Store(db) as store:
+        run_id = store.create_run("half", "textcraft", "tiny", asdict(SearchConfig()),
+                                  env_factory("textcraft")().tasks("train")[:1])
+        store.set_run_status(run_id, "interrupted")
+    at = open_page()
+    closed = closed_address()
+    for address, words in [("head", "ray address 'head': expected HOST:PORT"),
+                           (closed, f"cannot reach the Ray cluster at {closed}: connection refused")]:
+        fill_ray(at, address, "rs_resume_")
+        t0 = time.perf_counter()
+        resume_button(at)
+        assert time.perf_counter() - t0 < 10
+        assert not at.exception
+        assert words in errors(at) and len(at.error) == 1, errors(at)  # at its field, the only message
+        with Store(db, readonly=True) as store:
+            assert store.jobs() == []
+    fill_ray(at, f" {head} ", "rs_resume_")
+    resume_button(at)
+    assert not at.exception and not at.error, errors(at)
+    assert any(f"resume run {run_id} on Ray" in s.value.replace("\\", "") for s in at.success)
+    with Store(db) as store:
+        (job,) = store.jobs()
+    assert job.kind == "search" and job.state == "queued" and job.device == "cpu"
+    assert job.config == {"resume": run_id, "ray": head}
 
 
 def test_pairs_page_builds_pairs_for_its_run_and_refuses_a_bad_theta(db: Path, model: str) -> None:
