@@ -31,7 +31,8 @@ class DemoSettings:
 
     tasks: str = "0:8"  # train tasks searched
     search: SearchConfig = field(default_factory=lambda: SearchConfig(
-        simulations=8, k=4, depth_limit=10, rollout_temperature=1.0, max_tokens=160, backup="progress"))
+        simulations=12, k=4, depth_limit=3, rollout_temperature=1.0, max_tokens=160, backup="progress",
+        constrained=True))
     theta: float = 0.1
     train_steps: int = 12  # DPO optimizer steps
     batch_size: int = 8
@@ -179,7 +180,8 @@ def stage_evaluate(store: Any, run_id: str, generator: Any, model: str, tasks: l
 
     make_env = env_factory("textcraft")
     recovery = recovery_starts(store.samples(run_id=run_id, kind="recovery"))
-    config = EvalConfig(mode="greedy", max_steps=settings.eval_max_steps, max_tokens=settings.search.max_tokens)
+    config = EvalConfig(mode="greedy", max_steps=settings.eval_max_steps, max_tokens=settings.search.max_tokens,
+                        constrained=settings.search.constrained)  # the decoding the search used
     result = evaluate_and_store(store, generator, "textcraft", "test", tasks, config, recovery=recovery, model=model,
                                 make_env=make_env)
     log(f"evaluation {result.eval_id} of {model} on test {settings.eval_tasks}:\n{format_metrics(result.metrics)}")

@@ -32,9 +32,6 @@ def test_a_demo_run_stores_every_stage_of_the_loop(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="issue 14: the shipped tiny policy solves none of the demo's tasks "
-                   "(0 of 96 sampled episodes), so no success leaf and no (good, bad) pair to splice; "
-                   "strict, so this turns red the day a build does")
 def test_a_demo_run_stores_a_success_leaf_and_a_judged_revision(tmp_path: Path) -> None:
     result = run_demo(db=tmp_path / "orchard.db", log=lambda _: None)
     with Store(tmp_path / "orchard.db", must_exist=True) as store:

@@ -101,7 +101,8 @@ def test_the_cli_refuses_a_damaged_shipped_checkpoint_in_one_line(
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_shipped_checkpoint_meets_its_stated_numbers_on_a_fixed_sample() -> None:
-    """Greedy on a fixed third of the held-out test tasks (every third), the README's settings."""
+    """Greedy on a fixed third of the held-out test tasks (every third), the README's settings, without
+    and with constrained decoding."""
     from engine.evaluate import EvalConfig, evaluate
 
     stated = verify(SHIPPED_DIR)["stated"]["sample"]
@@ -113,3 +114,7 @@ def test_shipped_checkpoint_meets_its_stated_numbers_on_a_fixed_sample() -> None
     assert metrics["success"]["mean"] >= stated["success_at_least"]
     assert metrics["progress"]["mean"] >= stated["progress_at_least"]
     assert metrics["format_error_rate"] <= stated["format_errors_at_most"]
+    constrained = evaluate(gen, TextCraftEnv, tasks, EvalConfig(**{**config.__dict__, "constrained": True})).metrics
+    assert constrained["success"]["mean"] >= stated["constrained_success_at_least"]
+    assert constrained["progress"]["mean"] >= stated["constrained_progress_at_least"]
+    assert constrained["format_error_rate"] <= stated["format_errors_at_most"]

@@ -251,13 +251,14 @@ def _train_loop(
 
 def build_tiny_model(out_dir: Path, cfg: TinyConfig, log: Callable[[str], None] = print) -> Path:
     """Generate the data, train tokenizer and model, write the folder (no caching logic here)."""
-    from engine.llm.tiny_data import build_rows, item_words
+    from engine.llm.tiny_data import build_rows, item_names, item_words
 
     began = time.perf_counter()
     rows = build_rows(cfg)
     counts = {kind: sum(r.kind == kind for r in rows) for kind in sorted({r.kind for r in rows})}
     log(f"tiny model: {len(rows)} training rows {counts}")
-    tokenizer = train_tokenizer([t for r in rows for t in _texts(r)], cfg.vocab_size, item_words())
+    pieces = item_names() if cfg.name_pieces == "name" else item_words()
+    tokenizer = train_tokenizer([t for r in rows for t in _texts(r)], cfg.vocab_size, pieces)
     examples = [e for e in encode_rows(rows, tokenizer) if len(e.ids) <= cfg.max_row_tokens]
     n_tokens = sum(len(e.ids) for e in examples)
     log(f"tiny model: {len(examples)} rows kept, {n_tokens / max(1, len(examples)):.0f} tokens per row")

@@ -26,6 +26,9 @@ class TinyConfig:
     chain: bool = True  # compact texts reasoning top-down from the goal (TextCraftExpert(chain=True))
     val_every: int = 10  # hold every val_every-th train task out of the rows (0: none; see tiny_data)
     # tokenizer + model
+    # "word": each word of an item name is a piece ("lime", "carpet"); "name": each whole name is one
+    # ("lime carpet"), so looking a name up in the task and copying it is one token's attention.
+    name_pieces: str = "word"
     vocab_size: int = 4096
     hidden_size: int = 192
     num_layers: int = 4
@@ -34,7 +37,7 @@ class TinyConfig:
     intermediate_size: int = 512
     max_positions: int = 4096
     # optimisation
-    steps: int = 1100
+    steps: int = 4000
     batch_tokens: int = 3072
     lr: float = 3e-3
     warmup_steps: int = 15
