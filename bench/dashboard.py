@@ -178,9 +178,9 @@ MARKER_AT = """(i) => { const gd = document.querySelector('.js-plotly-plot');
   return orchardAt(v, items[i]) }"""
 MARKER_OF = """(id) => { """ + VEGA_VIEW + """ const v = orchardView();
   const it = v && orchardNodes(v).find(it => Number(it.datum.id) === id); return it ? orchardAt(v, it) : null }"""
-# The Vega-Lite chart's x and y domains (its zoom); null before it is drawn.
+# The Vega-Lite chart's domains (its zoom) as [x lo, x hi, y lo, y hi]; null before it is drawn.
 DOMAINS = """() => { """ + VEGA_VIEW + """ const v = orchardView();
-  return v ? [Array.from(v.scale('x').domain()), Array.from(v.scale('y').domain())] : null }"""
+  return v ? [...v.scale('x').domain(), ...v.scale('y').domain()].map(Number) : null }"""
 
 
 def start_server(db: Path, log: Path, script: Path | None = None, root: Path = ROOT) -> tuple[subprocess.Popen, str]:
