@@ -1,13 +1,13 @@
-"""Dashboard cost for big trees: on the server (load, layout, figure, JSON) and in a real browser.
+"""Dashboard cost for big trees: on the server (load, layout, chart rows, Arrow) and in a real browser.
 
 Builds synthetic MCTS-shaped SearchTrees (random branching 1-4, realistic composite actions,
 observations, critic ranks, log-probs and terminals, every expansion followed by a simulation that is
 back-propagated by the engine), writes each to a temporary store through the Store API, and times
 what the Tree explorer did on a first view before it had a level of detail: `Store.load_tree`,
-`layout_tree`, `tree_figure` of the whole tree and the JSON serialisation Streamlit performs
-(`plotly.io.to_json`); and what it does now: the skeleton ("skel": numbers only, `Store.tree_skeleton`),
-then "lod": the part drawn (`dashboard.lod`), its layout, its nodes' labels (`Store.load_nodes`), the
-figure and its JSON.
+`layout_tree`, the chart's rows of the whole tree (`dashboard.tree_chart.tree_rows`) and the Arrow
+serialisation Streamlit performs; and what it does now: the skeleton ("skel": numbers only,
+`Store.tree_skeleton`), then "lod": the part drawn (`dashboard.lod`), its layout, its nodes' labels
+(`Store.load_nodes`), the rows and their Arrow bytes.
 
 Browser figures (`--browser-sizes`): `streamlit run` on one store holding those trees, headless Debian
 Chromium through Playwright: navigation -> the plot drawn -> a click on a marker answered (the
@@ -16,13 +16,15 @@ with `?max_nodes=all` (the whole tree, the old drawing) as the baseline. "cold":
 a tree on a fresh server (the tree is read from the store); "warm": a later view (cached). "floor":
 the same page on a 50-node tree; "-floor" subtracts it (on a busy machine the floor dominates: read
 the goals against "-floor" and the load average). "empty page": a second server's page with a title
-only (Streamlit itself), "+chart": that page with one 50-point plotly chart (plotly.js itself). Each
-view's time is split into ws1 (navigation -> first websocket frame), script (-> the figure's frame:
-the server's rerun) and render (-> the markers drawn in the browser).
+only (Streamlit itself), "+plotly" / "+vega": that page with one 50-point plotly / Vega-Lite chart (the
+chart library itself). `--compare-ref REF`: the same views, interleaved, on the dashboard of commit REF
+(a temporary git worktree), e.g. the plotly drawing before the Vega-Lite one. Each view's time is split
+into ws1 (navigation -> first websocket frame), script (-> the chart's frame: the server's rerun) and
+render (-> the markers drawn in the browser).
 Goals: 10k nodes interactive <= 1 s, 100k <= 3 s.
 
     .venv/bin/python bench/dashboard.py [--sizes 1000 10000 100000] [--repeat 3]
-                                        [--browser-sizes 10000 100000] [--no-baseline]
+                                        [--browser-sizes 10000 100000] [--no-baseline] [--compare-ref REF]
 """
 
 from __future__ import annotations
@@ -44,12 +46,13 @@ from typing import TypeVar
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 logging.getLogger("streamlit").setLevel(logging.ERROR)  # "no runtime" notes from st.cache_* imports
 
-import plotly.io as pio
+from streamlit import dataframe_util
 
 from dashboard.data import read_nodes, read_shape, read_tree
-from dashboard.figures import short_command, tree_figure
+from dashboard.figures import short_command
 from dashboard.layout import layout_tree
 from dashboard.lod import DEFAULT_BUDGET, choose_open
+from dashboard.tree_chart import tree_rows
 from engine.actions import CompositeAction, render
 from engine.envs.base import TaskSpec
 from engine.search.tree import SearchTree, Simulation
@@ -137,21 +140,52 @@ ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--no-first-run"]  # as tests/dashboard/test_browser.py
-# The node markers drawn (plotly.js internals): how many, and the page position of the i-th (or the next
-# one that is not a hexagon: selecting a hexagon draws its subtree, a second figure, timed apart).
+# The node markers drawn (how many), and the page position of the i-th (or the next one that is not a
+# hidden subtree: selecting one draws its subtree, a second drawing, timed apart). For either chart, so
+# that `--compare-ref` can time an older page: plotly (plotly.js internals of the plot div) or Vega-Lite
+# (the Vega view, found through the React component that holds it: Streamlit exposes it nowhere else;
+# its mark named "nodes_marks" is `dashboard.tree_chart`'s "nodes" layer). Tests reuse these.
+VEGA_VIEW = """const orchardView = () => {
+  const el = document.querySelector('[data-testid="stVegaLiteChart"]');
+  for (const node of el ? [el, ...el.querySelectorAll('div')] : []) {
+    const key = Object.keys(node).find(k => k.startsWith('__reactFiber$'));
+    for (let f = key && node[key]; f; f = f.return)
+      for (let h = f.memoizedState; h && typeof h === 'object' && 'next' in h; h = h.next) {
+        const v = h.memoizedState && h.memoizedState.current;
+        if (v && typeof v.scenegraph === 'function' && typeof v.signal === 'function') return v;
+      }
+  }
+  return null };
+const orchardNodes = (v) => { let m = null;
+  const walk = (it) => { if (!it || m) return;
+    if (it.marktype) { if (it.name === 'nodes_marks') m = it; else it.items.forEach(walk); }
+    else if (it.items) it.items.forEach(walk); };
+  walk(v.scenegraph().root); return m ? m.items : [] };
+const orchardAt = (v, it) => { const box = v.container().querySelector('canvas').getBoundingClientRect();
+  const o = v.origin(); return {id: Number(it.datum.id), x: box.left + o[0] + it.x, y: box.top + o[1] + it.y} };"""
 MARKERS = """() => { const gd = document.querySelector('.js-plotly-plot');
-  const tr = gd && gd._fullData && gd._fullData.find(t => t.name === 'nodes');
-  return tr && tr.customdata ? tr.customdata.length : 0 }"""
+  if (gd) { const tr = gd._fullData && gd._fullData.find(t => t.name === 'nodes');
+            return tr && tr.customdata ? tr.customdata.length : 0 }
+  """ + VEGA_VIEW + """ const v = orchardView(); return v ? orchardNodes(v).length : 0 }"""
 MARKER_AT = """(i) => { const gd = document.querySelector('.js-plotly-plot');
-  const tr = gd._fullData.find(t => t.name === 'nodes'), sym = tr.marker.symbol;
-  while (Array.isArray(sym) && sym[i] === 'hexagon' && i + 1 < sym.length) i++;  // not a hidden subtree
-  const xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis, box = gd.getBoundingClientRect();
-  return {id: Number(tr.customdata[i]), x: box.left + xa._offset + xa.l2p(tr.x[i]),
-          y: box.top + ya._offset + ya.l2p(tr.y[i])} }"""
+  if (gd) { const tr = gd._fullData.find(t => t.name === 'nodes'), sym = tr.marker.symbol;
+    while (Array.isArray(sym) && sym[i] === 'hexagon' && i + 1 < sym.length) i++;  // not a hidden subtree
+    const xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis, box = gd.getBoundingClientRect();
+    return {id: Number(tr.customdata[i]), x: box.left + xa._offset + xa.l2p(tr.x[i]),
+            y: box.top + ya._offset + ya.l2p(tr.y[i])} }
+  """ + VEGA_VIEW + """ const v = orchardView(), items = orchardNodes(v);
+  while (items[i].datum.kind === 'hidden' && i + 1 < items.length) i++;
+  return orchardAt(v, items[i]) }"""
+MARKER_OF = """(id) => { """ + VEGA_VIEW + """ const v = orchardView();
+  const it = v && orchardNodes(v).find(it => Number(it.datum.id) === id); return it ? orchardAt(v, it) : null }"""
+# The Vega-Lite chart's domains (its zoom) as [x lo, x hi, y lo, y hi]; null before it is drawn.
+DOMAINS = """() => { """ + VEGA_VIEW + """ const v = orchardView();
+  return v ? [...v.scale('x').domain(), ...v.scale('y').domain()].map(Number) : null }"""
 
 
-def start_server(db: Path, log: Path, script: Path = ROOT / "dashboard" / "app.py") -> tuple[subprocess.Popen, str]:
-    """`streamlit run dashboard/app.py` (or `script`) on `db`, loopback only, once healthy."""
+def start_server(db: Path, log: Path, script: Path | None = None, root: Path = ROOT) -> tuple[subprocess.Popen, str]:
+    """`streamlit run dashboard/app.py` of `root` (or `script`) on `db`, loopback only, once healthy."""
+    script = script or root / "dashboard" / "app.py"
     with socket.socket() as s_:
         s_.bind(("127.0.0.1", 0))
         port = s_.getsockname()[1]
@@ -159,7 +193,8 @@ def start_server(db: Path, log: Path, script: Path = ROOT / "dashboard" / "app.p
     proc = subprocess.Popen(
         [sys.executable, "-m", "streamlit", "run", str(script), "--server.headless", "true",
          "--server.port", str(port), "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false"],
-        cwd=ROOT, env={**os.environ, "ORCHARD_DB": str(db)}, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+        cwd=root, env={**os.environ, "ORCHARD_DB": str(db), "PYTHONPATH": str(root)}, stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
     )
     deadline = time.time() + 90
     while time.time() < deadline:
@@ -215,25 +250,31 @@ def open_tree(context, url: str, timeout_ms: int = 120_000) -> dict[str, float]:
         page.close()
 
 
-# Streamlit's floor: a page with a title only; with ?chart=1 also one 50-point Scattergl chart (the cost
-# of plotly.js itself, whatever the figure).
+# Streamlit's floor: a page with a title only; with ?chart=plotly also one 50-point Scattergl chart (the
+# cost of plotly.js itself, whatever the figure), with ?chart=vega one 50-point Vega-Lite chart (Vega).
 EMPTY_PAGE = """import streamlit as st
 st.title("Empty page")
-if st.query_params.get("chart"):
+if st.query_params.get("chart") == "plotly":
     import plotly.graph_objects as go
     st.plotly_chart(go.Figure([go.Scattergl(x=list(range(50)), y=list(range(50)), mode="markers", name="nodes",
                                             customdata=list(range(50)))]), key="p", on_select="rerun")
+if st.query_params.get("chart") == "vega":
+    import pandas as pd
+    st.vega_lite_chart(pd.DataFrame({"id": range(50), "x": range(50), "y": range(50)}), {"layer": [{
+        "name": "nodes", "mark": "point", "params": [{"name": "pick", "select": {"type": "point", "fields": ["id"]}}],
+        "encoding": {"x": {"field": "x", "type": "quantitative"}, "y": {"field": "y", "type": "quantitative"}}}]},
+        key="v", on_select="rerun")
 """
 
 
-def open_empty(context, url: str, chart: bool = False, timeout_ms: int = 120_000) -> float:
-    """Navigation -> the empty page's title shown (or, with `chart`, its markers drawn)."""
+def open_empty(context, url: str, chart: str = "", timeout_ms: int = 120_000) -> float:
+    """Navigation -> the empty page's title shown (or, with `chart` "plotly" / "vega", its markers drawn)."""
     from playwright.sync_api import expect
 
     page = context.new_page()
     try:
         t0 = time.perf_counter()
-        page.goto(url + ("/?chart=1" if chart else ""))
+        page.goto(url + (f"/?chart={chart}" if chart else ""))
         expect(page.get_by_role("heading", name="Empty page")).to_be_visible(timeout=timeout_ms)
         if chart:
             page.wait_for_function(MARKERS, timeout=timeout_ms)
@@ -250,8 +291,20 @@ def stop(proc: subprocess.Popen) -> None:
         proc.kill()
 
 
-def browser_figures(sizes: list[int], baseline: bool, tmp: Path) -> None:
-    """Navigation -> interactive tree in headless Chromium, and bytes sent, per size and drawing."""
+def before_tree(ref: str, tmp: Path) -> Path:
+    """A detached git worktree of `ref` (its dashboard, for the same-run comparison); removed by `stop_before`."""
+    where = tmp / "before"
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "--quiet", str(where), ref], check=True)
+    return where
+
+
+def stop_before(where: Path) -> None:
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(where)], check=False)
+
+
+def browser_figures(sizes: list[int], baseline: bool, tmp: Path, compare_ref: str | None = None) -> None:
+    """Navigation -> interactive tree in headless Chromium, and bytes sent, per size and drawing; with
+    `compare_ref`, the same views on that commit's dashboard, in the same run, interleaved."""
     from playwright.sync_api import sync_playwright
 
     if not CHROMIUM.exists():
@@ -265,59 +318,83 @@ def browser_figures(sizes: list[int], baseline: bool, tmp: Path) -> None:
         views.append((len(tree.nodes), run_id, tree.task.id))
     empty = tmp / "empty_page.py"
     empty.write_text(EMPTY_PAGE)
-    empty_proc, empty_url = start_server(db, tmp / "streamlit-empty.log", empty)
-    proc, url = start_server(db, tmp / "streamlit.log")
+    procs = []
+    before_root = before_tree(compare_ref, tmp) if compare_ref else None
     rows = []
-    empty_s: list[float] = []
-    chart_s: list[float] = []
+    floors: dict[str, list[float]] = {"": [], "plotly": [], "vega": []}
     try:
+        empty_proc, empty_url = start_server(db, tmp / "streamlit-empty.log", empty)
+        procs.append(empty_proc)
+        proc, url = start_server(db, tmp / "streamlit.log")
+        procs.append(proc)
+        servers = {"now": url}
+        if before_root is not None:
+            before_proc, servers["before"] = start_server(db, tmp / "streamlit-before.log", root=before_root)
+            procs.append(before_proc)
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
             try:
-                context = browser.new_context(viewport={"width": 1500, "height": 1400})
-                open_tree(context, f"{url}/tree?run={views[0][1]}&task={views[0][2]}")  # cache the static files
+                contexts = {}
+                for name, base in servers.items():  # one browser context per server, its static files cached
+                    contexts[name] = browser.new_context(viewport={"width": 1500, "height": 1400})
+                    open_tree(contexts[name], f"{base}/tree?run={views[0][1]}&task={views[0][2]}")
                 empty_context = browser.new_context(viewport={"width": 1500, "height": 1400})
-                open_empty(empty_context, empty_url, chart=True)  # its static files cached too
-                empty_s = [open_empty(empty_context, empty_url) for _ in range(3)]
-                chart_s = [open_empty(empty_context, empty_url, chart=True) for _ in range(3)]
+                for chart in ("plotly", "vega"):
+                    open_empty(empty_context, empty_url, chart=chart)  # its static files cached too
+                for _ in range(3):
+                    for chart, times in floors.items():
+                        times.append(open_empty(empty_context, empty_url, chart=chart))
                 for i, (n, run_id, task) in enumerate(views):
-                    view = f"{url}/tree?run={run_id}&task={task}"
+                    path = f"/tree?run={run_id}&task={task}"
                     if i == 0:
-                        rows.append((n, "floor", "warm", open_tree(context, view)))
+                        for name, base in servers.items():
+                            rows.append((n, name, "floor", "warm", open_tree(contexts[name], base + path)))
                         continue
-                    rows.append((n, "lod", "cold", open_tree(context, view)))
-                    rows.append((n, "lod", "warm", open_tree(context, view)))
+                    for state in ("cold", "warm"):
+                        for name, base in servers.items():
+                            rows.append((n, name, "lod", state, open_tree(contexts[name], base + path)))
                     if baseline:
-                        rows.append((n, "full", "warm", open_tree(context, view + "&max_nodes=all")))
+                        rows.append((n, "now", "full", "warm", open_tree(contexts["now"], url + path + "&max_nodes=all")))
             finally:
                 browser.close()
     finally:
-        stop(proc)
-        stop(empty_proc)
+        for proc_ in procs:
+            stop(proc_)
+        if before_root is not None:
+            stop_before(before_root)
     print(f"\nbrowser (headless Chromium; lod = at most {DEFAULT_BUDGET} markers, full = ?max_nodes=all; "
-          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; floor = a 50-node tree: the page's own cost)")
-    print("  ws1: navigation -> first websocket frame (page, JS, session) · script: -> the figure's frame (the "
-          "server's rerun) · render: -> markers drawn (plotly) · drawn: interactive · click: a click answered")
-    print(f"{'nodes':>8} {'drawing':>7} {'server':>6} {'markers':>8} {'ws1 s':>6} {'script':>6} {'render':>6} "
-          f"{'drawn s':>8} {'click s':>8} {'-floor':>7} {'ws MB':>7} {'click MB':>8} {'goal s':>6}")
-    if empty_s:
-        print(f"{'empty':>8} {'page':>7} {'warm':>6} {0:>8} {'':>6} {'':>6} {'':>6} {min(empty_s):>8.2f} "
-              f"{'':>8} {'':>7} {'':>7} {'':>8} {'':>6}   (Streamlit's floor: an empty page, best of 3)")
-        print(f"{'empty':>8} {'+chart':>7} {'warm':>6} {50:>8} {'':>6} {'':>6} {'':>6} {min(chart_s):>8.2f} "
-              f"{'':>8} {'':>7} {'':>7} {'':>8} {'':>6}   (the same page with one 50-point plotly chart, best of 3)")
-    floor = rows[0][3]["clicked"]
-    for n, mode, state, r in rows:
+          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; floor = a 50-node tree: the page's own cost"
+          + (f"; page: now = this tree, before = {compare_ref}" if compare_ref else "") + ")")
+    print("  ws1: navigation -> first websocket frame (page, JS, session) · script: -> the chart's frame (the "
+          "server's rerun) · render: -> markers drawn · drawn: navigation -> markers drawn · click: a click answered")
+    print(f"{'nodes':>8} {'page':>6} {'drawing':>7} {'server':>6} {'markers':>8} {'ws1 s':>6} {'script':>6} "
+          f"{'render':>6} {'drawn s':>8} {'click s':>8} {'-floor':>7} {'ws MB':>7} {'click MB':>8} {'goal s':>6}")
+    for chart, label, what in (("", "page", "an empty page"), ("plotly", "+plotly", "+ one 50-point plotly chart"),
+                               ("vega", "+vega", "+ one 50-point Vega-Lite chart")):
+        print(f"{'empty':>8} {'':>6} {label:>7} {'warm':>6} {0 if not chart else 50:>8} {'':>6} {'':>6} {'':>6} "
+              f"{min(floors[chart]):>8.2f} {'':>8} {'':>7} {'':>7} {'':>8} {'':>6}   (Streamlit's floor: {what}, best of 3)")
+    floor = {page: r["clicked"] for _, page, mode, _, r in rows if mode == "floor"}
+    for n, page, mode, state, r in rows:
         goal = "" if mode == "floor" else "1.0" if n <= 10_001 else "3.0"
-        print(f"{n:>8} {mode:>7} {state:>6} {r['markers']:>8} {r['ws_first']:>6.2f} "
+        print(f"{n:>8} {page:>6} {mode:>7} {state:>6} {r['markers']:>8} {r['ws_first']:>6.2f} "
               f"{r['figure'] - r['ws_first']:>6.2f} {r['drawn'] - r['figure']:>6.2f} {r['drawn']:>8.2f} "
-              f"{r['clicked']:>8.2f} {r['clicked'] - floor:>+7.2f} {r['ws_mb']:>7.2f} {r['click_mb']:>8.2f} {goal:>6}")
-    if baseline:
-        for n, _, _ in views[1:]:
-            new = next(r for m, mode, state, r in rows if m == n and mode == "lod" and state == "warm")
-            old = next(r for m, mode, _, r in rows if m == n and mode == "full")
-            print(f"{n:>8} nodes: interactive {old['clicked']:.2f} s -> {new['clicked']:.2f} s "
-                  f"(x{old['clicked'] / new['clicked']:.1f} faster), websocket {old['ws_mb']:.2f} MB -> "
-                  f"{new['ws_mb']:.2f} MB (x{old['ws_mb'] / max(new['ws_mb'], 1e-9):.0f} less)")
+              f"{r['clicked']:>8.2f} {r['clicked'] - floor[page]:>+7.2f} {r['ws_mb']:>7.2f} {r['click_mb']:>8.2f} "
+              f"{goal:>6}")
+    for n, _, _ in views[1:]:
+        new = next(r for m, page, mode, state, r in rows if (m, page, mode, state) == (n, "now", "lod", "warm"))
+        goal = 1.0 if n <= 10_001 else 3.0
+        line = (f"{n:>8} nodes: navigation -> interactive (click answered) {new['clicked']:.2f} s, drawn "
+                f"{new['drawn']:.2f} s; goal {goal:g} s: {'met' if new['clicked'] <= goal else 'not met'}")
+        old = next((r for m, page, mode, state, r in rows if (m, page, mode, state) == (n, "before", "lod", "warm")),
+                   None)
+        if old is not None:
+            line += (f"; before ({compare_ref}) {old['clicked']:.2f} s, drawn {old['drawn']:.2f} s "
+                     f"(x{old['clicked'] / new['clicked']:.1f})")
+        full = next((r for m, page, mode, _, r in rows if (m, page, mode) == (n, "now", "full")), None)
+        if full is not None:
+            line += (f"; the whole tree drawn {full['clicked']:.2f} s, websocket {full['ws_mb']:.2f} MB vs "
+                     f"{new['ws_mb']:.2f} MB")
+        print(line)
 
 
 def main() -> None:
@@ -327,10 +404,12 @@ def main() -> None:
     ap.add_argument("--browser-sizes", type=int, nargs="*", default=[10_000, 100_000],
                     help="tree sizes for the browser figures (none: skip them)")
     ap.add_argument("--no-baseline", action="store_true", help="skip the whole-tree drawing in the browser")
+    ap.add_argument("--compare-ref", metavar="REF", help="also time the dashboard of this git commit (a temporary "
+                    "worktree) in the same run, e.g. the commit before a change")
     args = ap.parse_args()
 
-    print(f"{'nodes':>8} {'load s':>8} {'layout s':>9} {'figure s':>9} {'total s':>8} {'json s':>7} "
-          f"{'+json s':>8} {'json MB':>8} | {'skel s':>6} {'lod s':>6} {'+json s':>8} {'json MB':>8}")
+    print(f"{'nodes':>8} {'load s':>8} {'layout s':>9} {'rows s':>9} {'total s':>8} {'arrow s':>7} "
+          f"{'+arrow s':>8} {'arrow MB':>8} | {'skel s':>6} {'lod s':>6} {'+arrow s':>8} {'arrow MB':>8}")
     layout_per_node: dict[int, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for size in args.sizes:
@@ -340,9 +419,8 @@ def main() -> None:
             t_load, loaded = best_of(lambda db=db, tid=tree_id: read_tree(str(db), tid), args.repeat)
             assert loaded is not None and len(loaded.nodes) == len(tree.nodes)
             t_layout, lay = best_of(lambda t=loaded: layout_tree(t), args.repeat)
-            t_fig, fig = best_of(lambda t=loaded, lay=lay: tree_figure(t, lay, "q", 0.5, t.best_path(0.5)),
-                                 args.repeat)
-            t_json, spec = best_of(lambda fig=fig: pio.to_json(fig.to_dict(), validate=False), args.repeat)
+            t_fig, fig = best_of(lambda t=loaded, lay=lay: tree_rows(t, lay, "q", 0.5, t.best_path(0.5)), args.repeat)
+            t_json, spec = best_of(lambda fig=fig: dataframe_util.convert_anything_to_arrow_bytes(fig), args.repeat)
             total = t_load + t_layout + t_fig
             layout_per_node[len(loaded.nodes)] = t_layout / len(loaded.nodes)
 
@@ -353,8 +431,8 @@ def main() -> None:
             def drawn_part(shape=shape, db=db, tid=tree_id):
                 part = layout_tree(shape, opened=choose_open(shape, DEFAULT_BUDGET))
                 labels = {v: short_command(n) for v, n in read_nodes(str(db), tid, part.ids.tolist()).items()}
-                fig = tree_figure(shape, part, "q", 0.5, shape.best_path(0.5), commands=labels)
-                return pio.to_json(fig.to_dict(), validate=False)
+                rows = tree_rows(shape, part, "q", 0.5, shape.best_path(0.5), commands=labels)
+                return dataframe_util.convert_anything_to_arrow_bytes(rows)
 
             t_lod, lod_spec = best_of(drawn_part, args.repeat)
             print(f"{len(loaded.nodes):>8} {t_load:>8.3f} {t_layout:>9.3f} {t_fig:>9.3f} {total:>8.3f} "
@@ -368,7 +446,7 @@ def main() -> None:
                   f"per node {layout_per_node[lo] * 1e6:.2f} -> {layout_per_node[hi] * 1e6:.2f} us "
                   f"(linear keeps per-node time flat; quadratic would be x{(hi / lo) ** 2:.0f})")
         if args.browser_sizes:
-            browser_figures(args.browser_sizes, not args.no_baseline, Path(tmp))
+            browser_figures(args.browser_sizes, not args.no_baseline, Path(tmp), args.compare_ref)
 
 
 if __name__ == "__main__":

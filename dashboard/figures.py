@@ -1,70 +1,25 @@
-"""Plotly figures. The tree is two WebGL traces (edges, nodes) whatever its size, plus small overlays
-(best path, search matches, "+n" counts of hidden subtrees). What part of a big tree is drawn is
-chosen by `dashboard.lod`; arrays go to the browser as typed arrays (plotly's base64 `bdata`).
-
-Values shown come from the engine (`Node.Q_mcts`, `Node.Q_critic`, `Node.value(alpha)` = eq. 10,
-`SearchTree.best_path`), or for a tree read as a skeleton from `dashboard.shape.TreeShape`, which
-computes the same; this module only maps them to marks. Traces are built with plotly's
-validation off: validating 100k-element symbol/text arrays costs seconds, and the tests validate
-the same construction on small trees instead.
+"""Plotly figures (training curves, evaluation bars, a revision's paths on its tree), the one-line
+labels and search of tree nodes, and the Tree explorer's cached level of detail and layout. The Tree
+explorer's own chart is Vega-Lite (`dashboard.tree_chart`: measured faster to draw in the browser).
 """
 
 from __future__ import annotations
 
 import html
 import math
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
-from plotly.colors import get_colorscale
 
-from dashboard import data, keep_zoom, lod
+from dashboard import data, lod
 from dashboard.layout import TreeLayout, layout_tree
-from dashboard.shape import TreeShape, as_shape
+from dashboard.shape import TreeShape
 from engine.actions import CompositeAction
 from engine.search.tree import Node, SearchTree
 
-# What colours the nodes: label shown in the UI -> key.
-MEASURES: dict[str, str] = {
-    "Q (eq. 10)": "q",
-    "Q~ (MCTS mean)": "q_mcts",
-    "Q^ (critic)": "q_critic",
-}
-SYMBOLS: dict[str | None, str] = {
-    None: "circle",  # inner node or unfinished leaf
-    "success": "star",
-    "failure": "x",
-    "format_error": "diamond",
-    "depth_limit": "square",
-    "stopped": "triangle-down",
-}
-COLLAPSED_SYMBOL = "hexagon"  # a node whose descendants are hidden
-MAX_COUNT_LABELS = 100  # "+n" labels drawn beside the hexagons that hide the most
-LEGEND = (
-    "circle: open or inner node · star: success · x: failure · diamond: format error · "
-    "square: depth limit · triangle: stopped (STATUS ≠ CONTINUE) · hexagon: has hidden descendants "
-    "(+count; click it to draw its subtree) · "
-    "size: visits N · grey: no value (Q^ of the root) · blue line: best path (eq. 10) · magenta ring: search match"
-)
-# Diverging red (0) -> green (1), spelled out: plotly.js has no "RdYlGn" of its own (plotly.py expands
-# the name only when validating, which we skip).
-COLORSCALE = get_colorscale("RdYlGn")
-NO_VALUE = float("nan")  # nodes without a critic score (the root, critic off): drawn grey
-BEST_COLOR = "#1565c0"
-MATCH_COLOR = "#d500f9"
 EDGE_COLOR = "#b0b0b0"
-
-
-def node_value(node: Node, measure: str, alpha: float) -> float:
-    if measure == "q_mcts":
-        return node.Q_mcts
-    if measure == "q_critic":
-        return NO_VALUE if node.Q_critic is None else node.Q_critic
-    if measure == "q":
-        return node.value(alpha)
-    raise ValueError(f"unknown measure {measure!r} (one of {', '.join(MEASURES.values())})")
 
 
 def short_command(node: Node, limit: int = 60) -> str:
@@ -75,16 +30,6 @@ def short_command(node: Node, limit: int = 60) -> str:
         return "(format error)"
     cmd = " ".join(node.action.command.split())
     return cmd if len(cmd) <= limit else cmd[: limit - 1] + "…"
-
-
-def _fmt(value: float | None) -> str:
-    return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.2f}"
-
-
-def hover_text(node: Node, alpha: float, hidden: int) -> str:
-    """Short hover label. Env/model text is HTML-escaped: plotly renders a subset of HTML in labels."""
-    return _hover(node.id, node.depth, short_command(node), node.N, node.Q_mcts,
-                  NO_VALUE if node.Q_critic is None else node.Q_critic, node.value(alpha), node.terminal, hidden)
 
 
 def matching_nodes(tree: SearchTree, query: str) -> list[int]:
@@ -109,127 +54,8 @@ def matching_texts(rows: Iterable[tuple[int, CompositeAction | None, str | None]
     return out
 
 
-def _hover(v: int, depth: int, command: str, visits: int, q_mcts: float, q_critic: float, q: float,
-           terminal: str | None, hidden: int) -> str:
-    parts = [
-        f"#{v} · depth {depth}",
-        html.escape(command),
-        f"N={visits} · Q~={_fmt(q_mcts)} · Q^={_fmt(q_critic)} · Q={_fmt(q)}",
-    ]
-    if terminal:
-        parts.append(html.escape(terminal))
-    if hidden:
-        parts.append(f"+{hidden} hidden below")
-    return "<br>".join(parts)
-
-
-def tree_figure(
-    tree: SearchTree | TreeShape,
-    lay: TreeLayout,
-    measure: str = "q",
-    alpha: float = 0.5,
-    best_path: Sequence[int] = (),
-    matches: Collection[int] = (),
-    height: int = 640,
-    commands: Mapping[int, str] | None = None,
-    revision: str | None = None,
-) -> go.Figure:
-    """The tree: one Scattergl trace of edges (NaN-separated segments), one of nodes (node id in
-    customdata, so a click names the node), and overlays for the best path and search matches.
-    `commands`: the drawn nodes' one-line commands (`short_command`) for their hover labels; a
-    SearchTree has them itself, a `TreeShape` has no texts (the page reads the drawn nodes').
-    `revision`: the layout's `uirevision` (`keep_zoom.revision`: one per tree; default per task)."""
-    if commands is None:
-        commands = {} if isinstance(tree, TreeShape) else {int(v): short_command(tree.nodes[v]) for v in lay.ids}
-    shape = as_shape(tree)
-    # Root on top via y = -depth: a reversed y axis draws Scattergl *lines* flat along the bottom in the
-    # plotly.js that Streamlit 1.67 bundles (markers are fine).
-    ids, x, y = lay.ids, lay.x, -lay.y
-    m = len(ids)
-
-    child = np.arange(1, m)
-    par = lay.parent_index[1:]
-    nan = np.full(m - 1, np.nan)
-    ex = np.column_stack([x[par], x[child], nan]).ravel()
-    ey = np.column_stack([y[par], y[child], nan]).ravel()
-
-    hidden = lay.hidden.tolist()
-    q_mcts = shape.q_mcts(ids)
-    q_critic = np.asarray(shape.q_critic, dtype=np.float64)[ids]
-    q = shape.value(alpha, ids)
-    if measure not in ("q", "q_mcts", "q_critic"):
-        raise ValueError(f"unknown measure {measure!r} (one of {', '.join(MEASURES.values())})")
-    values = {"q": q, "q_mcts": q_mcts, "q_critic": q_critic}[measure]
-    visits = np.asarray(shape.N, dtype=np.float64)[ids]
-    small, extra = (5.0, 13.0) if m <= 2000 else (3.0, 9.0)  # big trees: smaller marks, less overlap
-    size = small + extra * np.sqrt(visits / max(1.0, float(visits.max(initial=0.0))))
-    id_list = ids.tolist()
-    terminal = [shape.terminal[v] for v in id_list]
-    symbol = [COLLAPSED_SYMBOL if h else SYMBOLS.get(t, "circle") for t, h in zip(terminal, hidden)]
-    text = [  # short; as many as marks drawn
-        _hover(v, shape.depth[v], commands.get(v, ""), shape.N[v], a, b, c, t, h)
-        for v, a, b, c, t, h in zip(id_list, q_mcts.tolist(), q_critic.tolist(), q.tolist(), terminal, hidden)
-    ]
-    label = next(k for k, v in MEASURES.items() if v == measure)
-
-    traces = [
-        go.Scattergl(
-            x=ex, y=ey, mode="lines", line={"color": EDGE_COLOR, "width": 1},
-            hoverinfo="skip", name="edges", showlegend=False, _validate=False,
-        ),
-    ]
-    pos = {int(v): i for i, v in enumerate(ids.tolist())}
-    path = [p for p in (0, *best_path) if p in pos]
-    if len(path) > 1:
-        idx = np.asarray([pos[p] for p in path])
-        traces.append(go.Scattergl(
-            x=x[idx], y=y[idx], mode="lines", line={"color": BEST_COLOR, "width": 4},
-            hoverinfo="skip", name="best path", showlegend=False, _validate=False,
-        ))
-    traces.append(go.Scattergl(
-        x=x, y=y, mode="markers", customdata=ids.astype(np.int32), text=text, hoverinfo="text", name="nodes",
-        showlegend=False,
-        marker={
-            "color": values, "colorscale": COLORSCALE, "cmin": 0.0, "cmax": 1.0, "size": size,
-            "symbol": symbol, "line": {"width": 0.5, "color": "#424242"},
-            "colorbar": {"title": {"text": label}, "thickness": 12, "len": 0.6},
-        },
-        unselected={"marker": {"opacity": 0.55}},
-        _validate=False,
-    ))
-    folded = np.flatnonzero(lay.hidden)
-    if len(folded) > MAX_COUNT_LABELS:  # WebGL text is slow to draw: label the biggest hidden subtrees
-        folded = np.sort(folded[np.argsort(-lay.hidden[folded], kind="stable")[:MAX_COUNT_LABELS]])
-    if len(folded):  # a marker that stands for a hidden subtree says how many nodes it holds (hover: all)
-        traces.append(go.Scattergl(
-            x=x[folded], y=y[folded], mode="text", text=[f"+{h}" for h in lay.hidden[folded].tolist()],
-            textposition="bottom center", textfont={"size": 9, "color": "#616161"},
-            hoverinfo="skip", name="hidden counts", showlegend=False, _validate=False,
-        ))
-    hits = [pos[h] for h in matches if h in pos]
-    if hits:
-        idx = np.asarray(sorted(hits))
-        traces.append(go.Scattergl(
-            x=x[idx], y=y[idx], mode="markers", hoverinfo="skip", name="matches", showlegend=False,
-            marker={"symbol": "circle-open", "size": 18, "color": MATCH_COLOR, "line": {"width": 2.5}},
-            _validate=False,
-        ))
-    fig = go.Figure(data=traces, _validate=False)
-    fig.update_layout(
-        height=height,
-        margin={"l": 10, "r": 10, "t": 10, "b": 10},
-        xaxis={"visible": False},
-        yaxis={"visible": False},
-        hovermode="closest",
-        plot_bgcolor="white",
-        uirevision=revision or f"tree-{shape.task_id}",
-    )
-    return fig
-
-
 # --- cached per (database version, tree, view settings) ---------------------------------------------
-# The figure is rebuilt only when one of these changes, so a rerun that only changes the selected
-# node sends byte-identical JSON and the chart (and its selection) stays as it is in the browser.
+# Rebuilt only when one of these changes (`dashboard.tree_chart.cached_tree_rows` builds on them).
 
 
 def _shape(path: str, tree_id: int, version: data.Version) -> TreeShape:
@@ -265,30 +91,6 @@ def cached_open(
 def cached_matches(path: str, tree_id: int, version: data.Version, query: str) -> list[int]:
     """Nodes matching `query`; the only read of every node's action text, made when one searches."""
     return matching_texts(data.read_node_texts(path, tree_id), query) if query.strip() else []
-
-
-# cache_resource: a pickled plotly Figure re-validates every array when loaded (~0.8 s at 100k
-# nodes), which cache_data would do on every rerun; the figure is never mutated after building.
-@st.cache_resource(show_spinner=False, max_entries=12)
-def cached_tree_figure(
-    path: str,
-    tree_id: int,
-    version: data.Version,
-    measure: str,
-    alpha: float,
-    max_depth: int | None,
-    collapsed: tuple[int, ...],
-    query: str,
-    budget: int | None = None,
-    focus: int | None = None,
-) -> go.Figure:
-    """The figure, its hover labels read for the drawn nodes only (`Store.load_nodes`)."""
-    shape = _shape(path, tree_id, version)
-    lay = cached_layout(path, tree_id, version, max_depth, collapsed, budget, focus)
-    matches = cached_matches(path, tree_id, version, query)
-    commands = {v: short_command(n) for v, n in data.read_nodes(path, tree_id, lay.ids.tolist()).items()}
-    return tree_figure(shape, lay, measure, alpha, shape.best_path(alpha), matches, commands=commands,
-                       revision=keep_zoom.revision(tree_id))
 
 
 # --- training and evaluation ------------------------------------------------------------------------

@@ -5,9 +5,9 @@ budget), so a view can be shared. Every way of choosing a node (a click in the p
 row in the path / sibling / children / search tables) writes the `node` query parameter; the page
 reads it back. A big tree is drawn in part (`dashboard.lod`): selecting a marker that hides a
 subtree draws that subtree. While the run is searching, the plot and the inspector redraw every
-few seconds (a fragment), keeping the selected node, the filters and the zoom (`dashboard.keep_zoom`:
-Streamlit mounts a new chart for a changed figure, which plotly's `uirevision` alone cannot follow;
-the sidebar can pause following). The tree is read as a skeleton
+few seconds (a fragment), keeping the selected node, the filters and the zoom (the chart is Vega-Lite,
+`dashboard.tree_chart`: a constant spec whose rows change; the sidebar can pause following). The tree
+is read as a skeleton
 (`dashboard.shape`: numbers, no texts; a live view reads only the nodes added since); texts are
 read for the drawn nodes' hover labels and the inspected node's neighbourhood. Env and model text
 is shown only through `st.code` and data frames, never as markdown or HTML.
@@ -23,14 +23,15 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from dashboard import data, figures, keep_zoom, lod
+from dashboard import data, figures, lod, tree_chart
 from dashboard.shape import TreeShape
 from engine.search.tree import TERMINALS, Node
 from engine.store import RunInfo
 
 MAX_TABLE_ROWS = 500
 NODE_INPUT = "te_node"
-PLOT = "te_plot"
+PLOT = "te_plot"  # + the tree id: a zoom is kept per tree
+LAST_PICK = "te_last_pick"  # the node the chart's point selection named last
 REFRESH_S = 3.0  # how often the page redraws while its run is searching
 BUDGETS = (1000, lod.DEFAULT_BUDGET, 10_000, 0)  # nodes drawn at most; 0: all of them
 
@@ -106,14 +107,14 @@ def _typed_node(n_nodes: int) -> None:
         st.session_state["te_node_error"] = f"No node {text!r} in this tree (ids 0..{n_nodes - 1})."
 
 
-def _clicked_node() -> None:
-    points = st.session_state[PLOT].selection.points
-    if points:
-        value = points[0].get("customdata")
-        if isinstance(value, list):
-            value = value[0]
-        if value is not None:
-            _go_to(int(value))
+def _clicked_node(key: str) -> None:
+    """A click names a node. The chart also reports its zoom (so that Streamlit keeps it across
+    redraws): a zoom leaves the last click's node in the state, which must not undo a node chosen
+    since in a table, so only a changed pick moves the inspector."""
+    picked = tree_chart.picked_node(st.session_state[key].selection)
+    if picked is not None and picked != st.session_state.get(LAST_PICK):
+        _go_to(picked)
+    st.session_state[LAST_PICK] = picked
 
 
 def _picked_row(key: str, ids: Sequence[int]) -> None:
@@ -179,7 +180,7 @@ with st.sidebar:
     st.selectbox("Run", run_ids, format_func=run_names.__getitem__, key="te_run", on_change=_pick_run)
     st.selectbox("Task", list(tree_of_task), key="te_task", on_change=_pick_task)
     measure_label = st.radio(
-        "Colour by", list(figures.MEASURES), key="te_measure",
+        "Colour by", list(tree_chart.MEASURES), key="te_measure",
         help=f"Q~: MCTS mean reward (eq. 8) · Q^: critic score · Q: eq. 10 with this run's alpha = {alpha}",
     )
     search = st.text_input("Search actions", key="te_search", placeholder="e.g. craft stick")
@@ -211,9 +212,8 @@ with st.sidebar:
         st.button("Expand all", on_click=_expand_all, args=(tree_id,), key="te_expand_all")
     st.caption("Database")
     st.code(db, language=None, wrap_lines=True)
-    keep_zoom.keep_zoom()  # outside the live fragment: mounted once
 
-measure = figures.MEASURES[measure_label]
+measure = tree_chart.MEASURES[measure_label]
 # At the slider's end: no limit, also when a live search grows the tree deeper than the slider knows.
 max_depth = None if depth_limit >= max_tree_depth else int(depth_limit)
 collapsed = tuple(sorted(folded))
@@ -263,8 +263,8 @@ def explorer(live: bool) -> None:
         if not lod.fully_shown(tree, opened, node_id, max_depth, folded):
             focus = focus_of[tree_id] = node_id  # draw the selected node's path, children and subtree
     query = search.strip()
-    fig = figures.cached_tree_figure(db, tree_id, version, measure, alpha, max_depth, collapsed, query,
-                                     budget, focus)
+    rows = tree_chart.cached_tree_rows(db, tree_id, version, measure, alpha, max_depth, collapsed, query,
+                                       budget, focus)
     lay = figures.cached_layout(db, tree_id, version, max_depth, collapsed, budget, focus)
     matches = figures.cached_matches(db, tree_id, version, query)
     best = tree.best_path(alpha)
@@ -279,11 +279,12 @@ def explorer(live: bool) -> None:
             f"best path {len(best)} steps · click a node to inspect it"
             + (f" · {hidden} more in hexagons (select one to draw its subtree)" if hidden else "")
         )
-        st.plotly_chart(
-            fig, key=PLOT, on_select=_clicked_node, selection_mode="points",
-            config={"scrollZoom": True, "displaylogo": False},
+        key = f"{PLOT}_{tree_id}"
+        st.vega_lite_chart(
+            tree_chart.with_selection(rows, tree, node_id), tree_chart.tree_spec(measure), key=key,
+            on_select=partial(_clicked_node, key), selection_mode=[tree_chart.PICK, tree_chart.ZOOM],
         )
-        st.caption(figures.LEGEND)
+        st.caption(tree_chart.LEGEND)
         if query:
             st.caption(f"{len(matches)} nodes match the search")
             if matches:

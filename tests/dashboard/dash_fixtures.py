@@ -147,3 +147,12 @@ def grow_tree(path: Path, run_id: str, task_id: str, parent: int, n: int) -> lis
         tree.simulations.append(sim)
         store.save_simulation(tree_id, tree, sim, first_new)
         return list(range(first_new, len(tree.nodes)))
+
+
+def tree_chart_of(at: Any) -> tuple[dict, Any, str]:
+    """The Tree explorer's Vega-Lite chart on an AppTest page: (spec, rows as a DataFrame, element id)."""
+    import pyarrow as pa
+
+    (chart,) = at.get("arrow_vega_lite_chart") or at.get("vega_lite_chart")
+    rows = pa.ipc.open_stream(chart.proto.data.data).read_all().to_pandas()
+    return json.loads(chart.proto.spec), rows, chart.proto.id

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from dash_fixtures import APP, XSS
+from dash_fixtures import APP, XSS, tree_chart_of
 from streamlit.testing.v1 import AppTest
 
 from engine.search.tree import SearchTree
@@ -49,11 +49,6 @@ def markdown_texts(at: AppTest) -> list[str]:
 
 def code_texts(at: AppTest) -> list[str]:
     return [e.value for e in at.code] + [e.value for e in at.text]
-
-
-def plot_spec(at: AppTest) -> str:
-    (chart,) = at.get("plotly_chart")
-    return chart.proto.spec
 
 
 def test_runs_page_lists_every_run_with_its_settings(db) -> None:
@@ -164,15 +159,21 @@ def test_markup_in_observations_is_shown_as_text_only(db) -> None:
     assert not at.get("html")
 
 
-def test_figure_is_unchanged_when_only_the_node_changes(db) -> None:
+def test_only_the_selection_columns_change_when_only_the_node_changes(db) -> None:
+    """The same spec and element: Streamlit swaps the rows in the browser's view, keeping the zoom."""
     _, runs = db
     at = open_tree(run=runs["main"], task="goal-4")
-    spec = plot_spec(at)
+    spec, rows, element = tree_chart_of(at)
+    assert list(rows["id"][rows["selected"]]) == [0] and not rows["on_path"].any()
     at.text_input(key="te_node").input("5").run()
     assert at.subheader[0].value == "Node 5"
-    assert plot_spec(at) == spec  # byte-identical: the chart and its selection survive
+    spec_now, rows_now, element_now = tree_chart_of(at)
+    assert (spec_now, element_now) == (spec, element)
+    assert list(rows_now["id"][rows_now["selected"]]) == [5] and rows_now["on_path"].any()
+    same = [c for c in rows.columns if c not in ("selected", "on_path")]
+    assert rows_now[same].equals(rows[same])
     at.radio(key="te_measure").set_value("Q~ (MCTS mean)").run()
-    assert plot_spec(at) != spec
+    assert tree_chart_of(at)[0] != spec
 
 
 def test_depth_limit_collapse_and_search(db) -> None:
@@ -196,7 +197,7 @@ def test_depth_limit_collapse_and_search(db) -> None:
     at.text_input(key="te_search").input("wait").run()
     waits = [n.id for n in tree.nodes if n.action and "wait" in n.action.command]
     assert any(f"{len(waits)} nodes match the search" in c.value for c in at.caption)
-    assert '"name":"matches"' in plot_spec(at)
+    assert sorted(tree_chart_of(at)[1].query("match")["id"]) == sorted(waits)
 
 
 def test_missing_database_says_no_runs_yet(monkeypatch, tmp_path: Path) -> None:

@@ -1,0 +1,219 @@
+"""The Tree explorer's tree as a Vega-Lite chart (`st.vega_lite_chart`): a constant spec, data in a table.
+
+WHY Vega-Lite, not plotly: measured in headless Chromium (docs/decisions.md, "The Tree explorer draws
+with Vega-Lite"), plotly.js alone costs seconds to boot and draw on this host whatever the figure;
+Vega draws the same ~3000 marks on a canvas in a fraction of that. WHY a constant spec: Streamlit
+keys a keyed chart by its key, and re-embeds the Vega view only when the spec changes; when only the
+data changes it swaps the rows in the running view, so a live redraw (new nodes, new visit counts, a
+new selected node) keeps the zoom and pan (`bind: "scales"`) without any script of ours. So nothing
+that depends on the tree goes into the spec: the spec depends on the measure's label only.
+
+Rows: one per drawn node, with its position, its parent's position (the edge), its colour value,
+marker area, kind (shape), flags (on the best path, on the selected node's path, a search match,
+selected) and its hover fields. Hover text is shown by Vega's tooltip handler, which escapes `&` and
+`<` before writing it (vega-tooltip's `sanitize`), so model and env text is shown as text: it must
+not be escaped here (it would show `&lt;`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import streamlit as st
+
+from dashboard import data, figures
+from dashboard.figures import short_command
+from dashboard.layout import TreeLayout
+from dashboard.shape import TreeShape, as_shape
+from engine.search.tree import SearchTree
+
+PICK = "pick"  # the point selection: a click names a node (its "id" field)
+ZOOM = "zoom"  # the interval selection bound to the scales: wheel zoom, drag pan, double-click resets
+MEASURES: dict[str, str] = {  # label shown in the UI -> key
+    "Q (eq. 10)": "q",
+    "Q~ (MCTS mean)": "q_mcts",
+    "Q^ (critic)": "q_critic",
+}
+# Marker shape per kind (terminal status, or "hidden": a node standing for a hidden subtree).
+STAR = ("M0,-1L0.2245,-0.309L0.9511,-0.309L0.3633,0.118L0.5878,0.809L0,0.382L-0.5878,0.809"
+        "L-0.3633,0.118L-0.9511,-0.309L-0.2245,-0.309Z")
+HEXAGON = "M0,-1L0.866,-0.5L0.866,0.5L0,1L-0.866,0.5L-0.866,-0.5Z"
+X_MARK = ("M-1,-0.7L-0.7,-1L0,-0.3L0.7,-1L1,-0.7L0.3,0L1,0.7L0.7,1L0,0.3L-0.7,1L-1,0.7L-0.3,0Z")
+SHAPES: dict[str, str] = {
+    "open": "circle",  # inner node or unfinished leaf
+    "success": STAR,
+    "failure": X_MARK,
+    "format_error": "diamond",
+    "depth_limit": "square",
+    "stopped": "triangle-down",
+    "hidden": HEXAGON,
+}
+MAX_COUNT_LABELS = 100  # "+n" labels drawn beside the hidden subtrees that hide the most
+LEGEND = (
+    "circle: open or inner node · star: success · x: failure · diamond: format error · "
+    "square: depth limit · triangle: stopped (STATUS ≠ CONTINUE) · hexagon: has hidden descendants "
+    "(+count; click it to draw its subtree) · size: visits N · grey: no value (Q^ of the root) · "
+    "blue line: best path (eq. 10) · orange: the selected node and its path · magenta ring: search match · "
+    "wheel: zoom, drag: pan, double-click: full view"
+)
+BEST_COLOR = "#1565c0"
+SELECTED_COLOR = "#ff6f00"
+MATCH_COLOR = "#d500f9"
+EDGE_COLOR = "#b0b0b0"
+NO_VALUE_COLOR = "#bdbdbd"
+HOVER = [  # (field, title) shown on hover, in this order
+    ("id", "node"), ("depth", "depth"), ("command", "command"), ("N", "N"), ("q_mcts_text", "Q~"),
+    ("q_critic_text", "Q^"), ("q_text", "Q"), ("terminal", "terminal"), ("hidden", "hidden below"),
+]
+
+
+def _fmt(value: float) -> str:
+    return "–" if math.isnan(value) else f"{value:.2f}"
+
+
+def tree_rows(
+    tree: SearchTree | TreeShape,
+    lay: TreeLayout,
+    measure: str = "q",
+    alpha: float = 0.5,
+    best_path: Sequence[int] = (),
+    matches: Collection[int] = (),
+    commands: Mapping[int, str] | None = None,
+) -> pd.DataFrame:
+    """One row per drawn node (`lay`), everything but the selection (`with_selection`). `commands`: the
+    drawn nodes' one-line commands (`figures.short_command`), for hover; a TreeShape has no texts."""
+    if measure not in MEASURES.values():
+        raise ValueError(f"unknown measure {measure!r} (one of {', '.join(MEASURES.values())})")
+    if commands is None:
+        commands = {} if isinstance(tree, TreeShape) else {int(v): short_command(tree.nodes[v]) for v in lay.ids}
+    shape = as_shape(tree)
+    ids = lay.ids
+    x, y = lay.x.astype(np.float64), -lay.y.astype(np.float64)  # root on top
+    par = np.where(lay.parent_index >= 0, lay.parent_index, np.arange(len(ids)))  # the root: a null edge
+    q_mcts = shape.q_mcts(ids)
+    q_critic = np.asarray(shape.q_critic, dtype=np.float64)[ids]
+    q = shape.value(alpha, ids)
+    values = {"q": q, "q_mcts": q_mcts, "q_critic": q_critic}[measure]
+    visits = np.asarray(shape.N, dtype=np.float64)[ids]
+    small, extra = (6.0, 13.0) if len(ids) <= 2000 else (4.5, 9.0)  # diameter, px: big trees smaller
+    diameter = small + extra * np.sqrt(visits / max(1.0, float(visits.max(initial=0.0))))
+    id_list = ids.tolist()
+    terminal = [shape.terminal[v] or "" for v in id_list]
+    hidden = lay.hidden
+    kind = ["hidden" if h else (t if t in SHAPES else "open") for t, h in zip(terminal, hidden.tolist())]
+    counted = np.flatnonzero(hidden)
+    if len(counted) > MAX_COUNT_LABELS:  # text is drawn per label: the biggest hidden subtrees only
+        counted = counted[np.argsort(-hidden[counted], kind="stable")[:MAX_COUNT_LABELS]]
+    count_label = np.full(len(ids), "", dtype=object)
+    count_label[counted] = [f"+{h}" for h in hidden[counted].tolist()]
+    on_best = np.isin(ids, np.asarray([0, *best_path], dtype=np.int64))
+    return pd.DataFrame({
+        "id": ids.astype(np.int64),
+        "x": x, "y": y, "px": x[par], "py": y[par],
+        "value": np.where(np.isnan(values), None, values),  # null: drawn grey
+        "area": diameter ** 2,
+        "ring": (diameter + 10) ** 2,  # the rings around a match or the selected node: clear of the marker
+        "kind": kind,
+        "best": on_best & on_best[par] & (lay.parent_index >= 0),  # an edge of the best path ends here
+        "match": np.isin(ids, np.asarray(sorted(matches), dtype=np.int64)),
+        "count_label": count_label,
+        "depth": [shape.depth[v] for v in id_list],
+        "command": [commands.get(v, "") for v in id_list],
+        "N": [shape.N[v] for v in id_list],
+        "q_mcts_text": [_fmt(v) for v in q_mcts.tolist()],
+        "q_critic_text": [_fmt(v) for v in q_critic.tolist()],
+        "q_text": [_fmt(v) for v in q.tolist()],
+        "terminal": terminal,
+        "hidden": hidden.astype(np.int64),
+    })
+
+
+def with_selection(rows: pd.DataFrame, tree: TreeShape, node: int) -> pd.DataFrame:
+    """`rows` plus the selected node and the edges of its path from the root (drawn orange)."""
+    path = np.asarray([0, *tree.path(node)], dtype=np.int64) if node < len(tree) else np.zeros(1, np.int64)
+    ids = rows["id"].to_numpy()
+    out = rows.copy()
+    out["selected"] = ids == node
+    out["on_path"] = np.isin(ids, path[1:])  # the edge into each path node (not the root's)
+    return out
+
+
+def tree_spec(measure: str = "q", height: int = 640) -> dict[str, Any]:
+    """The chart's spec: the same for every tree and every redraw (only the measure names the legend)."""
+    label = next(k for k, v in MEASURES.items() if v == measure)
+    x = {"field": "x", "type": "quantitative", "axis": None, "scale": {"zero": False, "nice": False, "padding": 12}}
+    y = {"field": "y", "type": "quantitative", "axis": None, "scale": {"zero": False, "nice": False, "padding": 12}}
+    edge = {"x": x, "y": y, "x2": {"field": "px"}, "y2": {"field": "py"}}
+    ring = {"field": "ring", "type": "quantitative", "scale": None}
+    return {
+        "height": height,
+        "autosize": {"type": "fit", "contains": "padding"},
+        "config": {"view": {"stroke": None}, "aria": False},  # no ARIA attributes per mark
+        "usermeta": {"embedOptions": {"renderer": "canvas"}},  # Streamlit picks SVG under 2000 rows: slower
+        "layer": [
+            {"mark": {"type": "rule", "color": EDGE_COLOR, "strokeWidth": 1}, "encoding": edge},
+            {"transform": [{"filter": "datum.best"}],
+             "mark": {"type": "rule", "color": BEST_COLOR, "strokeWidth": 4}, "encoding": edge},
+            {"transform": [{"filter": "datum.on_path"}],
+             "mark": {"type": "rule", "color": SELECTED_COLOR, "strokeWidth": 2.5}, "encoding": edge},
+            {"transform": [{"filter": "datum.match"}],
+             "mark": {"type": "point", "shape": "circle", "filled": False, "color": MATCH_COLOR, "strokeWidth": 2.5},
+             "encoding": {"x": x, "y": y, "size": ring}},
+            {"transform": [{"filter": "datum.selected"}],
+             "mark": {"type": "point", "shape": "circle", "filled": False, "color": SELECTED_COLOR, "strokeWidth": 3},
+             "encoding": {"x": x, "y": y, "size": ring}},
+            {"name": "nodes",
+             "params": [
+                 {"name": PICK, "select": {"type": "point", "fields": ["id"], "on": "click", "clear": False,
+                                           "toggle": False}},
+                 {"name": ZOOM, "select": {"type": "interval", "encodings": ["x", "y"]}, "bind": "scales"},
+             ],
+             "mark": {"type": "point", "filled": True, "opacity": 1, "stroke": "#424242", "strokeWidth": 0.5,
+                      "cursor": "pointer"},
+             "encoding": {
+                 "x": x, "y": y,
+                 "color": {"condition": {"test": "datum.value === null", "value": NO_VALUE_COLOR},
+                           "field": "value", "type": "quantitative", "title": label,
+                           "scale": {"scheme": "redyellowgreen", "domain": [0, 1]},
+                           "legend": {"gradientLength": 200, "gradientThickness": 12}},
+                 "size": {"field": "area", "type": "quantitative", "scale": None},
+                 "shape": {"field": "kind", "type": "nominal", "legend": None,
+                           "scale": {"domain": list(SHAPES), "range": list(SHAPES.values())}},
+                 "tooltip": [{"field": f, "title": t, "type": "nominal"} for f, t in HOVER],
+             }},
+            {"transform": [{"filter": "datum.count_label !== ''"}],
+             "mark": {"type": "text", "dy": 11, "fontSize": 9, "color": "#616161", "baseline": "top"},
+             "encoding": {"x": x, "y": y, "text": {"field": "count_label"}}},
+        ],
+    }
+
+
+def picked_node(state: Any) -> int | None:
+    """The node a click selected, from the chart's selection state (`{PICK: [{"id": ...}]}`); None when
+    nothing (or something unreadable) is selected."""
+    points = (state or {}).get(PICK) if isinstance(state, Mapping) else None
+    if not isinstance(points, list) or not points or not isinstance(points[0], Mapping):
+        return None
+    value = points[0].get("id")
+    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+# Cached per (database version, tree, view settings): a rerun that changes only the selected node
+# rebuilds two columns (`with_selection`), not the rows, and reads no texts.
+@st.cache_data(show_spinner=False, max_entries=12)
+def cached_tree_rows(
+    path: str, tree_id: int, version: data.Version, measure: str, alpha: float, max_depth: int | None,
+    collapsed: tuple[int, ...], query: str, budget: int | None = None, focus: int | None = None,
+) -> pd.DataFrame:
+    """The rows, their hover commands read for the drawn nodes only (`Store.load_nodes`)."""
+    shape = data.load_shape(path, tree_id, version)
+    if shape is None:
+        raise ValueError(f"tree {tree_id} has no nodes yet")
+    lay = figures.cached_layout(path, tree_id, version, max_depth, collapsed, budget, focus)
+    matches = figures.cached_matches(path, tree_id, version, query)
+    commands = {v: short_command(n) for v, n in data.read_nodes(path, tree_id, lay.ids.tolist()).items()}
+    return tree_rows(shape, lay, measure, alpha, shape.best_path(alpha), matches, commands)

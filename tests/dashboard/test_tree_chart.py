@@ -1,0 +1,129 @@
+"""The Tree explorer's chart (dashboard.tree_chart) shows the engine's values: positions from the layout,
+colours from Node values, node ids for clicks, each edge from its parent's position, the best path from
+`SearchTree.best_path`; and its spec is the same for every tree and redraw (so the zoom survives)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import altair as alt
+import numpy as np
+import pytest
+
+from dashboard import lod, tree_chart
+from dashboard.figures import matching_nodes
+from dashboard.layout import layout_tree
+from dashboard.shape import TreeShape
+from engine.actions import CompositeAction
+from engine.envs.base import TaskSpec
+from engine.search.tree import SearchTree
+from engine.store import Store
+
+
+@pytest.fixture(scope="module")
+def tree(store_db) -> SearchTree:
+    path, runs = store_db
+    with Store(path) as store:
+        trees = [store.load_tree(t) for t, _ in store.tree_ids(runs["main"])]
+    return max(trees, key=lambda t: len(t.nodes))
+
+
+@pytest.mark.parametrize("measure", ["q", "q_mcts", "q_critic"])
+def test_the_spec_is_valid_vega_lite_and_names_no_tree(measure: str) -> None:
+    spec = tree_chart.tree_spec(measure)
+    alt.Chart.from_dict({**spec, "data": {"values": []}})  # validated against Vega-Lite's JSON schema
+    assert tree_chart.tree_spec(measure) == spec and json.dumps(spec)  # constant, serialisable: nothing of a tree in it
+    nodes = next(layer for layer in spec["layer"] if layer.get("name") == "nodes")
+    params = {p["name"]: p for p in nodes["params"]}
+    assert params[tree_chart.PICK]["select"]["fields"] == ["id"] and params[tree_chart.ZOOM]["bind"] == "scales"
+    assert {"Q (eq. 10)": "q", "Q~ (MCTS mean)": "q_mcts", "Q^ (critic)": "q_critic"}[
+        nodes["encoding"]["color"]["title"]] == measure
+
+
+@pytest.mark.parametrize("measure", ["q", "q_mcts", "q_critic"])
+def test_rows_carry_engine_values(tree: SearchTree, measure: str) -> None:
+    alpha = 0.3
+    lay = layout_tree(tree)
+    rows = tree_chart.tree_rows(tree, lay, measure, alpha)
+    ids = rows["id"].tolist()
+    assert ids == lay.ids.tolist() and sorted(ids) == list(range(len(tree.nodes)))
+    assert np.allclose(rows["x"], lay.x) and np.allclose(rows["y"], -lay.y)
+    expected = {
+        "q": lambda n: n.value(alpha),
+        "q_mcts": lambda n: n.Q_mcts,
+        "q_critic": lambda n: math.nan if n.Q_critic is None else n.Q_critic,
+    }[measure]
+    got = [math.nan if v is None else v for v in rows["value"]]
+    assert np.allclose(got, [expected(tree.nodes[i]) for i in ids], equal_nan=True)
+    if measure == "q_critic":
+        assert rows["value"][ids.index(0)] is None  # the root has no critic score: drawn grey
+    assert list(rows["kind"]) == [tree.nodes[i].terminal or "open" for i in ids]
+    assert set(rows["kind"]) <= set(tree_chart.SHAPES)
+    visits = [tree.nodes[i].N for i in ids]
+    order = np.argsort(visits, kind="stable")
+    assert np.all(np.diff(rows["area"].to_numpy()[order]) >= 0)  # more visits, never a smaller marker
+    assert list(rows["N"]) == visits and list(rows["depth"]) == [tree.nodes[i].depth for i in ids]
+
+
+def test_each_edge_runs_from_the_parent(tree: SearchTree) -> None:
+    lay = layout_tree(tree)
+    rows = tree_chart.tree_rows(tree, lay).set_index("id")
+    for n in tree.nodes:
+        p = n.parent if n.parent is not None else n.id  # the root's edge has no length
+        assert (rows.at[n.id, "px"], rows.at[n.id, "py"]) == (rows.at[p, "x"], rows.at[p, "y"])
+
+
+def test_best_path_matches_and_the_selected_path(tree: SearchTree) -> None:
+    lay = layout_tree(tree)
+    best = tree.best_path(0.3)
+    assert best, "the fixture tree should have a visited path"
+    hits = matching_nodes(tree, "WAIT")
+    assert hits and all(tree.nodes[h].action and "wait" in tree.nodes[h].action.command for h in hits)
+    rows = tree_chart.tree_rows(tree, lay, "q", 0.3, best, hits)
+    assert set(rows["id"][rows["best"]]) == set(best)  # the edge into each best-path node
+    assert set(rows["id"][rows["match"]]) == set(hits)
+    node = max(n.id for n in tree.nodes if n.depth >= 2)
+    sel = tree_chart.with_selection(rows, TreeShape.from_tree(tree), node)
+    assert list(sel["id"][sel["selected"]]) == [node]
+    assert set(sel["id"][sel["on_path"]]) == {v.id for v in tree.path(tree.nodes[node])} - {0}
+    assert not tree_chart.with_selection(rows, TreeShape.from_tree(tree), 0)["on_path"].any()
+    assert list(rows.columns) == [c for c in sel.columns if c not in ("selected", "on_path")]
+
+
+def test_collapsed_nodes_are_hexagons_and_hide_their_subtree(tree: SearchTree) -> None:
+    folded = next(n.id for n in tree.nodes if n.parent is not None and n.children)
+    rows = tree_chart.tree_rows(tree, layout_tree(tree, collapsed=[folded]))
+    ids = rows["id"].tolist()
+    assert rows["kind"][ids.index(folded)] == "hidden" and rows["hidden"][ids.index(folded)] > 0
+    assert not set(tree.nodes[folded].children) & set(ids)
+
+
+def test_hover_text_is_the_raw_text() -> None:
+    """Vega's tooltip escapes & and < itself (vega-tooltip's sanitize; tests/dashboard/test_browser.py
+    checks the page): escaping here would show "&lt;"."""
+    tree = SearchTree.new(TaskSpec(id="t", goal="g"), "start")
+    tree.add_child(tree.root, observation="o", action=CompositeAction(thought="t", command="<b>x</b> <script>"))
+    rows = tree_chart.tree_rows(tree, layout_tree(tree))
+    assert rows["command"].tolist() == ["(root)", "<b>x</b> <script>"]
+
+
+def test_hidden_subtrees_are_counted_beside_their_hexagon() -> None:
+    tree = SearchTree.new(TaskSpec(id="t", goal="g"), "start")
+    for _ in range(3 * tree_chart.MAX_COUNT_LABELS):
+        child = tree.add_child(tree.root, observation="o")
+        for _ in range(2 + child.id % 5):
+            tree.add_child(child, observation="o")
+    lay = layout_tree(tree, opened=lod.choose_open(tree, budget=3 * tree_chart.MAX_COUNT_LABELS + 1))
+    rows = tree_chart.tree_rows(tree, lay)
+    labels = [int(t.lstrip("+")) for t in rows["count_label"] if t]
+    assert sorted(labels, reverse=True) == sorted(lay.hidden.tolist(), reverse=True)[:tree_chart.MAX_COUNT_LABELS]
+    assert set(rows["kind"][lay.hidden > 0]) == {"hidden"}
+    assert sum(lay.hidden.tolist()) + len(lay) == len(tree.nodes)
+
+
+def test_a_click_names_a_node_and_anything_else_names_none() -> None:
+    assert tree_chart.picked_node({tree_chart.PICK: [{"id": 7}], tree_chart.ZOOM: {"x": [0, 1]}}) == 7
+    for state in (None, {}, {tree_chart.PICK: []}, {tree_chart.PICK: {}}, {tree_chart.PICK: ["7"]}, {tree_chart.PICK: [{"id": "7"}]}, {tree_chart.PICK: [{"id": True}]},
+                  {tree_chart.ZOOM: {"x": [0, 1]}}):
+        assert tree_chart.picked_node(state) is None, state
