@@ -4,6 +4,7 @@ refuse a grammar."""
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
@@ -194,3 +195,66 @@ def test_a_constrained_evaluation_has_no_format_error_but_at_the_token_limit() -
     assert sum(e.format_errors for e in free.episodes) > 0  # 24 tokens: too few for a whole action
     assert sum(e.format_errors for e in cut.episodes) > 0  # the grammar cannot make 24 tokens enough
     assert sum(e.format_errors for e in big.episodes) == 0 and sum(e.steps for e in big.episodes) >= 6
+
+
+def _sentencepiece_tokenizer(kind: str, clean_up: bool):
+    """A SentencePiece-style tokenizer (Metaspace: a word's leading space is part of its token, and the
+    space of the text's first word is dropped on decode), BPE or Unigram, trained on expert answers;
+    " ," and " ." are tokens of their own, which `clean_up_tokenization_spaces` decodes as "," and "."
+    (transformers applies it to non-BPE tokenizers)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    texts = [text for _, text in _expert_answers(10, 0.0)] + ["a , b . c"] * 50
+    tok = Tokenizer(models.BPE(unk_token="<unk>") if kind == "bpe" else models.Unigram())
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first")
+    tok.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="first")
+    special = ["<unk>", "</s>"]
+    trainer = (trainers.BpeTrainer(vocab_size=400, special_tokens=special) if kind == "bpe"
+               else trainers.UnigramTrainer(vocab_size=400, special_tokens=special, unk_token="<unk>"))
+    tok.train_from_iterator(texts, trainer)
+    if kind == "unigram":  # give " ," and " ." likely tokens of their own
+        spec = json.loads(tok.to_str())
+        spec["model"]["vocab"] += [["\u2581,", -1.0], ["\u2581.", -1.0]]
+        tok = Tokenizer.from_str(json.dumps(spec))
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>", unk_token="<unk>",
+                                   clean_up_tokenization_spaces=clean_up)
+
+
+def _decode(tokenizer, ids) -> str:
+    """What the HF backend's text of generated ids is (engine/llm/hf.py `_decode`)."""
+    return tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+@pytest.mark.parametrize(("kind", "clean_up"), [("bpe", False), ("unigram", True)])
+def test_masks_follow_a_sentencepiece_tokenizers_text(kind: str, clean_up: bool) -> None:
+    """The canonical tokens of an answer are allowed, the first word's space-led token included (its
+    space is not in the decoded text), and every allowed token keeps the decoded text in the grammar."""
+    from engine.llm.hf_constrain import TokenMasker
+
+    tokenizer = _sentencepiece_tokenizer(kind, clean_up)
+    eos = tokenizer.eos_token_id
+    masker = TokenMasker(tokenizer, len(tokenizer), {eos})
+    env = TextCraftEnv()
+    for task, text in _expert_answers(3, 0.0):
+        grammar = grammar_for(env, task)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        assert _decode(tokenizer, ids) == text
+        # the canonical prefixes, and the texts cut before each ", " (where " ," must not pass as ",")
+        prefixes = [ids[:k] for k in range(len(ids))]
+        prefixes += [tokenizer(text[:i], add_special_tokens=False)["input_ids"]
+                     for i in range(len(text)) if text.startswith(", ", i)]
+        for k, prefix in enumerate(prefixes):
+            before = _decode(tokenizer, prefix)
+            # A token that adds no text (a Unigram "\u2581" before the first word) is never allowed, so
+            # tokens without text are no prefix the masks can reach.
+            if prefix and not before:
+                continue
+            mask = masker.mask(grammar, before)
+            if k < len(ids) and _decode(tokenizer, ids[:k + 1]) != before:
+                assert mask[ids[k]], (text, k, tokenizer.convert_ids_to_tokens(ids[k]))
+            for other in mask.nonzero()[:, 0].tolist():
+                after = _decode(tokenizer, [*prefix, other])
+                placed = grammar.place(after)
+                assert placed is not None and grammar.viable(*placed), (after, tokenizer.convert_ids_to_tokens(other))
+        assert masker.mask(grammar, text)[eos]

@@ -33,6 +33,13 @@ class TokenMasker:
         self.eos_ids = sorted(i for i in eos_ids if 0 <= i < vocab_size)
         special = set(getattr(tokenizer, "all_special_ids", ()))
         self.pieces = token_pieces(tokenizer, vocab_size, special)
+        # The completion's first token decodes alone: a SentencePiece word token's leading space is
+        # dropped there ("\u2581THOUGHT" is "THOUGHT"), so the first mask reads these pieces.
+        self.first_pieces = token_pieces(tokenizer, vocab_size, special, anchored=False)
+        self.first_by_first: dict[str, list[int]] = {}
+        for i, piece in enumerate(self.first_pieces):
+            if piece:
+                self.first_by_first.setdefault(piece[0], []).append(i)
         self.by_first: dict[str, list[int]] = {}
         no_newline = torch.zeros(vocab_size, dtype=torch.bool)
         self.newline_ids: list[int] = []
@@ -62,13 +69,14 @@ class TokenMasker:
             self._cache.move_to_end(key)
             return cached
         allowed = self.no_newline.clone() if free else torch.zeros(self.vocab_size, dtype=torch.bool)
+        pieces, by_first = (self.pieces, self.by_first) if text else (self.first_pieces, self.first_by_first)
         if free:
             candidates: Sequence[int] = self.newline_ids
         else:
-            firsts = [c for c in self.by_first if self._fits(grammar, where, line, c)]
-            candidates = [i for c in firsts for i in self.by_first[c]]
+            firsts = [c for c in by_first if self._fits(grammar, where, line, c)]
+            candidates = [i for c in firsts for i in by_first[c]]
         for i in candidates:
-            if self._fits(grammar, where, line, self.pieces[i]):
+            if self._fits(grammar, where, line, pieces[i]):
                 allowed[i] = True
         if where == "status" and grammar.complete(where, line):
             allowed[self.eos_ids] = True
@@ -95,18 +103,22 @@ class TokenMasker:
         return allowed
 
 
-def token_pieces(tokenizer: Any, vocab_size: int, special: Collection[int] = ()) -> list[str]:
+def token_pieces(tokenizer: Any, vocab_size: int, special: Collection[int] = (), anchored: bool = True) -> list[str]:
     """The text each id adds when appended to a sequence ("" for special and unused ids). Decoded
     after a fixed plain token, so tokenizers that drop a word's leading space when it starts the text
-    (SentencePiece) still give the space."""
-    anchor = tokenizer("a", add_special_tokens=False)["input_ids"][:1]
-    base = tokenizer.decode(anchor) if anchor else ""
+    (SentencePiece) still give the space; `anchored=False`: what each id is as the text's first token.
+    Decoded as the HF backend decodes (no clean-up of spaces, which would turn " ," into ",")."""
+    def decode(ids: list[int]) -> str:
+        return tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    anchor = tokenizer("a", add_special_tokens=False)["input_ids"][:1] if anchored else []
+    base = decode(anchor) if anchor else ""
     size = min(vocab_size, len(tokenizer))
     pieces = [""] * vocab_size
     for i in range(size):
         if i in special:
             continue
-        text = tokenizer.decode([*anchor, i]) if anchor else tokenizer.decode([i])
+        text = decode([*anchor, i])
         pieces[i] = text[len(base):] if text.startswith(base) else ""
         if "\ufffd" in pieces[i]:  # a part of a multi-byte character: never needed by the grammar
             pieces[i] = ""
