@@ -31,7 +31,7 @@ from engine.store import RunInfo
 MAX_TABLE_ROWS = 500
 NODE_INPUT = "te_node"
 PLOT = "te_plot"  # + the tree id: a zoom is kept per tree
-LAST_PICK = "te_last_pick"  # the node the chart's point selection named last
+LAST_PICK = "te_last_pick"  # (chart key, node) the chart's point selection named last
 REFRESH_S = 3.0  # how often the page redraws while its run is searching
 BUDGETS = (1000, lod.DEFAULT_BUDGET, 10_000, 0)  # nodes drawn at most; 0: all of them
 
@@ -112,9 +112,9 @@ def _clicked_node(key: str) -> None:
     redraws): a zoom leaves the last click's node in the state, which must not undo a node chosen
     since in a table, so only a changed pick moves the inspector."""
     picked = tree_chart.picked_node(st.session_state[key].selection)
-    if picked is not None and picked != st.session_state.get(LAST_PICK):
+    if picked is not None and (key, picked) != st.session_state.get(LAST_PICK):
         _go_to(picked)
-    st.session_state[LAST_PICK] = picked
+    st.session_state[LAST_PICK] = (key, picked)
 
 
 def _picked_row(key: str, ids: Sequence[int]) -> None:
@@ -280,6 +280,10 @@ def explorer(live: bool) -> None:
             + (f" · {hidden} more in hexagons (select one to draw its subtree)" if hidden else "")
         )
         key = f"{PLOT}_{tree_id}"
+        if (st.session_state.get(LAST_PICK) or (key,))[0] != key:
+            # another tree's chart picked last: this one starts with no selection, so its first click
+            # (of any node, the same id included) moves the inspector
+            st.session_state.pop(LAST_PICK, None)
         st.vega_lite_chart(
             tree_chart.with_selection(rows, tree, node_id), tree_chart.tree_spec(measure), key=key,
             on_select=partial(_clicked_node, key), selection_mode=[tree_chart.PICK, tree_chart.ZOOM],

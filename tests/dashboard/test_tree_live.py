@@ -4,6 +4,7 @@ solved tasks from the store; when the run ends the page stops being live."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -160,3 +161,32 @@ def test_a_live_redraw_keeps_the_spec_and_the_element_and_each_tree_has_its_own(
     at.selectbox(key="te_task").select("goal-3").run()
     spec_other, _, element_other = tree_chart_of(at)
     assert spec_other == spec and element_other != element
+
+
+def _click(at: AppTest, node: int) -> AppTest:
+    """What a click on `node` in the chart sends: the chart's selection state, with the other widgets'."""
+    (chart,) = at.get("arrow_vega_lite_chart") or at.get("vega_lite_chart")
+    states = at._tree.get_widget_states()
+    states.widgets.add(id=chart.proto.id, string_value=json.dumps({"selection": {"pick": [{"id": node}], "zoom": {}}}))
+    at._run(states)
+    assert not at.exception, at.exception[0].message if at.exception else ""
+    return at
+
+
+def test_a_click_on_another_trees_chart_moves_the_inspector_also_to_the_same_node_id(running) -> None:
+    """The last pick is the last chart's: node 1 clicked in one tree, then node 1 in another tree's
+    chart, is a new pick there (not the zoom's report of a pick already followed)."""
+    _, run_id = running
+    at = AppTest.from_file(str(APP), default_timeout=60).run()
+    at.switch_page(TREE_PAGE)
+    at.query_params.update(run=run_id, task="goal-4")
+    at.run()
+    _click(at, 1)
+    assert at.query_params["node"] == "1" and at.subheader[0].value == "Node 1"
+    at.text_input(key="te_node").input("0").run()  # a node chosen elsewhere than in the chart
+    _click(at, 1)  # the chart reports its pick again (e.g. with a zoom): the inspector stays
+    assert at.query_params["node"] == "0"
+    at.selectbox(key="te_task").select("goal-3").run()
+    assert at.query_params["node"] == "0"
+    _click(at, 1)
+    assert at.query_params["node"] == "1" and at.subheader[0].value == "Node 1"
