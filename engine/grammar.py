@@ -28,9 +28,9 @@ import regex
 
 from engine.actions import STATUSES
 
-ANY_COMMAND = r"[^\n]*[^\n ]"  # one non-empty line (the parser takes an ACTION's first line)
+ANY_COMMAND = r"[^\n\x00]*[^\s\x00]"  # one non-blank line (the parser takes an ACTION's first line)
 NUMBER = "[1-9][0-9]?"  # a count (TextCraft counts stay under 100)
-_FREE = "[^\n]*"
+_FREE = "[^\n\\x00]*"  # free text: one line, no NUL (parse refuses NUL bytes)
 
 # One line grammar per place in the action: (name, line regex, places that may follow a newline).
 # "plan0" is right after "PLAN:" (at least one numbered line must follow).

@@ -258,3 +258,12 @@ def test_masks_follow_a_sentencepiece_tokenizers_text(kind: str, clean_up: bool)
                 placed = grammar.place(after)
                 assert placed is not None and grammar.viable(*placed), (after, tokenizer.convert_ids_to_tokens(other))
         assert masker.mask(grammar, text)[eos]
+
+
+def test_free_text_and_any_command_exclude_what_the_parser_refuses() -> None:
+    free = ActionGrammar()
+    ok = "THOUGHT: go\nACTION: look\nEXPLANATION: see\nSTATUS: CONTINUE"
+    assert free.accepts(ok) and not isinstance(parse(ok), FormatError)
+    assert not free.accepts(ok.replace("go", "g\x00o"))  # parse refuses NUL bytes
+    assert not free.accepts(ok.replace("look", "\t \t"))  # parse reads a blank command as empty
+    assert regex.fullmatch(free.regex, ok) and "\x00" not in free.regex  # an engine gets the escape, not a NUL

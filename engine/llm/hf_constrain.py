@@ -22,7 +22,7 @@ import torch
 
 from engine.grammar import ActionGrammar
 
-CACHE_SIZE = 8192
+CACHE_BYTES = 64 << 20  # masks kept (one byte per vocabulary entry each): 8192 for a 8k vocabulary
 
 
 class TokenMasker:
@@ -48,11 +48,12 @@ class TokenMasker:
                 continue
             if "\n" in piece:
                 self.newline_ids.append(i)
-            else:
+            elif "\x00" not in piece:  # the parser refuses a NUL anywhere in a completion
                 no_newline[i] = True
             self.by_first.setdefault(piece[0], []).append(i)
         self.no_newline = no_newline
         self._cache: OrderedDict[tuple[Any, ...], torch.Tensor] = OrderedDict()
+        self._cache_size = max(64, CACHE_BYTES // max(1, vocab_size))
 
     def mask(self, grammar: ActionGrammar, text: str) -> torch.Tensor:
         """Allowed next ids after `text` (bool, vocab_size). A text that has left the grammar (it
@@ -81,7 +82,9 @@ class TokenMasker:
         if where == "status" and grammar.complete(where, line):
             allowed[self.eos_ids] = True
         self._cache[key] = allowed
-        if len(self._cache) > CACHE_SIZE:
+        if not allowed.any():  # a tokenizer without a character the grammar needs: end, never sample garbage
+            allowed[self.eos_ids] = True
+        if len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)
         return allowed
 
