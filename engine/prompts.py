@@ -53,7 +53,9 @@ class HistoryStep:
     observation: str = ""
 
 
+@lru_cache(maxsize=1024)
 def _task_block(goal: str, context: str) -> str:
+    """Cached: every prompt of a task repeats it (TextCraft's context, its recipes, is ~500 characters)."""
     block = f"TASK: {goal}"
     if context.strip():
         block += f"\n{context.strip()}"

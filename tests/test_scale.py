@@ -77,6 +77,37 @@ def test_a_slow_tree_holds_no_other_tree():
     assert order.index("goal-1") < 4
 
 
+class _FailingTreeGenerator(ScriptedGenerator):
+    """ScriptedGenerator with `submit` whose futures for task goal-2 fail: from a timer thread, as an
+    HTTP backend's do, or (`at_once`) before `submit` returns."""
+
+    def __init__(self, at_once: bool) -> None:
+        super().__init__()
+        self.at_once = at_once
+
+    def submit(self, request, affinity=None) -> Future:
+        fut: Future = Future()
+        if affinity != "goal-2":
+            fut.set_result(self.sample([request])[0])
+        elif self.at_once:
+            fut.set_exception(GeneratorError("server goal-2 refused"))
+        else:
+            threading.Timer(0.01, fut.set_exception, (GeneratorError("server goal-2 refused"),)).start()
+        return fut
+
+
+@pytest.mark.parametrize("at_once", [False, True])
+def test_a_failed_request_ends_the_no_barrier_run_with_its_error(at_once):
+    """The future's error reaches the scheduler through its done callback and is raised there, as
+    `sample`'s error is behind the round barrier; every started tree's env is closed."""
+    cfg = SearchConfig(simulations=3, k=2, depth_limit=3)
+    jobs = _jobs(cfg, 4)
+    with pytest.raises(GeneratorError, match="server goal-2 refused"):
+        MCTS(_FailingTreeGenerator(at_once), cfg).run(jobs)
+    assert all(job.session is None for job in jobs)
+    assert not next(j for j in jobs if j.tree.task.id == "goal-2").tree.simulations
+
+
 def test_rounds_false_needs_submit():
     with pytest.raises(GeneratorError, match="no submit"):
         MCTS(ScriptedGenerator(), SearchConfig(), rounds=False)

@@ -59,6 +59,10 @@ def checked_step(step: Step, env: str, task_id: str, step_no: int, command: str)
     A value that is not a finite number (NaN, inf, a string) is an EnvError naming env, task and step:
     it would poison every Q on the path, and SQLite stores NaN as NULL. A finite value outside [0, 1]
     is clamped into it, with a warning: scales differ between envs, the order of values survives."""
+    reward, progress = step.reward, step.progress
+    if type(reward) is float and 0.0 <= reward <= 1.0 and (
+            progress is None or type(progress) is float and 0.0 <= progress <= 1.0):
+        return step  # the common case, checked without the loop below (search takes ~10 steps per simulation)
     values: dict[str, Any] = {}
     for name in ("reward", "progress"):
         value = getattr(step, name)

@@ -75,6 +75,8 @@ class EnvSession:
         self.replays = 0
         self.restores = 0
         self.env_s = 0.0
+        self.step_s = 0.0  # the last step's time (a node's env_ms)
+        self.label = env_label(env)  # named in a bad step's error; looked up once, not per step
 
     def reset(self) -> str:
         t = time.perf_counter()
@@ -106,10 +108,11 @@ class EnvSession:
         """One env step, its reward and progress validated (`checked_step`: a NaN is a clear error)."""
         t = time.perf_counter()
         out = self.env.step(command)
+        self.step_s = time.perf_counter() - t
         self.current = None
         self.depth += 1
-        self.env_s += time.perf_counter() - t
-        return checked_step(out, env_label(self.env), self.task_id, self.depth, command)
+        self.env_s += self.step_s
+        return checked_step(out, self.label, self.task_id, self.depth, command)
 
     def screenshot(self) -> bytes | None:
         """An image of the env's current state, where the env can take one (the web env: a JPEG)."""
@@ -248,7 +251,7 @@ class MCTS:
         cfg, stats = self.config, self.stats
         t_start = time.perf_counter()
         waiting = deque(j for j in jobs if j.remaining > 0)
-        landed: queue.SimpleQueue[tuple[_Wait, int, Future]] = queue.SimpleQueue()
+        landed: queue.SimpleQueue[tuple[_Wait, int, Any, BaseException | None]] = queue.SimpleQueue()
         started: list[TreeJob] = []
         in_flight = 0  # trees waiting for completions
 
@@ -272,7 +275,7 @@ class MCTS:
                 w = _Wait(job, coro, [None] * len(requests), len(requests), t)  # type: ignore[list-item]
                 key = job.tree.task.id
                 for i, request in enumerate(requests):
-                    submit(request, affinity=key).add_done_callback(functools.partial(_put_landed, landed, w, i))
+                    submit(request, affinity=key).add_done_callback(functools.partial(_landed, landed.put, w, i))
                 stats.gen_s += time.perf_counter() - t  # time in the backend, as `sample` in rounds
                 stats.requests += len(requests)
                 in_flight += 1
@@ -296,8 +299,10 @@ class MCTS:
                 stats.gen_s += now - t
                 stats.rounds += 1
                 stats.batch_sizes.append(len(items))
-                for w, i, fut in items:
-                    w.replies[i] = fut.result()  # a failed request raises here
+                for w, i, result, error in items:
+                    if error is not None:  # a failed request
+                        raise error
+                    w.replies[i] = result
                     w.left -= 1
                     if w.left:
                         continue
@@ -486,9 +491,8 @@ class MCTS:
                 continue
             seen.add(key)
             session.goto(tree, node)
-            t = time.perf_counter()
             step = session.step(parsed.command)
-            env_ms = 1000.0 * (time.perf_counter() - t)
+            env_ms = 1000.0 * session.step_s
             terminal = self._terminal(step, parsed, node.depth + 1)
             # Every terminal node keeps a picture of its final state where the env takes one: the
             # env's own at episode end, else one taken now (a STOP or depth-limit leaf's page).
@@ -567,6 +571,11 @@ class MCTS:
         return self._value(0.0, progress), tuple(commands), ()
 
 
-def _put_landed(landed: Any, wait: Any, index: int, fut: Any) -> None:
-    """A done callback: hand the finished future to the scheduler's queue (index: the request's place)."""
-    landed.put((wait, index, fut))
+def _landed(put: Callable[[Any], None], wait: Any, index: int, fut: Future) -> None:
+    """A done callback: hand the request's completions (or its error) to the scheduler's queue (index:
+    the request's place). It runs in the backend's thread, so the scheduler's thread never takes the
+    future's lock (or, for a future done already, at once inside `add_done_callback`)."""
+    try:
+        put((wait, index, fut.result(), None))
+    except BaseException as e:  # noqa: BLE001 - the scheduler raises it
+        put((wait, index, None, e))
