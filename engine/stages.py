@@ -328,7 +328,8 @@ def _run_search_on_ray(store: Any, config: dict[str, Any], reporter: Any,
         info = store.run(run_id)
         model = config.get("model") or info.model
         check_model(model)
-        search = prepare_resume_on_ray(store, run_id, model, address=address)
+        search = prepare_resume_on_ray(store, run_id, model, address=address,
+                                       allow_http_key=config.get("allow_http_key"))
         done = sum(len(m.job.tree.simulations) for m in search.mirrors if m.job)
         units = _Units(reporter, f"resume {run_id}", max(0, search.config.simulations * len(search.mirrors) - done),
                        run_id=run_id)
@@ -340,7 +341,8 @@ def _run_search_on_ray(store: Any, config: dict[str, Any], reporter: Any,
         tasks = prepared[1] if prepared else search_tasks(config)[1]
         env_spec = config.get("env") or "textcraft"
         name = config.get("name") or f"{env_spec}-{time.strftime('%Y%m%d-%H%M%S')}"
-        search = prepare_run_on_ray(store, env_spec, tasks, model, cfg, name, address=address)
+        search = prepare_run_on_ray(store, env_spec, tasks, model, cfg, name, address=address,
+                                    allow_http_key=config.get("allow_http_key"))
         units = _Units(reporter, "search", cfg.simulations * len(tasks), run_id=search.run_id)
     threshold = search.config.success_threshold
     solved: set[Any] = set()

@@ -432,3 +432,21 @@ def test_cluster_tests_in_a_loopback_only_namespace() -> None:
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     assert " passed" in done.stdout and " skipped" not in done.stdout.splitlines()[-1], done.stdout[-2000:]
+
+
+def test_the_drivers_allow_http_key_reaches_the_workers_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    """run_shard (a shard's body, Ray or not) loads its model with the driver's --allow-http-key."""
+    from engine.llm import registry
+    from engine.search import ray_search
+
+    seen: list[object] = []
+
+    def fake_load(spec: str, log=print, allow_http_key=None):
+        seen.append(allow_http_key)
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(registry, "load_generator", fake_load)
+    for allow in (True, None):
+        with pytest.raises(RuntimeError, match="stop here"):
+            next(ray_search.run_shard("textcraft", "openai:http://10.0.0.1:8000/v1#m", {}, [], allow))
+    assert seen == [True, None]

@@ -43,7 +43,8 @@ def cmd_search(args: argparse.Namespace) -> int:
     from engine.store import Store
 
     reporter = ConsoleReporter(unit="sim")
-    ray = {"ray": args.ray} if args.ray is not None else {}
+    # On Ray the workers load the model: the driver's --allow-http-key travels with the job config.
+    ray = {"ray": args.ray, "allow_http_key": bool(args.allow_http_key)} if args.ray is not None else {}
     check_ray(ray)  # a malformed address, or no Ray installed: refused before anything is opened
     if args.resume:
         with Store(args.db, must_exist=True) as store:

@@ -127,7 +127,8 @@ class RayUnavailable(GeneratorError):
 
 
 def run_shard(env_spec: str, model_spec: str, config: dict[str, Any],
-              items: list[tuple[int, TaskSpec, SearchTree | None]]) -> Iterator[bytes]:
+              items: list[tuple[int, TaskSpec, SearchTree | None]],
+              allow_http_key: bool | None = None) -> Iterator[bytes]:
     """The body of a shard task: MCTS over `items` (tree id, task, committed tree or None), yielding
     one pickled message per finished simulation, then ("done", stats). Runs anywhere (no Ray)."""
     from engine.envs.registry import env_factory
@@ -136,7 +137,7 @@ def run_shard(env_spec: str, model_spec: str, config: dict[str, Any],
 
     cfg = from_dict(SearchConfig, config, where="ray shard config")
     make_env = env_factory(env_spec)
-    generator = load_generator(model_spec, log=lambda *a, **k: None)
+    generator = load_generator(model_spec, log=lambda *a, **k: None, allow_http_key=allow_http_key)
     out: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
     pid = (os.getpid(), _node_id())
 
@@ -242,6 +243,7 @@ class RaySearch:
     shards: int | None = None
     max_retries: int = 3
     progress: Progress | None = None
+    allow_http_key: bool | None = None  # the driver's --allow-http-key, for the workers' model (None: their env)
     pids: dict[int, tuple[int, str]] = field(default_factory=dict)
     attempts: dict[int, int] = field(default_factory=dict)
 
@@ -264,7 +266,7 @@ class RaySearch:
             if not items:
                 events.put((shard, attempt, "done", None))
                 return
-            gen = remote.remote(self.env_spec, self.model_spec, asdict(self.config), items)
+            gen = remote.remote(self.env_spec, self.model_spec, asdict(self.config), items, self.allow_http_key)
             streams[shard] = gen
             threading.Thread(target=_consume, args=(ray, gen, shard, attempt, events), daemon=True).start()
 
