@@ -149,7 +149,9 @@ def test_click_on_a_node_opens_it_in_the_inspector(server, tmp_path: Path) -> No
             shots.append(tmp_path / "tree_explorer_clicked.png")
             page.screenshot(path=shots[-1], full_page=True)
 
-            # The path table is selectable too: its first row is the root.
+            # The path table is selectable too: its first row is the root. Measured once the rerun the
+            # click started has drawn (under load the tables still move until then).
+            settle(page)
             path_table = page.get_by_test_id("stDataFrame").nth(1).bounding_box()  # siblings, then path
             page.mouse.click(path_table["x"] + 15, path_table["y"] + 35 + 17)
             expect(page.get_by_role("heading", name="Node 0")).to_be_visible(timeout=15_000)
