@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> Table:
         method="agentq", model=args.model, iterations=args.iterations, tasks_per_iteration=args.tasks,
         seed=args.seed, theta=args.theta, eval_tasks=f"0:{len(tasks)}", evaluate_base=False, output_root=str(work / "models"),
         name="bench-agentq",
-        search={"simulations": args.simulations, "k": args.k, "depth_limit": 10, "max_tokens": args.max_tokens,
+        search={"simulations": args.simulations, "k": args.k, "depth_limit": args.depth_limit, "max_tokens": args.max_tokens,
                 "backup": args.backup, "alpha": args.alpha, "critic": True, "constrained": args.constrained},
         dpo={"learning_rate": args.lr, "epochs": args.epochs, "batch_size": 8, "beta": 0.1, "num_threads": 2,
              "device": "cpu", "precision": "fp32", "ref_source": "auto"},
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> Table:
     table = Table("Agent Q iterations vs the base policy, greedy on the same held-out TextCraft tasks",
                   {"model": args.model, "tasks": f"test[:{len(tasks)}]", "seed": args.seed,
                    "budget": f"{args.iterations} x ({args.tasks} train tasks x {args.simulations} simulations, "
-                             f"K={args.k})",
+                             f"K={args.k}, depth {args.depth_limit})",
                    "search": f"critic on, {args.backup} backup", "pairs": f"eq. 10 alpha={args.alpha} "
                    f"theta={args.theta}", "dpo": f"lr {args.lr}, {args.epochs} epochs, beta 0.1, stored reference"},
                   bootstrap=args.bootstrap, seed=args.seed, constrained=args.constrained)

@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> Table:
 
     work = Path(tempfile.mkdtemp(prefix="orchard-agentr-"))
     tasks = held_out(args.test_tasks)
-    search = {"simulations": args.simulations, "k": args.k, "depth_limit": 10, "max_tokens": args.max_tokens,
+    search = {"simulations": args.simulations, "k": args.k, "depth_limit": args.depth_limit, "max_tokens": args.max_tokens,
               "backup": args.backup, "critic": True, "constrained": args.constrained}
     config = IterateConfig(
         method="agentr", model=args.model, iterations=1, tasks_per_iteration=args.tasks, seed=args.seed,
@@ -57,7 +57,8 @@ def main(argv: list[str] | None = None) -> Table:
     )
     table = Table("One Agent-R iteration vs the base policy, greedy on the same held-out TextCraft tasks",
                   {"model": args.model, "tasks": f"test[:{len(tasks)}]", "seed": args.seed,
-                   "budget": f"{args.tasks} train tasks x {args.simulations} simulations, K={args.k}",
+                   "budget": f"{args.tasks} train tasks x {args.simulations} simulations, K={args.k}, "
+                             f"depth {args.depth_limit}",
                    "recovery set": f"prefixes from test[:{args.recovery_tasks}] searched by the base model",
                    "sft": f"lr {args.lr}, {args.epochs} epochs, revision share {config.revision_shares[0]}"},
                   bootstrap=args.bootstrap, seed=args.seed, constrained=args.constrained)

@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> Table:
     # The tasks and search seed of agentq_iteration's first iteration (run_loop: Random(seed).sample,
     # search seed + 1), so its agent-q arm is that bench's iteration 1.
     train = random.Random(args.seed).sample(TextCraftEnv().tasks("train"), args.tasks)
-    search = SearchConfig(simulations=args.simulations, k=args.k, depth_limit=10, max_tokens=args.max_tokens,
+    search = SearchConfig(simulations=args.simulations, k=args.k, depth_limit=args.depth_limit, max_tokens=args.max_tokens,
                           backup=args.backup, critic=True, alpha=0.5, seed=args.seed + 1,
                           constrained=args.constrained)
     common = {"epochs": args.epochs, "batch_size": 8, "num_threads": 2, "device": "cpu", "precision": "fp32",
@@ -66,6 +66,7 @@ def main(argv: list[str] | None = None) -> Table:
     table = Table("Agent Q vs baselines at the same search budget, greedy on the same held-out TextCraft tasks",
                   {"model": args.model, "tasks": f"test[:{len(tasks)}]", "seed": args.seed,
                    "budget": f"one search: {args.tasks} train tasks x {args.simulations} simulations, K={args.k}, "
+                             f"depth {args.depth_limit}, "
                              f"critic on, {args.backup} backup",
                    "dpo": f"lr {args.lr}, {args.epochs} epochs, beta 0.1", "rft": f"lr {args.sft_lr}"},
                   bootstrap=args.bootstrap, seed=args.seed, constrained=args.constrained)

@@ -43,6 +43,8 @@ def add_loop_args(ap: argparse.ArgumentParser, tasks: int = 16, simulations: int
     ap.add_argument("--simulations", type=int, default=simulations, help="MCTS simulations per task")
     ap.add_argument("--k", type=int, default=4, help="candidate actions per expansion")
     ap.add_argument("--backup", choices=("reward", "progress"), default="reward")
+    ap.add_argument("--depth-limit", type=int, default=10,
+                    help="search depth limit D (a failing branch ends, as a bad leaf, only at D)")
     ap.add_argument("--lr", type=float, default=5e-5, help="learning rate of the training step")
     ap.add_argument("--epochs", type=float, default=2.0)
 

@@ -218,7 +218,10 @@ def run_loop(store: Store, config: IterateConfig, reporter: Reporter | None = No
             record.update({"revision_share": share, "samples": len(samples),
                            "revisions": sum(s.kind == "revision" for s in samples)})
             if not samples:
-                record["skipped"] = "no revision or good trajectories (no successful leaf in the trees)"
+                good = sum(s.kind == "good" for s in built_r.samples)
+                record["skipped"] = ("no revision trajectory: no (good, bad) leaf pair in the trees "
+                                     f"({good} good trajectories alone would be RFT)" if good else
+                                     "no revision or good trajectories (no successful leaf in the trees)")
             else:
                 reporter.progress({"phase": f"iteration {i}: sft", "step": i - first, "total": total})
                 del generator
