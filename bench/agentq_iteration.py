@@ -30,7 +30,17 @@ from pathlib import Path
 # The repository root, in place of this folder (bench/datasets.py would shadow the `datasets` package).
 sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from bench.common import Table, add_common_args, add_loop_args, ci, greedy_config, held_out, stored_episodes
+from bench.common import (
+    Table,
+    add_common_args,
+    add_loop_args,
+    ci,
+    greedy_config,
+    greedy_settings,
+    held_out,
+    loop_search,
+    stored_episodes,
+)
 from engine.envs.textcraft import TextCraftEnv
 from engine.evaluate import evaluate
 from engine.llm.registry import load_generator
@@ -54,12 +64,10 @@ def main(argv: list[str] | None = None) -> Table:
         method="agentq", model=args.model, iterations=args.iterations, tasks_per_iteration=args.tasks,
         seed=args.seed, theta=args.theta, eval_tasks=f"0:{len(tasks)}", evaluate_base=False, output_root=str(work / "models"),
         name="bench-agentq",
-        search={"simulations": args.simulations, "k": args.k, "depth_limit": args.depth_limit, "max_tokens": args.max_tokens,
-                "backup": args.backup, "alpha": args.alpha, "critic": True, "constrained": args.constrained},
+        search=loop_search(args, alpha=args.alpha),
         dpo={"learning_rate": args.lr, "epochs": args.epochs, "batch_size": 8, "beta": 0.1, "num_threads": 2,
              "device": "cpu", "precision": "fp32", "ref_source": "auto"},
-        eval={"mode": "greedy", "max_steps": args.max_steps, "max_tokens": args.max_tokens,
-              "bootstrap": args.bootstrap, "constrained": args.constrained},
+        eval=greedy_settings(args),
     )
     table = Table("Agent Q iterations vs the base policy, greedy on the same held-out TextCraft tasks",
                   {"model": args.model, "tasks": f"test[:{len(tasks)}]", "seed": args.seed,

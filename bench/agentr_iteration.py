@@ -27,7 +27,15 @@ from pathlib import Path
 # The repository root, in place of this folder (bench/datasets.py would shadow the `datasets` package).
 sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from bench.common import Table, add_common_args, add_loop_args, held_out, stored_episodes
+from bench.common import (
+    Table,
+    add_common_args,
+    add_loop_args,
+    greedy_settings,
+    held_out,
+    loop_search,
+    stored_episodes,
+)
 from engine.envs.textcraft import TextCraftEnv
 from engine.evaluate import recovery_starts, run_episodes, summarize
 from engine.llm.registry import load_generator
@@ -44,16 +52,14 @@ def main(argv: list[str] | None = None) -> Table:
 
     work = Path(tempfile.mkdtemp(prefix="orchard-agentr-"))
     tasks = held_out(args.test_tasks)
-    search = {"simulations": args.simulations, "k": args.k, "depth_limit": args.depth_limit, "max_tokens": args.max_tokens,
-              "backup": args.backup, "critic": True, "constrained": args.constrained}
+    search = loop_search(args)
     config = IterateConfig(
         method="agentr", model=args.model, iterations=1, tasks_per_iteration=args.tasks, seed=args.seed,
         eval_tasks=f"0:{len(tasks)}", evaluate_base=False, output_root=str(work / "models"), name="bench-agentr",
         search=search,
         sft={"learning_rate": args.lr, "epochs": args.epochs, "batch_size": 8, "num_threads": 2, "device": "cpu",
              "precision": "fp32"},
-        eval={"mode": "greedy", "max_steps": args.max_steps, "max_tokens": args.max_tokens,
-              "bootstrap": args.bootstrap, "constrained": args.constrained},
+        eval=greedy_settings(args),
     )
     table = Table("One Agent-R iteration vs the base policy, greedy on the same held-out TextCraft tasks",
                   {"model": args.model, "tasks": f"test[:{len(tasks)}]", "seed": args.seed,

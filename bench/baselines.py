@@ -30,7 +30,15 @@ from pathlib import Path
 # The repository root, in place of this folder (bench/datasets.py would shadow the `datasets` package).
 sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from bench.common import Table, add_common_args, add_loop_args, held_out, ordering
+from bench.common import (
+    Table,
+    add_common_args,
+    add_loop_args,
+    greedy_settings,
+    held_out,
+    loop_search,
+    ordering,
+)
 from engine.config import SearchConfig
 from engine.datasets.pairs import PairsConfig, build_pairs
 from engine.datasets.samples import tree_refs
@@ -57,9 +65,7 @@ def main(argv: list[str] | None = None) -> Table:
     # The tasks and search seed of agentq_iteration's first iteration (run_loop: Random(seed).sample,
     # search seed + 1), so its agent-q arm is that bench's iteration 1.
     train = random.Random(args.seed).sample(TextCraftEnv().tasks("train"), args.tasks)
-    search = SearchConfig(simulations=args.simulations, k=args.k, depth_limit=args.depth_limit, max_tokens=args.max_tokens,
-                          backup=args.backup, critic=True, alpha=0.5, seed=args.seed + 1,
-                          constrained=args.constrained)
+    search = SearchConfig(**loop_search(args, alpha=0.5, seed=args.seed + 1))
     common = {"epochs": args.epochs, "batch_size": 8, "num_threads": 2, "device": "cpu", "precision": "fp32",
               "include_pending": True, "seed": args.seed}
     dpo = DPOTrainConfig(learning_rate=args.lr, beta=0.1, **common)
@@ -71,8 +77,7 @@ def main(argv: list[str] | None = None) -> Table:
                    "dpo": f"lr {args.lr}, {args.epochs} epochs, beta 0.1", "rft": f"lr {args.sft_lr}"},
                   bootstrap=args.bootstrap, seed=args.seed, constrained=args.constrained)
     table.header()
-    eval_config = EvalConfig(mode="greedy", max_steps=args.max_steps, max_tokens=args.max_tokens,
-                             bootstrap=args.bootstrap, constrained=args.constrained)
+    eval_config = EvalConfig(**greedy_settings(args))
     base = resolve_model_path(args.model)
     generator = load_generator(args.model)
     table.evaluate("base", generator, TextCraftEnv, tasks, eval_config)

@@ -57,10 +57,21 @@ def held_out(n: int) -> list[Any]:
     return tasks[:n] if n else tasks
 
 
+def greedy_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The held-out evaluation every arm of a bench shares (an IterateConfig's `eval` table)."""
+    return {"mode": "greedy", "max_steps": args.max_steps, "max_tokens": args.max_tokens,
+            "bootstrap": args.bootstrap, "constrained": args.constrained}
+
+
 def greedy_config(args: argparse.Namespace, **overrides: Any) -> EvalConfig:
-    return EvalConfig(**{"mode": "greedy", "max_steps": args.max_steps, "max_tokens": args.max_tokens,
-                         "bootstrap": args.bootstrap, "seeds": (args.seed,),
-                         "constrained": args.constrained, **overrides})
+    return EvalConfig(**{**greedy_settings(args), "seeds": (args.seed,), **overrides})
+
+
+def loop_search(args: argparse.Namespace, **extra: Any) -> dict[str, Any]:
+    """The search settings of a loop bench (`add_loop_args`), critic on (an IterateConfig's `search`)."""
+    return {"simulations": args.simulations, "k": args.k, "depth_limit": args.depth_limit,
+            "max_tokens": args.max_tokens, "backup": args.backup, "critic": True,
+            "constrained": args.constrained, **extra}
 
 
 def _get(e: Any, key: str) -> Any:

@@ -261,12 +261,9 @@ class MCTS:
                 try:
                     requests = coro.send(reply) if reply is not None else next(coro)
                 except StopIteration as done:
-                    self._finish(job, done.value)
-                    reply = None
-                    if job.remaining <= 0:
-                        self._close(job)
+                    reply, coro = None, self._next_simulation(job, done.value)
+                    if coro is None:
                         return
-                    coro = self._simulate(job)
                     continue
                 if not requests:  # nothing to wait for (as a round with no requests gives)
                     reply = []
@@ -335,12 +332,9 @@ class MCTS:
                     active.append((job, coro, requests))
                     return
                 except StopIteration as done:
-                    self._finish(job, done.value)
-                    reply = None
-                    if job.remaining <= 0:
-                        self._close(job)
+                    reply, coro = None, self._next_simulation(job, done.value)
+                    if coro is None:
                         return
-                    coro = self._simulate(job)
 
         try:
             while waiting or active:
@@ -379,6 +373,15 @@ class MCTS:
                     job.close()
             stats.wall_s += time.perf_counter() - t_start
         return stats
+
+    def _next_simulation(self, job: TreeJob, sim: Simulation) -> Coroutine[Requests, Replies, Simulation] | None:
+        """`sim` has ended: record it, then the tree's next simulation, or None (closed) at its target.
+        Both schedulers call it, so they finish and start simulations alike."""
+        self._finish(job, sim)
+        if job.remaining <= 0:
+            self._close(job)
+            return None
+        return self._simulate(job)
 
     def _finish(self, job: TreeJob, sim: Simulation) -> None:
         self.stats.simulations += 1

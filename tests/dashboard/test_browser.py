@@ -9,6 +9,7 @@ scrolls inside the page, which full-page screenshots do not follow.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import re
@@ -17,6 +18,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -82,29 +84,37 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 60.0) -> Non
     raise TimeoutError("streamlit did not become healthy")
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory):
-    """One server for the module (starting one costs seconds); the curation and training tests write."""
-    tmp_path = tmp_path_factory.mktemp("server")
-    db = tmp_path / "orchard.db"
-    runs = build_store(db)
+@contextlib.contextmanager
+def dashboard_server(db: Path, log_dir: Path, env: dict[str, str] | None = None) -> Iterator[str]:
+    """`streamlit run` of the dashboard on `db` (127.0.0.1, a free port), healthy; yields its URL and
+    stops it after. Its output goes to `log_dir`/streamlit.log."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    with open(tmp_path / "streamlit.log", "wb") as log:
+    with open(log_dir / "streamlit.log", "wb") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "streamlit", "run", str(APP), "--server.headless", "true",
              "--server.port", str(port), "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false"],
-            cwd=ROOT, env={**os.environ, "ORCHARD_DB": str(db)}, stdout=log, stderr=subprocess.STDOUT,
+            cwd=ROOT, env={**os.environ, "ORCHARD_DB": str(db), **(env or {})}, stdout=log, stderr=subprocess.STDOUT,
         )
         try:
             wait_healthy(url, proc)
-            yield url, db, runs
+            yield url
         finally:
             proc.terminate()
             try:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 proc.kill()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    """One server for the module (starting one costs seconds); the curation and training tests write."""
+    tmp_path = tmp_path_factory.mktemp("server")
+    db = tmp_path / "orchard.db"
+    runs = build_store(db)
+    with dashboard_server(db, tmp_path) as url:
+        yield url, db, runs
 
 
 def test_click_on_a_node_opens_it_in_the_inspector(server, tmp_path: Path) -> None:
@@ -291,23 +301,8 @@ def big_server(tmp_path_factory: pytest.TempPathFactory):
     live_run, _ = write_run(db, small, name="live")
     with Store(db) as store:
         store.set_run_status(live_run, "running")
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    with open(tmp_path / "streamlit.log", "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "streamlit", "run", str(APP), "--server.headless", "true",
-             "--server.port", str(port), "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false"],
-            cwd=ROOT, env={**os.environ, "ORCHARD_DB": str(db)}, stdout=log, stderr=subprocess.STDOUT,
-        )
-        try:
-            wait_healthy(url, proc)
-            yield url, db, {"big": (big_run, big), "live": (live_run, small)}
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+    with dashboard_server(db, tmp_path) as url:
+        yield url, db, {"big": (big_run, big), "live": (live_run, small)}
 
 
 @pytest.mark.slow

@@ -9,15 +9,11 @@ tmp folder (paths printed, `pytest -s`)."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from dash_fixtures import APP, ROOT
-from test_browser import ARGS, CHROMIUM, DOMAINS, MARKER_COUNT, PLOT, free_port, settle, wait_healthy
+from test_browser import ARGS, CHROMIUM, DOMAINS, MARKER_COUNT, PLOT, dashboard_server, settle
 
 from engine.store import Store
 
@@ -40,24 +36,8 @@ NODE_COUNT = r"""() => { const c = Array.from(document.querySelectorAll('[data-t
 @pytest.fixture()
 def empty_server(tmp_path: Path):
     db = tmp_path / "orchard.db"
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "ORCHARD_DB": str(db), "ORCHARD_HOME": str(tmp_path / "home")}
-    with open(tmp_path / "streamlit.log", "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "streamlit", "run", str(APP), "--server.headless", "true",
-             "--server.port", str(port), "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false"],
-            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-        )
-        try:
-            wait_healthy(url, proc)
-            yield url, db
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+    with dashboard_server(db, tmp_path, {"ORCHARD_HOME": str(tmp_path / "home")}) as url:
+        yield url, db
 
 
 @pytest.mark.slow

@@ -5,16 +5,13 @@ logging out ends the session in the store. Needs /usr/bin/chromium and playwrigh
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from dash_fixtures import APP, ROOT, build_store
-from test_browser import ARGS, CHROMIUM, free_port, settle, wait_healthy
+from dash_fixtures import build_store
+from test_browser import ARGS, CHROMIUM, dashboard_server, settle
 
 from engine import auth
 from engine.store import Store
@@ -33,23 +30,8 @@ def server(tmp_path_factory: pytest.TempPathFactory):
         for name, role in (("ann", "curator"), ("bob", "curator"), ("vic", "viewer"), ("mia", "maintainer")):
             auth.add_user(store, name, role, PASSWORD)
         store.set_required_reviews(2)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    with open(tmp_path / "streamlit.log", "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "streamlit", "run", str(APP), "--server.headless", "true",
-             "--server.port", str(port), "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false"],
-            cwd=ROOT, env={**os.environ, "ORCHARD_DB": str(db)}, stdout=log, stderr=subprocess.STDOUT,
-        )
-        try:
-            wait_healthy(url, proc)
-            yield url, db
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+    with dashboard_server(db, tmp_path) as url:
+        yield url, db
 
 
 def log_in(page: Any, url: str, path: str, user: str) -> None:
