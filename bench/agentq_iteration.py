@@ -59,10 +59,10 @@ def main(argv: list[str] | None = None) -> Table:
     args = ap.parse_args(argv)
 
     work = Path(tempfile.mkdtemp(prefix="orchard-agentq-"))
-    tasks = held_out(args.test_tasks)
+    tasks = held_out(args.test_tasks, args.split)
     config = IterateConfig(
         method="agentq", model=args.model, iterations=args.iterations, tasks_per_iteration=args.tasks,
-        seed=args.seed, theta=args.theta, eval_tasks=f"0:{len(tasks)}", evaluate_base=False, output_root=str(work / "models"),
+        seed=args.seed, theta=args.theta, eval_split=args.split, train_split="fit", eval_tasks=f"0:{len(tasks)}", evaluate_base=False, output_root=str(work / "models"),
         name="bench-agentq",
         search=loop_search(args, alpha=args.alpha),
         dpo={"learning_rate": args.lr, "epochs": args.epochs, "batch_size": 8, "beta": 0.1, "num_threads": 2,
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> Table:
         eval=greedy_settings(args),
     )
     table = Table("Agent Q iterations vs the base policy, greedy on the same held-out TextCraft tasks",
-                  {"model": args.model, "tasks": f"test[:{len(tasks)}]", "seed": args.seed,
+                  {"model": args.model, "tasks": f"{args.split}[:{len(tasks)}]", "seed": args.seed,
                    "budget": f"{args.iterations} x ({args.tasks} train tasks x {args.simulations} simulations, "
                              f"K={args.k}, depth {args.depth_limit})",
                    "search": f"critic on, {args.backup} backup", "pairs": f"eq. 10 alpha={args.alpha} "

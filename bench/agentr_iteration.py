@@ -51,21 +51,21 @@ def main(argv: list[str] | None = None) -> Table:
     args = ap.parse_args(argv)
 
     work = Path(tempfile.mkdtemp(prefix="orchard-agentr-"))
-    tasks = held_out(args.test_tasks)
+    tasks = held_out(args.test_tasks, args.split)
     search = loop_search(args)
     config = IterateConfig(
         method="agentr", model=args.model, iterations=1, tasks_per_iteration=args.tasks, seed=args.seed,
-        eval_tasks=f"0:{len(tasks)}", evaluate_base=False, output_root=str(work / "models"), name="bench-agentr",
+        eval_split=args.split, train_split="fit", eval_tasks=f"0:{len(tasks)}", evaluate_base=False, output_root=str(work / "models"), name="bench-agentr",
         search=search,
         sft={"learning_rate": args.lr, "epochs": args.epochs, "batch_size": 8, "num_threads": 2, "device": "cpu",
              "precision": "fp32"},
         eval=greedy_settings(args),
     )
     table = Table("One Agent-R iteration vs the base policy, greedy on the same held-out TextCraft tasks",
-                  {"model": args.model, "tasks": f"test[:{len(tasks)}]", "seed": args.seed,
+                  {"model": args.model, "tasks": f"{args.split}[:{len(tasks)}]", "seed": args.seed,
                    "budget": f"{args.tasks} train tasks x {args.simulations} simulations, K={args.k}, "
                              f"depth {args.depth_limit}",
-                   "recovery set": f"prefixes from test[:{args.recovery_tasks}] searched by the base model",
+                   "recovery set": f"prefixes from {args.split}[:{args.recovery_tasks}] searched by the base model",
                    "sft": f"lr {args.lr}, {args.epochs} epochs, revision share {config.revision_shares[0]}"},
                   bootstrap=args.bootstrap, seed=args.seed, constrained=args.constrained)
     table.header()
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> Table:
     base_gen = load_generator(args.model)
     table.evaluate("base", base_gen, TextCraftEnv, tasks, eval_config)
     with Store(work / "bench.db") as store:
-        starts = recovery_set(store, base_gen, held_out(args.recovery_tasks) if args.recovery_tasks else [],
+        starts = recovery_set(store, base_gen, held_out(args.recovery_tasks, args.split) if args.recovery_tasks else [],
                               config, args.seed)
         del base_gen
         loop_id = run_loop(store, config)

@@ -61,16 +61,16 @@ def main(argv: list[str] | None = None) -> Table:
     args = ap.parse_args(argv)
 
     work = Path(tempfile.mkdtemp(prefix="orchard-baselines-"))
-    tasks = held_out(args.test_tasks)
+    tasks = held_out(args.test_tasks, args.split)
     # The tasks and search seed of agentq_iteration's first iteration (run_loop: Random(seed).sample,
     # search seed + 1), so its agent-q arm is that bench's iteration 1.
-    train = random.Random(args.seed).sample(TextCraftEnv().tasks("train"), args.tasks)
+    train = random.Random(args.seed).sample(TextCraftEnv().tasks("fit"), args.tasks)
     search = SearchConfig(**loop_search(args, alpha=0.5, seed=args.seed + 1))
     common = {"epochs": args.epochs, "batch_size": 8, "num_threads": 2, "device": "cpu", "precision": "fp32",
               "include_pending": True, "seed": args.seed}
     dpo = DPOTrainConfig(learning_rate=args.lr, beta=0.1, **common)
     table = Table("Agent Q vs baselines at the same search budget, greedy on the same held-out TextCraft tasks",
-                  {"model": args.model, "tasks": f"test[:{len(tasks)}]", "seed": args.seed,
+                  {"model": args.model, "tasks": f"{args.split}[:{len(tasks)}]", "seed": args.seed,
                    "budget": f"one search: {args.tasks} train tasks x {args.simulations} simulations, K={args.k}, "
                              f"depth {args.depth_limit}, "
                              f"critic on, {args.backup} backup",

@@ -29,6 +29,9 @@ def add_common_args(ap: argparse.ArgumentParser, test_tasks: int) -> None:
     ap.add_argument("--model", default="tiny", help="the base policy: 'tiny', a model folder, hf:/vllm:/openai: spec")
     ap.add_argument("--test-tasks", type=int, default=test_tasks,
                     help="the first N held-out (test) tasks every arm is evaluated on (0 = all 109)")
+    ap.add_argument("--split", choices=("test", "val"), default="test",
+                    help="the held-out tasks: test (the reported figures) or val (43 train tasks held out of the "
+                         "tiny model's data and of every search here: choose settings on these, never on test)")
     ap.add_argument("--max-steps", type=int, default=15, help="evaluation: model steps per episode")
     ap.add_argument("--max-tokens", type=int, default=160)
     ap.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples of tasks")
@@ -49,11 +52,12 @@ def add_loop_args(ap: argparse.ArgumentParser, tasks: int = 16, simulations: int
     ap.add_argument("--epochs", type=float, default=2.0)
 
 
-def held_out(n: int) -> list[Any]:
-    """The first `n` TextCraft test tasks (all for 0); the same list for every arm."""
+def held_out(n: int, split: str = "test") -> list[Any]:
+    """The first `n` TextCraft tasks of `split` ("test" or "val"; all for 0); the same list for every arm.
+    Searched train tasks come from "fit" (train minus val), so a val run never searches its own tasks."""
     from engine.envs.textcraft import TextCraftEnv
 
-    tasks = TextCraftEnv().tasks("test")
+    tasks = TextCraftEnv().tasks(split)
     return tasks[:n] if n else tasks
 
 

@@ -39,9 +39,9 @@ def main(argv: list[str] | None = None) -> Table:
     args = ap.parse_args(argv)
 
     generator = load_generator(args.model)
-    tasks = held_out(args.test_tasks)
+    tasks = held_out(args.test_tasks, args.split)
     table = Table("MCTS at inference vs greedy, same model, held-out TextCraft tasks",
-                  {"model": args.model, "tasks": f"test[:{len(tasks)}]", "seed": args.seed,
+                  {"model": args.model, "tasks": f"{args.split}[:{len(tasks)}]", "seed": args.seed,
                    "budget": f"MCTS {args.simulations} simulations per real step, K={args.k}",
                    "max steps": args.max_steps}, bootstrap=args.bootstrap, seed=args.seed, constrained=args.constrained)
     table.header()

@@ -442,3 +442,16 @@ def test_expert_recovers_from_another_policys_mess(env: TextCraftEnv) -> None:
             if step.done:
                 break
         assert step.reward == 1.0, task.id
+
+
+def test_val_and_fit_carve_the_train_split_as_the_tiny_model_holds_out() -> None:
+    from engine.envs.textcraft import VAL_EVERY
+    from engine.llm.tiny_config import TinyConfig
+    from engine.llm.tiny_data import validation_tasks
+
+    env = TextCraftEnv()
+    train, val, fit = env.tasks("train"), env.tasks("val"), env.tasks("fit")
+    assert val == validation_tasks(TinyConfig().val_every) and TinyConfig().val_every == VAL_EVERY
+    assert len(val) == 43 and {t.id for t in val} | {t.id for t in fit} == {t.id for t in train}
+    assert not {t.id for t in val} & {t.id for t in fit} and all(t.split == "train" for t in val + fit)
+    assert env.task(val[0].id) is val[0]

@@ -42,7 +42,10 @@ MAX_TREE_RECIPES = 6  # keeps the "Crafting commands:" block short
 MAX_DISTRACTORS = 10
 MAX_BATCHES = 9  # the most batches of one craft a constrained command may run (the expert's plans need 9)
 TEST_EVERY = 5  # goal i (in sorted order) is a test task when i % TEST_EVERY == TEST_EVERY - 1
-SPLITS = ("train", "test")
+VAL_EVERY = 10  # train task i is also a "val" task when i % VAL_EVERY == VAL_EVERY - 1
+# "val" and "fit" carve the train split in two (same ids "train-N"): benches choose their settings on
+# "val" and search "fit", so that nothing is chosen on "test" (the tiny model holds "val" out too).
+SPLITS = ("train", "test", "val", "fit")
 GOAL_COUNT = 1
 
 _GET = re.compile(r"^get (\d+) (.+)$")
@@ -118,6 +121,8 @@ def _tasks() -> _Tasks:
                 meta={"depth": tree.depth, "goal_item": goal},
             )
         )
+    by_split["val"] = [t for i, t in enumerate(by_split["train"]) if i % VAL_EVERY == VAL_EVERY - 1]
+    by_split["fit"] = [t for i, t in enumerate(by_split["train"]) if i % VAL_EVERY != VAL_EVERY - 1]
     frozen = {split: tuple(tasks) for split, tasks in by_split.items()}
     return _Tasks(MappingProxyType(frozen), MappingProxyType({t.id: t for ts in frozen.values() for t in ts}))
 
@@ -166,7 +171,7 @@ class TextCraftEnv(EnvBase):
     def task(self, task_id: str) -> TaskSpec:
         tasks = _tasks()
         if task_id not in tasks.by_id:
-            sizes = ", ".join(f"{s}-0..{s}-{len(tasks.by_split[s]) - 1}" for s in SPLITS)
+            sizes = ", ".join(f"{s}-0..{s}-{len(tasks.by_split[s]) - 1}" for s in ("train", "test"))
             raise EnvError(f"unknown TextCraft task id {task_id!r} (ids are {sizes})")
         return tasks.by_id[task_id]
 

@@ -263,7 +263,9 @@ def build_tiny_model(out_dir: Path, cfg: TinyConfig, log: Callable[[str], None] 
     n_tokens = sum(len(e.ids) for e in examples)
     log(f"tiny model: {len(examples)} rows kept, {n_tokens / max(1, len(examples)):.0f} tokens per row")
     model = new_model(cfg, tokenizer)
-    metrics = train_model(model, examples, cfg, tokenizer.pad_token_id, log)
+    metrics: dict[str, Any] = dict(train_model(model, examples, cfg, tokenizer.pad_token_id, log))
+    if cfg.dagger_rounds:
+        metrics["dagger"] = _dagger(model, tokenizer, examples, cfg, log)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
@@ -283,6 +285,28 @@ def build_tiny_model(out_dir: Path, cfg: TinyConfig, log: Callable[[str], None] 
     }
     (out_dir / META_FILE).write_text(json.dumps(meta, indent=2))
     return out_dir
+
+
+def _dagger(
+    model: Any, tokenizer: PreTrainedTokenizerFast, examples: list[_Example], cfg: TinyConfig,
+    log: Callable[[str], None],
+) -> list[dict[str, float]]:
+    """`cfg.dagger_rounds` rounds of rollout, expert relabelling and more training (tiny_dagger)."""
+    from engine.llm.hf import HFGenerator
+    from engine.llm.tiny_dagger import dagger_rows
+
+    generator = HFGenerator.from_model(model, tokenizer, name="tiny:dagger", num_threads=cfg.threads)
+    added: list[_Example] = []
+    rounds = []
+    for r in range(cfg.dagger_rounds):
+        began = time.perf_counter()
+        rows = dagger_rows(generator, cfg, r, log)
+        added += [e for e in encode_rows(rows, tokenizer) if len(e.ids) <= cfg.max_row_tokens]
+        rollout_s = time.perf_counter() - began
+        more = replace(cfg, steps=cfg.dagger_steps, lr=cfg.dagger_lr, seed=cfg.seed + 1 + r)
+        metrics = train_model(model, examples + added, more, tokenizer.pad_token_id, log)
+        rounds.append({"rows": len(rows), "rows_total": len(added), "rollout_seconds": rollout_s, **metrics})
+    return rounds
 
 
 def _texts(row: Row) -> list[str]:

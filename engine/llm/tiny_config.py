@@ -42,6 +42,16 @@ class TinyConfig:
     lr: float = 3e-3
     warmup_steps: int = 15
     weight_decay: float = 0.01
+    # DAgger (engine/llm/tiny_dagger.py): after the main training, `dagger_rounds` times roll the model
+    # out on the train tasks, add the expert's labels of the states it reached, train `dagger_steps` more
+    # steps (peak lr `dagger_lr`, same warm-up and cosine shape) on all rows so far.
+    dagger_rounds: int = 0
+    dagger_steps: int = 1000
+    dagger_lr: float = 1e-3
+    dagger_temperature: float = 1.0  # 0: greedy rollouts
+    dagger_constrained: bool = True  # rollouts decoded under the action grammar (engine/grammar.py)
+    dagger_max_steps: int = 10
+    dagger_max_tokens: int = 160
     # Torch threads while training. Two, with OMP_WAIT_POLICY=PASSIVE (set in engine/__init__):
     # 1.6x faster than one on an idle 2-core machine and no slower under contention (measured).
     # Weights depend, in the last bits, on the thread count, so a fixed count keeps builds

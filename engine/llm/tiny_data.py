@@ -145,12 +145,12 @@ def build_rows(cfg: TinyConfig) -> list[Row]:
             episode_rows = _episode_rows(env, task, cfg, rng, f"{task.id}/{cfg.seed}/{episode}")
             if rng.random() < cfg.rename_fraction:
                 rename = renamer(rng, names)
-                episode_rows = [_renamed(row, rename) for row in episode_rows]
+                episode_rows = [rename_row(row, rename) for row in episode_rows]
             rows.extend(episode_rows)
     return rows
 
 
-def _renamed(row: Row, rename: Callable[[str], str]) -> Row:
+def rename_row(row: Row, rename: Callable[[str], str]) -> Row:
     """The row with item names swapped everywhere but in the (constant) system message."""
     prompt = [m if m["role"] == "system" else {**m, "content": rename(m["content"])} for m in row.prompt]
     return replace(row, prompt=prompt, answer=rename(row.answer))
