@@ -233,14 +233,16 @@ def progress_line(info: RunInfo) -> None:
 
 
 def explorer(live: bool) -> None:
-    """Plot and inspector, drawn from the newest committed state of the tree (a fragment while live)."""
+    """Plot and inspector, drawn from the newest committed state of the tree. Always a fragment: a click
+    in the plot, a row picked in a table or a typed node id reruns this only, not the sidebar and
+    the app around it (and a timer reruns it while live)."""
     version = data.db_version(path)
     info = run
     if live:
         info = next((r for r in data.list_runs(db, version) if r.id == run.id), run)
-        now_folded = tuple(sorted(st.session_state.get("te_collapsed", {}).get(tree_id, set())))
-        if info.status != "running" or now_folded != collapsed:
-            st.rerun()  # the search ended (stop refreshing) or the sidebar must show a new fold
+    now_folded = tuple(sorted(st.session_state.get("te_collapsed", {}).get(tree_id, set())))
+    if (live and info.status != "running") or now_folded != collapsed:
+        st.rerun()  # the search ended (stop refreshing) or the sidebar must show a new fold
     tree = data.load_shape(db, tree_id, version)
     progress_line(info)
     if tree is None:
@@ -263,8 +265,8 @@ def explorer(live: bool) -> None:
         if not lod.fully_shown(tree, opened, node_id, max_depth, folded):
             focus = focus_of[tree_id] = node_id  # draw the selected node's path, children and subtree
     query = search.strip()
-    rows = tree_chart.cached_tree_rows(db, tree_id, version, measure, alpha, max_depth, collapsed, query,
-                                       budget, focus)
+    rows, datasets = tree_chart.cached_chart_data(db, tree_id, version, measure, alpha, max_depth, collapsed,
+                                                  query, budget, focus)
     lay = figures.cached_layout(db, tree_id, version, max_depth, collapsed, budget, focus)
     matches = figures.cached_matches(db, tree_id, version, query)
     best = tree.best_path(alpha)
@@ -284,8 +286,9 @@ def explorer(live: bool) -> None:
             # another tree's chart picked last: this one starts with no selection, so its first click
             # (of any node, the same id included) moves the inspector
             st.session_state.pop(LAST_PICK, None)
+        datasets = {**datasets, **tree_chart.selection_data(rows, tree, node_id)}  # the rows stay: Vega keeps them
         st.vega_lite_chart(
-            tree_chart.with_selection(rows, tree, node_id), tree_chart.tree_spec(measure), key=key,
+            rows, {**tree_chart.tree_spec(measure), "datasets": datasets}, key=key,
             on_select=partial(_clicked_node, key), selection_mode=[tree_chart.PICK, tree_chart.ZOOM],
         )
         st.caption(tree_chart.LEGEND)
@@ -386,7 +389,4 @@ def inspector(tree: TreeShape, node_id: int, best: list[int], inspect_col: Any, 
 
 
 live = bool(follow)
-if live:
-    st.fragment(run_every=REFRESH_S)(explorer)(True)
-else:
-    explorer(False)
+st.fragment(run_every=REFRESH_S if live else None)(explorer)(live)

@@ -83,12 +83,24 @@ def test_best_path_matches_and_the_selected_path(tree: SearchTree) -> None:
     rows = tree_chart.tree_rows(tree, lay, "q", 0.3, best, hits)
     assert set(rows["id"][rows["best"]]) == set(best)  # the edge into each best-path node
     assert set(rows["id"][rows["match"]]) == set(hits)
+    main, subsets = tree_chart.chart_data(rows)
+    assert not {"best", "match", "count_label", "ring"} & set(main.columns) and len(main) == len(rows)
+    at = main.set_index("id")
+
+    def places(frame, ids) -> list[tuple[float, float]]:
+        return sorted(zip(frame["x"], frame["y"])) if ids is None else sorted((at.loc[i, "x"], at.loc[i, "y"]) for i in ids)
+
+    assert places(subsets["best"], None) == places(None, best)  # each best-path edge, from its parent
+    assert sorted(zip(subsets["best"]["px"], subsets["best"]["py"])) == sorted(
+        (at.loc[tree.nodes[i].parent, "x"], at.loc[tree.nodes[i].parent, "y"]) for i in best)
+    assert places(subsets["match"], None) == places(None, hits)
+    assert np.allclose(subsets["match"]["ring"], rows.loc[rows["match"], "ring"])
     node = max(n.id for n in tree.nodes if n.depth >= 2)
-    sel = tree_chart.with_selection(rows, TreeShape.from_tree(tree), node)
-    assert list(sel["id"][sel["selected"]]) == [node]
-    assert set(sel["id"][sel["on_path"]]) == {v.id for v in tree.path(tree.nodes[node])} - {0}
-    assert not tree_chart.with_selection(rows, TreeShape.from_tree(tree), 0)["on_path"].any()
-    assert list(rows.columns) == [c for c in sel.columns if c not in ("selected", "on_path")]
+    sel = tree_chart.selection_data(main, TreeShape.from_tree(tree), node)
+    assert places(sel["selected"], None) == places(None, [node])
+    assert np.allclose(sel["selected"]["ring"], rows.loc[rows["id"] == node, "ring"])
+    assert places(sel["path"], None) == places(None, [v.id for v in tree.path(tree.nodes[node])])
+    assert tree_chart.selection_data(main, TreeShape.from_tree(tree), 0)["path"].empty
 
 
 def test_collapsed_nodes_are_hexagons_and_hide_their_subtree(tree: SearchTree) -> None:
@@ -117,6 +129,7 @@ def test_hidden_subtrees_are_counted_beside_their_hexagon() -> None:
     lay = layout_tree(tree, opened=lod.choose_open(tree, budget=3 * tree_chart.MAX_COUNT_LABELS + 1))
     rows = tree_chart.tree_rows(tree, lay)
     labels = [int(t.lstrip("+")) for t in rows["count_label"] if t]
+    assert sorted(tree_chart.chart_data(rows)[1]["labels"]["count_label"]) == sorted(t for t in rows["count_label"] if t)
     assert sorted(labels, reverse=True) == sorted(lay.hidden.tolist(), reverse=True)[:tree_chart.MAX_COUNT_LABELS]
     assert set(rows["kind"][lay.hidden > 0]) == {"hidden"}
     assert sum(lay.hidden.tolist()) + len(lay) == len(tree.nodes)
