@@ -4,13 +4,15 @@ The URL holds run / task / node (`?run=..&task=..&node=..`, and `max_nodes=..|al
 budget), so a view can be shared. Every way of choosing a node (a click in the plot, a typed id, a
 row in the path / sibling / children / search tables) writes the `node` query parameter; the page
 reads it back. A big tree is drawn in part (`dashboard.lod`): selecting a marker that hides a
-subtree draws that subtree. While the run is searching, the plot and the inspector redraw every
-few seconds (a fragment), keeping the selected node, the filters and the zoom (the chart is Vega-Lite,
-`dashboard.tree_chart`: a constant spec whose rows change; the sidebar can pause following). The tree
-is read as a skeleton
+subtree draws that subtree. The plot and the inspector are a fragment: a click, a table row or a
+typed id reruns only them. While the run is searching, they redraw every few seconds, keeping the
+selected node, the filters and the zoom (the chart is Vega-Lite, `dashboard.tree_chart`: a constant
+spec whose rows change; the sidebar can pause following). The tree is read as a skeleton
 (`dashboard.shape`: numbers, no texts; a live view reads only the nodes added since); texts are
 read for the drawn nodes' hover labels and the inspected node's neighbourhood. Env and model text
-is shown only through `st.code` and data frames, never as markdown or HTML.
+is shown only through `st.text` and data frames, never as markdown or HTML; not `st.code`: any code
+block on a page makes the browser load and run Streamlit's syntax highlighter (measured: ~0.4 s of
+each view of this page, docs/decisions.md "The Tree explorer answers a click in a fragment").
 """
 
 from __future__ import annotations
@@ -211,7 +213,7 @@ with st.sidebar:
         st.caption(f"Collapsed below nodes {', '.join(str(i) for i in sorted(folded))}")
         st.button("Expand all", on_click=_expand_all, args=(tree_id,), key="te_expand_all")
     st.caption("Database")
-    st.code(db, language=None, wrap_lines=True)
+    st.text(db)
 
 measure = tree_chart.MEASURES[measure_label]
 # At the slider's end: no limit, also when a live search grows the tree deeper than the slider knows.
@@ -256,7 +258,7 @@ def explorer(live: bool) -> None:
     elif info.status == "running":
         st.caption("The search is running; live redrawing is off (sidebar).")
     st.caption("Goal")
-    st.code(tree.goal, language=None, wrap_lines=True)
+    st.text(tree.goal)
 
     focus_of = st.session_state.setdefault("te_focus", {})
     focus = focus_of.get(tree_id)
@@ -346,7 +348,7 @@ def inspector(tree: TreeShape, node_id: int, best: list[int], inspect_col: Any, 
             st.caption("The root: the task's first observation, before any action.")
         elif action is None:
             st.caption("FORMAT ERROR (the completion could not be parsed; the environment was not stepped)")
-            st.code(node.format_error or "", language=None, wrap_lines=True)
+            st.text(node.format_error or "")
         else:
             parts = [("PLAN", action.plan), ("THOUGHT", action.thought), ("ACTION", action.command),
                      ("EXPLANATION", action.explanation), ("STATUS", action.status)]
@@ -354,16 +356,16 @@ def inspector(tree: TreeShape, node_id: int, best: list[int], inspect_col: Any, 
                 if name == "PLAN" and not text:
                     continue
                 st.caption(name)
-                st.code(text or "", language=None, wrap_lines=True)
+                st.text(text or "")
         st.caption("OBSERVATION")
-        st.code(node.observation, language=None, wrap_lines=True)
+        st.text(node.observation)
         shot = data.node_screenshot(db, tree_id, node.id, version) if node.terminal else None
         if shot is not None:
             st.caption("SCREENSHOT of the final page")
             st.image(shot)
         if node.raw is not None:
             with st.expander("Raw completion", expanded=action is None):
-                st.code(node.raw, language=None, wrap_lines=True)
+                st.text(node.raw)
 
         if node.parent is not None:
             st.caption("Critic's ranking of this node and its siblings (0 = best)")
