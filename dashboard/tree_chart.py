@@ -70,10 +70,11 @@ SELECTED_COLOR = "#ff6f00"
 MATCH_COLOR = "#d500f9"
 EDGE_COLOR = "#b0b0b0"
 NO_VALUE_COLOR = "#bdbdbd"
-HOVER = [  # (field, title) shown on hover, in this order
-    ("id", "node"), ("depth", "depth"), ("command", "command"), ("N", "N"), ("q_mcts_text", "Q~"),
-    ("q_critic_text", "Q^"), ("q_text", "Q"), ("terminal", "terminal"), ("hidden", "hidden below"),
-]
+# (field, title) shown on hover, in this order. The numbers go as one line ("facts"): each column of the
+# chart's rows costs the browser a decoding pass over every row (measured: docs/decisions.md, "The Tree
+# explorer answers a click in a fragment").
+HOVER = [("id", "node"), ("command", "command"), ("facts", "values")]
+HOVER_ONLY = ["depth", "N", "terminal", "hidden"]  # in `tree_rows` for tests and tables; not sent
 
 
 def _fmt(value: float) -> str:
@@ -129,12 +130,18 @@ def tree_rows(
         "depth": [shape.depth[v] for v in id_list],
         "command": [commands.get(v, "") for v in id_list],
         "N": [shape.N[v] for v in id_list],
-        "q_mcts_text": [_fmt(v) for v in q_mcts.tolist()],
-        "q_critic_text": [_fmt(v) for v in q_critic.tolist()],
-        "q_text": [_fmt(v) for v in q.tolist()],
         "terminal": terminal,
         "hidden": hidden.astype(np.int64),
+        "facts": [_facts(*f) for f in zip(
+            (shape.depth[v] for v in id_list), (shape.N[v] for v in id_list), q_mcts.tolist(),
+            q_critic.tolist(), q.tolist(), terminal, hidden.tolist())],
     })
+
+
+def _facts(depth: int, visits: int, q_mcts: float, q_critic: float, q: float, terminal: str, hidden: int) -> str:
+    """A node's numbers on one hover line (`terminal` and the hidden count only when there are any)."""
+    out = f"depth {depth} · N {visits} · Q~ {_fmt(q_mcts)} · Q^ {_fmt(q_critic)} · Q {_fmt(q)}"
+    return out + (f" · {terminal}" if terminal else "") + (f" · {hidden} hidden below" if hidden else "")
 
 
 SUBSETS = ("best", "match", "labels")  # named datasets cut from the rows (`chart_data`)
@@ -144,10 +151,10 @@ RING_FIELDS = ["x", "y", "ring"]
 
 
 def chart_data(rows: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, pd.DataFrame]]:
-    """`rows` (`tree_rows`) split for the chart: every node's marker and edge (the chart's data, with
-    `area` for the rings of `selection_data`), and the named datasets of `SUBSETS`: the best path's
-    edges, the search matches' rings and the "+n" labels, only the fields their layer draws."""
-    main = rows.drop(columns=["best", "match", "count_label", "ring"])
+    """`rows` (`tree_rows`) split for the chart: every node's marker, edge and hover fields (the chart's
+    data, with `area` for the rings of `selection_data`), and the named datasets of `SUBSETS`: the best
+    path's edges, the search matches' rings and the "+n" labels, only the fields their layer draws."""
+    main = rows.drop(columns=["best", "match", "count_label", "ring", *HOVER_ONLY])
     subsets = {
         "best": rows.loc[rows["best"], EDGE_FIELDS],
         "match": rows.loc[rows["match"], RING_FIELDS],

@@ -64,6 +64,11 @@ def test_rows_carry_engine_values(tree: SearchTree, measure: str) -> None:
     order = np.argsort(visits, kind="stable")
     assert np.all(np.diff(rows["area"].to_numpy()[order]) >= 0)  # more visits, never a smaller marker
     assert list(rows["N"]) == visits and list(rows["depth"]) == [tree.nodes[i].depth for i in ids]
+    for i, facts in zip(ids, rows["facts"]):  # the hover line of each node's numbers
+        n = tree.nodes[i]
+        q_critic = "–" if n.Q_critic is None else f"{n.Q_critic:.2f}"
+        assert facts.startswith(f"depth {n.depth} · N {n.N} · Q~ {n.Q_mcts:.2f} · Q^ {q_critic} · Q {n.value(alpha):.2f}")
+        assert facts.endswith(f" · {n.terminal}") == bool(n.terminal)
 
 
 def test_each_edge_runs_from_the_parent(tree: SearchTree) -> None:
@@ -108,6 +113,7 @@ def test_collapsed_nodes_are_hexagons_and_hide_their_subtree(tree: SearchTree) -
     rows = tree_chart.tree_rows(tree, layout_tree(tree, collapsed=[folded]))
     ids = rows["id"].tolist()
     assert rows["kind"][ids.index(folded)] == "hidden" and rows["hidden"][ids.index(folded)] > 0
+    assert rows["facts"][ids.index(folded)].endswith(f" · {rows['hidden'][ids.index(folded)]} hidden below")
     assert not set(tree.nodes[folded].children) & set(ids)
 
 
