@@ -7,7 +7,8 @@ what the Tree explorer did on a first view before it had a level of detail: `Sto
 `layout_tree`, the chart's rows of the whole tree (`dashboard.tree_chart.tree_rows`) and the Arrow
 serialisation Streamlit performs; and what it does now: the skeleton ("skel": numbers only,
 `Store.tree_skeleton`), then "lod": the part drawn (`dashboard.lod`), its layout, its nodes' labels
-(`Store.load_nodes`), the rows and their Arrow bytes.
+(`Store.load_nodes`), the rows and their Arrow bytes (`tree_chart.chart_data`: the chart's rows and its small
+named datasets).
 
 Browser figures (`--browser-sizes`): `streamlit run` on one store holding those trees, headless Debian
 Chromium through Playwright: navigation -> the plot drawn -> a click on a marker answered (the
@@ -52,7 +53,7 @@ from dashboard.data import read_nodes, read_shape, read_tree
 from dashboard.figures import short_command
 from dashboard.layout import layout_tree
 from dashboard.lod import DEFAULT_BUDGET, choose_open
-from dashboard.tree_chart import tree_rows
+from dashboard.tree_chart import chart_data, tree_rows
 from engine.actions import CompositeAction, render
 from engine.envs.base import TaskSpec
 from engine.search.tree import SearchTree, Simulation
@@ -432,7 +433,8 @@ def main() -> None:
                 part = layout_tree(shape, opened=choose_open(shape, DEFAULT_BUDGET))
                 labels = {v: short_command(n) for v, n in read_nodes(str(db), tid, part.ids.tolist()).items()}
                 rows = tree_rows(shape, part, "q", 0.5, shape.best_path(0.5), commands=labels)
-                return dataframe_util.convert_anything_to_arrow_bytes(rows)
+                main, subsets = chart_data(rows)  # what the page sends: the rows and the small datasets
+                return b"".join(dataframe_util.convert_anything_to_arrow_bytes(f) for f in [main, *subsets.values()])
 
             t_lod, lod_spec = best_of(drawn_part, args.repeat)
             print(f"{len(loaded.nodes):>8} {t_load:>8.3f} {t_layout:>9.3f} {t_fig:>9.3f} {total:>8.3f} "

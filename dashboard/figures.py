@@ -55,7 +55,7 @@ def matching_texts(rows: Iterable[tuple[int, CompositeAction | None, str | None]
 
 
 # --- cached per (database version, tree, view settings) ---------------------------------------------
-# Rebuilt only when one of these changes (`dashboard.tree_chart.cached_tree_rows` builds on them).
+# Rebuilt only when one of these changes (`dashboard.tree_chart.cached_chart_data` builds on them).
 
 
 def _shape(path: str, tree_id: int, version: data.Version) -> TreeShape:

@@ -9,8 +9,13 @@ new selected node) keeps the zoom and pan (`bind: "scales"`) without any script 
 that depends on the tree goes into the spec: the spec depends on the measure's label only.
 
 Rows: one per drawn node, with its position, its parent's position (the edge), its colour value,
-marker area, kind (shape), flags (on the best path, on the selected node's path, a search match,
-selected) and its hover fields. Hover text is shown by Vega's tooltip handler, which escapes `&` and
+marker area, kind (shape) and its hover fields: the chart's main data. The few rows that one layer
+each draws (the best path's edges, the search matches' rings, the "+n" labels; the selected node's
+ring and its path's edges) go as small named datasets (`chart_data`, `selection_data`). WHY: on a
+rerun Streamlit compares each dataset's Arrow bytes with the last ones and leaves an unchanged one
+alone in the Vega view, so a click (a new selected node) replaces a few rows, not every node's
+(measured: docs/decisions.md, "The Tree explorer answers a click in a fragment"); and no layer runs
+a filter over all the rows. Hover text is shown by Vega's tooltip handler, which escapes `&` and
 `<` before writing it (vega-tooltip's `sanitize`), so model and env text is shown as text: it must
 not be escaped here (it would show `&lt;`).
 """
@@ -65,10 +70,11 @@ SELECTED_COLOR = "#ff6f00"
 MATCH_COLOR = "#d500f9"
 EDGE_COLOR = "#b0b0b0"
 NO_VALUE_COLOR = "#bdbdbd"
-HOVER = [  # (field, title) shown on hover, in this order
-    ("id", "node"), ("depth", "depth"), ("command", "command"), ("N", "N"), ("q_mcts_text", "Q~"),
-    ("q_critic_text", "Q^"), ("q_text", "Q"), ("terminal", "terminal"), ("hidden", "hidden below"),
-]
+# (field, title) shown on hover, in this order. The numbers go as one line ("facts"): each column of the
+# chart's rows costs the browser a decoding pass over every row (measured: docs/decisions.md, "The Tree
+# explorer answers a click in a fragment").
+HOVER = [("id", "node"), ("command", "command"), ("facts", "values")]
+HOVER_ONLY = ["depth", "N", "terminal", "hidden"]  # in `tree_rows` for tests and tables; not sent
 
 
 def _fmt(value: float) -> str:
@@ -84,7 +90,7 @@ def tree_rows(
     matches: Collection[int] = (),
     commands: Mapping[int, str] | None = None,
 ) -> pd.DataFrame:
-    """One row per drawn node (`lay`), everything but the selection (`with_selection`). `commands`: the
+    """One row per drawn node (`lay`), everything but the selection (`selection_data`). `commands`: the
     drawn nodes' one-line commands (`figures.short_command`), for hover; a TreeShape has no texts."""
     if measure not in MEASURES.values():
         raise ValueError(f"unknown measure {measure!r} (one of {', '.join(MEASURES.values())})")
@@ -116,7 +122,7 @@ def tree_rows(
         "x": x, "y": y, "px": x[par], "py": y[par],
         "value": np.where(np.isnan(values), None, values),  # null: drawn grey
         "area": diameter ** 2,
-        "ring": (diameter + 10) ** 2,  # the rings around a match or the selected node: clear of the marker
+        "ring": _ring(diameter),
         "kind": kind,
         "best": on_best & on_best[par] & (lay.parent_index >= 0),  # an edge of the best path ends here
         "match": np.isin(ids, np.asarray(sorted(matches), dtype=np.int64)),
@@ -124,26 +130,61 @@ def tree_rows(
         "depth": [shape.depth[v] for v in id_list],
         "command": [commands.get(v, "") for v in id_list],
         "N": [shape.N[v] for v in id_list],
-        "q_mcts_text": [_fmt(v) for v in q_mcts.tolist()],
-        "q_critic_text": [_fmt(v) for v in q_critic.tolist()],
-        "q_text": [_fmt(v) for v in q.tolist()],
         "terminal": terminal,
         "hidden": hidden.astype(np.int64),
+        "facts": [_facts(*f) for f in zip(
+            (shape.depth[v] for v in id_list), (shape.N[v] for v in id_list), q_mcts.tolist(),
+            q_critic.tolist(), q.tolist(), terminal, hidden.tolist())],
     })
 
 
-def with_selection(rows: pd.DataFrame, tree: TreeShape, node: int) -> pd.DataFrame:
-    """`rows` plus the selected node and the edges of its path from the root (drawn orange)."""
+def _facts(depth: int, visits: int, q_mcts: float, q_critic: float, q: float, terminal: str, hidden: int) -> str:
+    """A node's numbers on one hover line (`terminal` and the hidden count only when there are any)."""
+    out = f"depth {depth} · N {visits} · Q~ {_fmt(q_mcts)} · Q^ {_fmt(q_critic)} · Q {_fmt(q)}"
+    return out + (f" · {terminal}" if terminal else "") + (f" · {hidden} hidden below" if hidden else "")
+
+
+SUBSETS = ("best", "match", "labels")  # named datasets cut from the rows (`chart_data`)
+SELECTION = ("path", "selected")  # named datasets of the selected node (`selection_data`)
+EDGE_FIELDS = ["x", "y", "px", "py"]
+RING_FIELDS = ["x", "y", "ring"]
+
+
+def chart_data(rows: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, pd.DataFrame]]:
+    """`rows` (`tree_rows`) split for the chart: every node's marker, edge and hover fields (the chart's
+    data, with `area` for the rings of `selection_data`), and the named datasets of `SUBSETS`: the best
+    path's edges, the search matches' rings and the "+n" labels, only the fields their layer draws."""
+    main = rows.drop(columns=["best", "match", "count_label", "ring", *HOVER_ONLY])
+    subsets = {
+        "best": rows.loc[rows["best"], EDGE_FIELDS],
+        "match": rows.loc[rows["match"], RING_FIELDS],
+        "labels": rows.loc[rows["count_label"] != "", ["x", "y", "count_label"]],
+    }
+    return main, {name: frame.reset_index(drop=True) for name, frame in subsets.items()}
+
+
+def selection_data(main: pd.DataFrame, tree: TreeShape, node: int) -> dict[str, pd.DataFrame]:
+    """The named datasets of `SELECTION`: the edges into the selected node's path from the root (drawn
+    orange) and its ring, from `main` (`chart_data`); empty when the node is not drawn."""
     path = np.asarray([0, *tree.path(node)], dtype=np.int64) if node < len(tree) else np.zeros(1, np.int64)
-    ids = rows["id"].to_numpy()
-    out = rows.copy()
-    out["selected"] = ids == node
-    out["on_path"] = np.isin(ids, path[1:])  # the edge into each path node (not the root's)
-    return out
+    ids = main["id"].to_numpy()
+    selected = main.loc[ids == node, ["x", "y", "area"]]
+    return {
+        "path": main.loc[np.isin(ids, path[1:]), EDGE_FIELDS].reset_index(drop=True),  # not the root's
+        "selected": pd.DataFrame({"x": selected["x"].to_numpy(), "y": selected["y"].to_numpy(),
+                                  "ring": _ring(np.sqrt(selected["area"].to_numpy()))}),
+    }
+
+
+def _ring(diameter: np.ndarray) -> np.ndarray:
+    """The area of the ring around a match or the selected node: clear of a marker of `diameter` px."""
+    return (diameter + 10) ** 2
 
 
 def tree_spec(measure: str = "q", height: int = 640) -> dict[str, Any]:
-    """The chart's spec: the same for every tree and every redraw (only the measure names the legend)."""
+    """The chart's spec: the same for every tree and every redraw (only the measure names the legend).
+    The layers of `SUBSETS` and `SELECTION` draw the named dataset of their name; the page adds them
+    (`"datasets"`), which Streamlit sends beside the spec, not in it."""
     label = next(k for k, v in MEASURES.items() if v == measure)
     x = {"field": "x", "type": "quantitative", "axis": None, "scale": {"zero": False, "nice": False, "padding": 12}}
     y = {"field": "y", "type": "quantitative", "axis": None, "scale": {"zero": False, "nice": False, "padding": 12}}
@@ -156,14 +197,14 @@ def tree_spec(measure: str = "q", height: int = 640) -> dict[str, Any]:
         "usermeta": {"embedOptions": {"renderer": "canvas"}},  # Streamlit picks SVG under 2000 rows: slower
         "layer": [
             {"mark": {"type": "rule", "color": EDGE_COLOR, "strokeWidth": 1}, "encoding": edge},
-            {"transform": [{"filter": "datum.best"}],
+            {"data": {"name": "best"},
              "mark": {"type": "rule", "color": BEST_COLOR, "strokeWidth": 4}, "encoding": edge},
-            {"transform": [{"filter": "datum.on_path"}],
+            {"data": {"name": "path"},
              "mark": {"type": "rule", "color": SELECTED_COLOR, "strokeWidth": 2.5}, "encoding": edge},
-            {"transform": [{"filter": "datum.match"}],
+            {"data": {"name": "match"},
              "mark": {"type": "point", "shape": "circle", "filled": False, "color": MATCH_COLOR, "strokeWidth": 2.5},
              "encoding": {"x": x, "y": y, "size": ring}},
-            {"transform": [{"filter": "datum.selected"}],
+            {"data": {"name": "selected"},
              "mark": {"type": "point", "shape": "circle", "filled": False, "color": SELECTED_COLOR, "strokeWidth": 3},
              "encoding": {"x": x, "y": y, "size": ring}},
             {"name": "nodes",
@@ -185,7 +226,7 @@ def tree_spec(measure: str = "q", height: int = 640) -> dict[str, Any]:
                            "scale": {"domain": list(SHAPES), "range": list(SHAPES.values())}},
                  "tooltip": [{"field": f, "title": t, "type": "nominal"} for f, t in HOVER],
              }},
-            {"transform": [{"filter": "datum.count_label !== ''"}],
+            {"data": {"name": "labels"},
              "mark": {"type": "text", "dy": 11, "fontSize": 9, "color": "#616161", "baseline": "top"},
              "encoding": {"x": x, "y": y, "text": {"field": "count_label"}}},
         ],
@@ -203,17 +244,17 @@ def picked_node(state: Any) -> int | None:
 
 
 # Cached per (database version, tree, view settings): a rerun that changes only the selected node
-# rebuilds two columns (`with_selection`), not the rows, and reads no texts.
+# rebuilds two small datasets (`selection_data`), not the rows, and reads no texts.
 @st.cache_data(show_spinner=False, max_entries=12)
-def cached_tree_rows(
+def cached_chart_data(
     path: str, tree_id: int, version: data.Version, measure: str, alpha: float, max_depth: int | None,
     collapsed: tuple[int, ...], query: str, budget: int | None = None, focus: int | None = None,
-) -> pd.DataFrame:
-    """The rows, their hover commands read for the drawn nodes only (`Store.load_nodes`)."""
+) -> tuple[pd.DataFrame, dict[str, pd.DataFrame]]:
+    """`chart_data` of the rows, their hover commands read for the drawn nodes only (`Store.load_nodes`)."""
     shape = data.load_shape(path, tree_id, version)
     if shape is None:
         raise ValueError(f"tree {tree_id} has no nodes yet")
     lay = figures.cached_layout(path, tree_id, version, max_depth, collapsed, budget, focus)
     matches = figures.cached_matches(path, tree_id, version, query)
     commands = {v: short_command(n) for v, n in data.read_nodes(path, tree_id, lay.ids.tolist()).items()}
-    return tree_rows(shape, lay, measure, alpha, shape.best_path(alpha), matches, commands)
+    return chart_data(tree_rows(shape, lay, measure, alpha, shape.best_path(alpha), matches, commands))

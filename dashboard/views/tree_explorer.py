@@ -4,13 +4,15 @@ The URL holds run / task / node (`?run=..&task=..&node=..`, and `max_nodes=..|al
 budget), so a view can be shared. Every way of choosing a node (a click in the plot, a typed id, a
 row in the path / sibling / children / search tables) writes the `node` query parameter; the page
 reads it back. A big tree is drawn in part (`dashboard.lod`): selecting a marker that hides a
-subtree draws that subtree. While the run is searching, the plot and the inspector redraw every
-few seconds (a fragment), keeping the selected node, the filters and the zoom (the chart is Vega-Lite,
-`dashboard.tree_chart`: a constant spec whose rows change; the sidebar can pause following). The tree
-is read as a skeleton
+subtree draws that subtree. The plot and the inspector are a fragment: a click, a table row or a
+typed id reruns only them. While the run is searching, they redraw every few seconds, keeping the
+selected node, the filters and the zoom (the chart is Vega-Lite, `dashboard.tree_chart`: a constant
+spec whose rows change; the sidebar can pause following). The tree is read as a skeleton
 (`dashboard.shape`: numbers, no texts; a live view reads only the nodes added since); texts are
 read for the drawn nodes' hover labels and the inspected node's neighbourhood. Env and model text
-is shown only through `st.code` and data frames, never as markdown or HTML.
+is shown only through `st.text` and data frames, never as markdown or HTML; not `st.code`: any code
+block on a page makes the browser load and run Streamlit's syntax highlighter (measured: ~0.4 s of
+each view of this page, docs/decisions.md "The Tree explorer answers a click in a fragment").
 """
 
 from __future__ import annotations
@@ -211,7 +213,7 @@ with st.sidebar:
         st.caption(f"Collapsed below nodes {', '.join(str(i) for i in sorted(folded))}")
         st.button("Expand all", on_click=_expand_all, args=(tree_id,), key="te_expand_all")
     st.caption("Database")
-    st.code(db, language=None, wrap_lines=True)
+    st.text(db)
 
 measure = tree_chart.MEASURES[measure_label]
 # At the slider's end: no limit, also when a live search grows the tree deeper than the slider knows.
@@ -233,14 +235,16 @@ def progress_line(info: RunInfo) -> None:
 
 
 def explorer(live: bool) -> None:
-    """Plot and inspector, drawn from the newest committed state of the tree (a fragment while live)."""
+    """Plot and inspector, drawn from the newest committed state of the tree. Always a fragment: a click
+    in the plot, a row picked in a table or a typed node id reruns this only, not the sidebar and
+    the app around it (and a timer reruns it while live)."""
     version = data.db_version(path)
     info = run
     if live:
         info = next((r for r in data.list_runs(db, version) if r.id == run.id), run)
-        now_folded = tuple(sorted(st.session_state.get("te_collapsed", {}).get(tree_id, set())))
-        if info.status != "running" or now_folded != collapsed:
-            st.rerun()  # the search ended (stop refreshing) or the sidebar must show a new fold
+    now_folded = tuple(sorted(st.session_state.get("te_collapsed", {}).get(tree_id, set())))
+    if (live and info.status != "running") or now_folded != collapsed:
+        st.rerun()  # the search ended (stop refreshing) or the sidebar must show a new fold
     tree = data.load_shape(db, tree_id, version)
     progress_line(info)
     if tree is None:
@@ -254,7 +258,7 @@ def explorer(live: bool) -> None:
     elif info.status == "running":
         st.caption("The search is running; live redrawing is off (sidebar).")
     st.caption("Goal")
-    st.code(tree.goal, language=None, wrap_lines=True)
+    st.text(tree.goal)
 
     focus_of = st.session_state.setdefault("te_focus", {})
     focus = focus_of.get(tree_id)
@@ -263,8 +267,8 @@ def explorer(live: bool) -> None:
         if not lod.fully_shown(tree, opened, node_id, max_depth, folded):
             focus = focus_of[tree_id] = node_id  # draw the selected node's path, children and subtree
     query = search.strip()
-    rows = tree_chart.cached_tree_rows(db, tree_id, version, measure, alpha, max_depth, collapsed, query,
-                                       budget, focus)
+    rows, datasets = tree_chart.cached_chart_data(db, tree_id, version, measure, alpha, max_depth, collapsed,
+                                                  query, budget, focus)
     lay = figures.cached_layout(db, tree_id, version, max_depth, collapsed, budget, focus)
     matches = figures.cached_matches(db, tree_id, version, query)
     best = tree.best_path(alpha)
@@ -284,8 +288,9 @@ def explorer(live: bool) -> None:
             # another tree's chart picked last: this one starts with no selection, so its first click
             # (of any node, the same id included) moves the inspector
             st.session_state.pop(LAST_PICK, None)
+        datasets = {**datasets, **tree_chart.selection_data(rows, tree, node_id)}  # the rows stay: Vega keeps them
         st.vega_lite_chart(
-            tree_chart.with_selection(rows, tree, node_id), tree_chart.tree_spec(measure), key=key,
+            rows, {**tree_chart.tree_spec(measure), "datasets": datasets}, key=key,
             on_select=partial(_clicked_node, key), selection_mode=[tree_chart.PICK, tree_chart.ZOOM],
         )
         st.caption(tree_chart.LEGEND)
@@ -343,7 +348,7 @@ def inspector(tree: TreeShape, node_id: int, best: list[int], inspect_col: Any, 
             st.caption("The root: the task's first observation, before any action.")
         elif action is None:
             st.caption("FORMAT ERROR (the completion could not be parsed; the environment was not stepped)")
-            st.code(node.format_error or "", language=None, wrap_lines=True)
+            st.text(node.format_error or "")
         else:
             parts = [("PLAN", action.plan), ("THOUGHT", action.thought), ("ACTION", action.command),
                      ("EXPLANATION", action.explanation), ("STATUS", action.status)]
@@ -351,16 +356,16 @@ def inspector(tree: TreeShape, node_id: int, best: list[int], inspect_col: Any, 
                 if name == "PLAN" and not text:
                     continue
                 st.caption(name)
-                st.code(text or "", language=None, wrap_lines=True)
+                st.text(text or "")
         st.caption("OBSERVATION")
-        st.code(node.observation, language=None, wrap_lines=True)
+        st.text(node.observation)
         shot = data.node_screenshot(db, tree_id, node.id, version) if node.terminal else None
         if shot is not None:
             st.caption("SCREENSHOT of the final page")
             st.image(shot)
         if node.raw is not None:
             with st.expander("Raw completion", expanded=action is None):
-                st.code(node.raw, language=None, wrap_lines=True)
+                st.text(node.raw)
 
         if node.parent is not None:
             st.caption("Critic's ranking of this node and its siblings (0 = best)")
@@ -386,7 +391,4 @@ def inspector(tree: TreeShape, node_id: int, best: list[int], inspect_col: Any, 
 
 
 live = bool(follow)
-if live:
-    st.fragment(run_every=REFRESH_S)(explorer)(True)
-else:
-    explorer(False)
+st.fragment(run_every=REFRESH_S if live else None)(explorer)(live)

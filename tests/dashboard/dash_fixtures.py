@@ -156,3 +156,14 @@ def tree_chart_of(at: Any) -> tuple[dict, Any, str]:
     (chart,) = at.get("arrow_vega_lite_chart") or at.get("vega_lite_chart")
     rows = pa.ipc.open_stream(chart.proto.data.data).read_all().to_pandas()
     return json.loads(chart.proto.spec), rows, chart.proto.id
+
+
+def chart_datasets(at: Any) -> dict[str, Any]:
+    """The Tree explorer chart's named datasets (dashboard.tree_chart SUBSETS and SELECTION), as
+    DataFrames; "" is the main rows' Arrow bytes (for comparing them as Streamlit does)."""
+    import pyarrow as pa
+
+    (chart,) = at.get("arrow_vega_lite_chart") or at.get("vega_lite_chart")
+    out: dict[str, Any] = {d.name: pa.ipc.open_stream(d.data.data).read_all().to_pandas() for d in chart.proto.datasets}
+    out[""] = chart.proto.data.data
+    return out

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from dash_fixtures import APP, XSS, tree_chart_of
+from dash_fixtures import APP, XSS, chart_datasets, tree_chart_of
 from streamlit.testing.v1 import AppTest
 
 from engine.search.tree import SearchTree
@@ -159,19 +159,24 @@ def test_markup_in_observations_is_shown_as_text_only(db) -> None:
     assert not at.get("html")
 
 
-def test_only_the_selection_columns_change_when_only_the_node_changes(db) -> None:
-    """The same spec and element: Streamlit swaps the rows in the browser's view, keeping the zoom."""
+def test_only_the_selection_datasets_change_when_only_the_node_changes(db) -> None:
+    """The same spec, element and rows (byte for byte: Streamlit leaves them in the browser's view,
+    keeping the zoom); only the selected node's ring and path datasets change."""
     _, runs = db
     at = open_tree(run=runs["main"], task="goal-4")
     spec, rows, element = tree_chart_of(at)
-    assert list(rows["id"][rows["selected"]]) == [0] and not rows["on_path"].any()
+    before = chart_datasets(at)
+    assert "datasets" not in spec and set(before) == {"", "best", "match", "labels", "path", "selected"}
+    assert len(before["selected"]) == 1 and before["path"].empty  # the root: no edge into it
     at.text_input(key="te_node").input("5").run()
     assert at.subheader[0].value == "Node 5"
     spec_now, rows_now, element_now = tree_chart_of(at)
-    assert (spec_now, element_now) == (spec, element)
-    assert list(rows_now["id"][rows_now["selected"]]) == [5] and rows_now["on_path"].any()
-    same = [c for c in rows.columns if c not in ("selected", "on_path")]
-    assert rows_now[same].equals(rows[same])
+    now = chart_datasets(at)
+    assert (spec_now, element_now) == (spec, element) and rows_now.equals(rows)
+    assert now[""] == before[""] and all(now[k].equals(before[k]) for k in ("best", "match", "labels"))
+    at5 = rows.set_index("id").loc[5]
+    assert now["selected"][["x", "y"]].values.tolist() == [[at5["x"], at5["y"]]]
+    assert not now["path"].empty and at5["x"] in now["path"]["x"].tolist()
     at.radio(key="te_measure").set_value("Q~ (MCTS mean)").run()
     assert tree_chart_of(at)[0] != spec
 
@@ -197,7 +202,10 @@ def test_depth_limit_collapse_and_search(db) -> None:
     at.text_input(key="te_search").input("wait").run()
     waits = [n.id for n in tree.nodes if n.action and "wait" in n.action.command]
     assert any(f"{len(waits)} nodes match the search" in c.value for c in at.caption)
-    assert sorted(tree_chart_of(at)[1].query("match")["id"]) == sorted(waits)
+    rows = tree_chart_of(at)[1].set_index("id")
+    rings = chart_datasets(at)["match"]
+    assert sorted(map(tuple, rings[["x", "y"]].values.tolist())) == sorted(
+        (rows.loc[w, "x"], rows.loc[w, "y"]) for w in waits)
 
 
 def test_missing_database_says_no_runs_yet(monkeypatch, tmp_path: Path) -> None:

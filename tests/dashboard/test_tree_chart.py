@@ -64,6 +64,11 @@ def test_rows_carry_engine_values(tree: SearchTree, measure: str) -> None:
     order = np.argsort(visits, kind="stable")
     assert np.all(np.diff(rows["area"].to_numpy()[order]) >= 0)  # more visits, never a smaller marker
     assert list(rows["N"]) == visits and list(rows["depth"]) == [tree.nodes[i].depth for i in ids]
+    for i, facts in zip(ids, rows["facts"]):  # the hover line of each node's numbers
+        n = tree.nodes[i]
+        q_critic = "–" if n.Q_critic is None else f"{n.Q_critic:.2f}"
+        assert facts.startswith(f"depth {n.depth} · N {n.N} · Q~ {n.Q_mcts:.2f} · Q^ {q_critic} · Q {n.value(alpha):.2f}")
+        assert facts.endswith(f" · {n.terminal}") == bool(n.terminal)
 
 
 def test_each_edge_runs_from_the_parent(tree: SearchTree) -> None:
@@ -83,12 +88,24 @@ def test_best_path_matches_and_the_selected_path(tree: SearchTree) -> None:
     rows = tree_chart.tree_rows(tree, lay, "q", 0.3, best, hits)
     assert set(rows["id"][rows["best"]]) == set(best)  # the edge into each best-path node
     assert set(rows["id"][rows["match"]]) == set(hits)
+    main, subsets = tree_chart.chart_data(rows)
+    assert not {"best", "match", "count_label", "ring"} & set(main.columns) and len(main) == len(rows)
+    at = main.set_index("id")
+
+    def places(frame, ids) -> list[tuple[float, float]]:
+        return sorted(zip(frame["x"], frame["y"])) if ids is None else sorted((at.loc[i, "x"], at.loc[i, "y"]) for i in ids)
+
+    assert places(subsets["best"], None) == places(None, best)  # each best-path edge, from its parent
+    assert sorted(zip(subsets["best"]["px"], subsets["best"]["py"])) == sorted(
+        (at.loc[tree.nodes[i].parent, "x"], at.loc[tree.nodes[i].parent, "y"]) for i in best)
+    assert places(subsets["match"], None) == places(None, hits)
+    assert np.allclose(subsets["match"]["ring"], rows.loc[rows["match"], "ring"])
     node = max(n.id for n in tree.nodes if n.depth >= 2)
-    sel = tree_chart.with_selection(rows, TreeShape.from_tree(tree), node)
-    assert list(sel["id"][sel["selected"]]) == [node]
-    assert set(sel["id"][sel["on_path"]]) == {v.id for v in tree.path(tree.nodes[node])} - {0}
-    assert not tree_chart.with_selection(rows, TreeShape.from_tree(tree), 0)["on_path"].any()
-    assert list(rows.columns) == [c for c in sel.columns if c not in ("selected", "on_path")]
+    sel = tree_chart.selection_data(main, TreeShape.from_tree(tree), node)
+    assert places(sel["selected"], None) == places(None, [node])
+    assert np.allclose(sel["selected"]["ring"], rows.loc[rows["id"] == node, "ring"])
+    assert places(sel["path"], None) == places(None, [v.id for v in tree.path(tree.nodes[node])])
+    assert tree_chart.selection_data(main, TreeShape.from_tree(tree), 0)["path"].empty
 
 
 def test_collapsed_nodes_are_hexagons_and_hide_their_subtree(tree: SearchTree) -> None:
@@ -96,6 +113,7 @@ def test_collapsed_nodes_are_hexagons_and_hide_their_subtree(tree: SearchTree) -
     rows = tree_chart.tree_rows(tree, layout_tree(tree, collapsed=[folded]))
     ids = rows["id"].tolist()
     assert rows["kind"][ids.index(folded)] == "hidden" and rows["hidden"][ids.index(folded)] > 0
+    assert rows["facts"][ids.index(folded)].endswith(f" · {rows['hidden'][ids.index(folded)]} hidden below")
     assert not set(tree.nodes[folded].children) & set(ids)
 
 
@@ -117,6 +135,7 @@ def test_hidden_subtrees_are_counted_beside_their_hexagon() -> None:
     lay = layout_tree(tree, opened=lod.choose_open(tree, budget=3 * tree_chart.MAX_COUNT_LABELS + 1))
     rows = tree_chart.tree_rows(tree, lay)
     labels = [int(t.lstrip("+")) for t in rows["count_label"] if t]
+    assert sorted(tree_chart.chart_data(rows)[1]["labels"]["count_label"]) == sorted(t for t in rows["count_label"] if t)
     assert sorted(labels, reverse=True) == sorted(lay.hidden.tolist(), reverse=True)[:tree_chart.MAX_COUNT_LABELS]
     assert set(rows["kind"][lay.hidden > 0]) == {"hidden"}
     assert sum(lay.hidden.tolist()) + len(lay) == len(tree.nodes)

@@ -134,8 +134,8 @@ def test_a_node_added_while_live_is_inspected_in_full(running) -> None:
     at.text_input(key="te_node").input(str(new[-1])).run()
     assert not at.exception
     assert at.subheader[0].value == f"Node {new[-1]}"
-    codes = [c.value for c in at.code]
-    assert f"live observation {new[-1]}" in codes and f"live {new[-1]}" in codes
+    texts = [c.value for c in at.text]  # the inspector's texts (st.text: no syntax highlighter)
+    assert f"live observation {new[-1]}" in texts and f"live {new[-1]}" in texts
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["N (visits)"] == "1" and metrics["critic rank"] == "1"
     siblings = at.dataframe[0].value
