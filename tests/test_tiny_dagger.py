@@ -15,7 +15,7 @@ from engine.actions import CompositeAction, render
 from engine.envs.textcraft import TextCraftEnv
 from engine.envs.textcraft_expert import TextCraftExpert
 from engine.llm.base import Completion, SampleRequest
-from engine.llm.tiny import META_FILE, ensure_tiny_model
+from engine.llm.tiny import META_FILE, build_tiny_model, ensure_tiny_model
 from engine.llm.tiny_dagger import dagger_rows
 from engine.llm.tiny_data import validation_tasks
 from tests.test_tiny_model import SMALL
@@ -102,3 +102,13 @@ def test_a_build_with_dagger_rounds_is_deterministic_and_records_them(tmp_path: 
     base = ensure_tiny_model(tmp_path / "base", seed=0, config=replace(cfg, dagger_rounds=0), log=lambda _: None)
     wbase = load_file(base / "model.safetensors")
     assert not all(torch.equal(wa[k], wbase[k]) for k in wa)  # the round trained on
+    # Only the round, on the finished first stage: the same folder as the whole build.
+    c = build_tiny_model(tmp_path / "c", cfg, log=lambda _: None, base=base)
+    wc = load_file(c / "model.safetensors")
+    assert all(torch.equal(wa[k], wc[k]) for k in wa)
+    for name in ("tokenizer.json", "tokenizer_config.json", "config.json"):
+        assert (a / name).read_bytes() == (c / name).read_bytes(), name
+    with pytest.raises(ValueError, match="not a first-stage build"):
+        build_tiny_model(tmp_path / "d", replace(cfg, lr=1e-3), log=lambda _: None, base=base)
+    with pytest.raises(ValueError, match="not a first-stage build"):
+        build_tiny_model(tmp_path / "e", cfg, log=lambda _: None, base=a)  # a build with rounds already

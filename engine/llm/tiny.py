@@ -249,26 +249,42 @@ def _train_loop(
 # ------------------------------------------------------------------ build and cache
 
 
-def build_tiny_model(out_dir: Path, cfg: TinyConfig, log: Callable[[str], None] = print) -> Path:
-    """Generate the data, train tokenizer and model, write the folder (no caching logic here)."""
+def build_tiny_model(
+    out_dir: Path, cfg: TinyConfig, log: Callable[[str], None] = print, base: Path | None = None
+) -> Path:
+    """Generate the data, train tokenizer and model, write the folder (no caching logic here).
+
+    `base`: a finished build of the same config without DAgger rounds (`base_config`); its tokenizer and
+    weights stand in for the first stage, which that build already ran (the same result, deterministic),
+    and only the DAgger rounds run here."""
     from engine.llm.tiny_data import build_rows, item_names, item_words
 
     began = time.perf_counter()
     rows = build_rows(cfg)
     counts = {kind: sum(r.kind == kind for r in rows) for kind in sorted({r.kind for r in rows})}
     log(f"tiny model: {len(rows)} training rows {counts}")
-    pieces = item_names() if cfg.name_pieces == "name" else item_words()
-    tokenizer = train_tokenizer([t for r in rows for t in _texts(r)], cfg.vocab_size, pieces)
+    metrics: dict[str, Any]
+    if base is not None:
+        tokenizer, model, metrics = _load_base(base, cfg)
+        log(f"tiny model: first stage from {base} (built in {metrics['base_build_seconds']:.0f} s)")
+    else:
+        pieces = item_names() if cfg.name_pieces == "name" else item_words()
+        tokenizer = train_tokenizer([t for r in rows for t in _texts(r)], cfg.vocab_size, pieces)
     examples = [e for e in encode_rows(rows, tokenizer) if len(e.ids) <= cfg.max_row_tokens]
     n_tokens = sum(len(e.ids) for e in examples)
     log(f"tiny model: {len(examples)} rows kept, {n_tokens / max(1, len(examples)):.0f} tokens per row")
-    model = new_model(cfg, tokenizer)
-    metrics: dict[str, Any] = dict(train_model(model, examples, cfg, tokenizer.pad_token_id, log))
+    if base is None:
+        model = new_model(cfg, tokenizer)
+        metrics = dict(train_model(model, examples, cfg, tokenizer.pad_token_id, log))
     if cfg.dagger_rounds:
         metrics["dagger"] = _dagger(model, tokenizer, examples, cfg, log)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
+    if base is not None:  # the base's own files: a re-saved loaded tokenizer adds load-time keys
+        for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+            if (base / name).is_file():
+                shutil.copyfile(base / name, out_dir / name)
     meta = {
         "format": TINY_FORMAT,
         "config": asdict(cfg),
@@ -280,11 +296,32 @@ def build_tiny_model(out_dir: Path, cfg: TinyConfig, log: Callable[[str], None] 
             "parameters": sum(p.numel() for p in model.parameters()),
             "vocab": len(tokenizer),
         },
-        "build_seconds": time.perf_counter() - began,
+        "build_seconds": time.perf_counter() - began + metrics.get("base_build_seconds", 0.0),
         "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     (out_dir / META_FILE).write_text(json.dumps(meta, indent=2))
     return out_dir
+
+
+def base_config(cfg: TinyConfig) -> dict[str, Any]:
+    """The settings of `cfg`'s first stage (all but the DAgger ones): what a `base` build must match."""
+    return {k: v for k, v in asdict(cfg).items() if not k.startswith("dagger_")}
+
+
+def _load_base(base: Path, cfg: TinyConfig) -> tuple[Any, Any, dict[str, Any]]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    meta = read_meta(base)
+    have = {k: v for k, v in (meta or {}).get("config", {}).items() if not k.startswith("dagger_")}
+    if meta is None or meta.get("format") != TINY_FORMAT or have != base_config(cfg) or (
+        meta["config"].get("dagger_rounds", 0)
+    ):
+        raise ValueError(f"{base} is not a first-stage build of this config (no DAgger rounds, same settings)")
+    tokenizer = AutoTokenizer.from_pretrained(base, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(base, local_files_only=True)
+    model.eval()
+    metrics = {k: v for k, v in meta["metrics"].items() if k in ("first_loss", "final_loss", "train_seconds")}
+    return tokenizer, model, {**metrics, "base_build_seconds": float(meta.get("build_seconds", 0.0))}
 
 
 def _dagger(

@@ -104,14 +104,16 @@ def shipped_model(log: Callable[[str], None] = print) -> Path:
     return SHIPPED_DIR
 
 
-def build(out: Path, log: Callable[[str], None] = print, stated: dict[str, Any] | None = None) -> Path:
-    """Build the default `TinyConfig` into `out` with its manifest (atomically: temp folder, rename)."""
+def build(out: Path, log: Callable[[str], None] = print, stated: dict[str, Any] | None = None,
+          base: Path | None = None) -> Path:
+    """Build the default `TinyConfig` into `out` with its manifest (atomically: temp folder, rename);
+    `base`: a first-stage build to start from (see `build_tiny_model`)."""
     from engine.llm.tiny import META_FILE, TinyConfig, build_tiny_model
 
     out = Path(out)
     tmp = out.with_name(f".{out.name}.building-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    build_tiny_model(tmp, TinyConfig(), log)
+    build_tiny_model(tmp, TinyConfig(), log, base=base)
     old = out / MANIFEST
     if stated is None and old.is_file():
         try:
@@ -158,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
                                      description="Rebuild (or check) the shipped tiny checkpoint.")
     parser.add_argument("--out", default=str(SHIPPED_DIR), help="folder to write (default: the shipped one)")
     parser.add_argument("--check", action="store_true", help="only verify the folder against its manifest")
+    parser.add_argument("--base", help="a finished first-stage build (no DAgger rounds) of the same config: "
+                        "run only the DAgger rounds on it")
     args = parser.parse_args(argv)
     out = Path(args.out).resolve()
     if args.check:
@@ -168,7 +172,11 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(f"ok: {out} matches its manifest (model.safetensors {manifest['files']['model.safetensors']})")
         return 0
-    build(out)
+    try:
+        build(out, base=Path(args.base).resolve() if args.base else None)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -45,7 +45,7 @@ class TinyConfig:
     # DAgger (engine/llm/tiny_dagger.py): after the main training, `dagger_rounds` times roll the model
     # out on the train tasks, add the expert's labels of the states it reached, train `dagger_steps` more
     # steps (peak lr `dagger_lr`, same warm-up and cosine shape) on all rows so far.
-    dagger_rounds: int = 0
+    dagger_rounds: int = 1
     dagger_steps: int = 1000
     dagger_lr: float = 1e-3
     dagger_temperature: float = 1.0  # 0: greedy rollouts
