@@ -335,7 +335,7 @@ def test_redirects_and_other_origins_are_blocked(env, outside):
 
 
 def test_hostile_observation_and_screenshot_are_shown_as_text_and_image(env, hostile_step, tmp_path, monkeypatch):
-    """The tree inspector shows a stored hostile observation only as code text, and a terminal node's
+    """The tree inspector shows a stored hostile observation only as plain text (st.text), and a terminal node's
     screenshot as an image."""
     from streamlit.testing.v1 import AppTest
 
@@ -358,7 +358,7 @@ def test_hostile_observation_and_screenshot_are_shown_as_text_and_image(env, hos
     at.query_params.update(run=run_id, task=task.id, node=str(leaf.id))
     at.run()
     assert not at.exception
-    assert step.observation in [c.value for c in at.code]
+    assert step.observation in [t.value for t in at.text]
     shown = [e.value for kind in ("markdown", "caption", "title", "subheader", "info", "warning") for e in getattr(at, kind)]
     assert not any("alert(" in text for text in shown)
     assert shot.startswith(JPEG) and len(at.get("image")) == 1
