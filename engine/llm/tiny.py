@@ -1,9 +1,11 @@
-"""The tiny offline policy: a ~2M-parameter Llama trained on CPU in about three minutes.
+"""The tiny offline policy: a ~2M-parameter Llama trained on CPU (the default build: ~40 minutes on 2
+cores, so it ships as a checkpoint, see `tiny_checkpoint`; small configs build in seconds).
 
 WHY: `make run` must show search and training improving a real model with no network and no GPU.
 The model is behaviour-cloned from a noisy TextCraft expert (see `tiny_data`) in the exact actor,
-critic and first-error-judge prompts a real LLM receives, so every part of the pipeline runs on it
-unchanged. It is weak on purpose: search and DPO have room to improve it.
+critic and first-error-judge prompts a real LLM receives, then trained on the expert's labels of its
+own states (DAgger rounds, `tiny_dagger`), so every part of the pipeline runs on it unchanged. It is
+weak on purpose: search and DPO have room to improve it.
 
 The tokenizer is a byte-level BPE trained on the same rows. Its pre-tokenizer splits only at line
 breaks, punctuation and digits, so merges may cross spaces: the long constant phrases of the prompts
