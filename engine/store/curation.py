@@ -26,7 +26,9 @@ _PAIR_COLUMNS = (
     "q_rejected, logprob_chosen, logprob_rejected, depth, status, version, updated_at, updated_by"
 )
 _PAIR_ORDERS = {
-    "tree": "run_id, task_id, node_id, id",
+    # Within a run, the content (not the run-salted id) orders the pairs: two runs with the same trees
+    # give the same training order, so the same DPO job.
+    "tree": "run_id, task_id, node_id, chosen_node, rejected_node, id",
     "gap": "q_chosen - q_rejected DESC, id",
     "updated": "updated_at DESC, id",
 }
