@@ -8,9 +8,9 @@ and each later model is compared with the first by the PAIRED bootstrap interval
     .venv/bin/python bench/tiny_policy.py --models BASE_DIR NEW_DIR [...] [--split val|test]
         [--test-tasks 0] [--max-steps 15] [--max-tokens 160] [--seed 0]
 
-The shipped checkpoint is `tiny`; a first-stage (no DAgger) build is made with
-`python -m engine.llm.tiny_checkpoint --out DIR` on a config with `dagger_rounds=0`. About 80 s per model
-and decoding on the 109 test tasks on 2 CPU cores.
+The shipped checkpoint is `tiny`; a first-stage (no DAgger) build of the default recipe is
+`engine.llm.tiny.ensure_tiny_model(DIR, config=replace(TinyConfig(), dagger_rounds=0))`. About 80 s per
+model and decoding on the 109 test tasks on 2 CPU cores.
 """
 
 from __future__ import annotations

@@ -272,7 +272,7 @@ def build_tiny_model(
     else:
         pieces = item_names() if cfg.name_pieces == "name" else item_words()
         tokenizer = train_tokenizer([t for r in rows for t in _texts(r)], cfg.vocab_size, pieces)
-    examples = [e for e in encode_rows(rows, tokenizer) if len(e.ids) <= cfg.max_row_tokens]
+    examples = _kept(rows, tokenizer, cfg)
     n_tokens = sum(len(e.ids) for e in examples)
     log(f"tiny model: {len(examples)} rows kept, {n_tokens / max(1, len(examples)):.0f} tokens per row")
     if base is None:
@@ -305,17 +305,17 @@ def build_tiny_model(
     return out_dir
 
 
-def base_config(cfg: TinyConfig) -> dict[str, Any]:
-    """The settings of `cfg`'s first stage (all but the DAgger ones): what a `base` build must match."""
-    return {k: v for k, v in asdict(cfg).items() if not k.startswith("dagger_")}
+def base_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The settings of a stored config's first stage (all but the DAgger ones): what a `base` must match."""
+    return {k: v for k, v in config.items() if not k.startswith("dagger_")}
 
 
 def _load_base(base: Path, cfg: TinyConfig) -> tuple[Any, Any, dict[str, Any]]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     meta = read_meta(base)
-    have = {k: v for k, v in (meta or {}).get("config", {}).items() if not k.startswith("dagger_")}
-    if meta is None or meta.get("format") != TINY_FORMAT or have != base_config(cfg) or (
+    have = base_config((meta or {}).get("config", {}))
+    if meta is None or meta.get("format") != TINY_FORMAT or have != base_config(asdict(cfg)) or (
         meta["config"].get("dagger_rounds", 0)
     ):
         raise ValueError(f"{base} is not a first-stage build of this config (no DAgger rounds, same settings)")
@@ -340,12 +340,17 @@ def _dagger(
     for r in range(cfg.dagger_rounds):
         began = time.perf_counter()
         rows = dagger_rows(generator, cfg, r, log)
-        added += [e for e in encode_rows(rows, tokenizer) if len(e.ids) <= cfg.max_row_tokens]
+        added += _kept(rows, tokenizer, cfg)
         rollout_s = time.perf_counter() - began
         more = replace(cfg, steps=cfg.dagger_steps, lr=cfg.dagger_lr, seed=cfg.seed + 1 + r)
         metrics = train_model(model, examples + added, more, tokenizer.pad_token_id, log)
         rounds.append({"rows": len(rows), "rows_total": len(added), "rollout_seconds": rollout_s, **metrics})
     return rounds
+
+
+def _kept(rows: Sequence[Row], tokenizer: PreTrainedTokenizerFast, cfg: TinyConfig) -> list[_Example]:
+    """The rows encoded, those longer than `cfg.max_row_tokens` dropped."""
+    return [e for e in encode_rows(rows, tokenizer) if len(e.ids) <= cfg.max_row_tokens]
 
 
 def _texts(row: Row) -> list[str]:

@@ -7,7 +7,7 @@ in a state it has never seen and repeats the failing command until the step limi
 env's CURRENT inventory, so it can label any state: DAgger (Ross et al., 2011) rolls the current
 model out on the train tasks, labels every state from its first departure from the expert on with
 the expert's next composite action, adds those rows to the data and trains on. Train tasks only
-(the validation tasks of `tiny_data.validation_tasks` are held out here too), deterministic per
+(`tiny_data.fit_tasks`: the validation tasks are held out here too), deterministic per
 config: greedy rounds replay exactly, sampled ones are seeded.
 """
 
@@ -22,7 +22,7 @@ from engine.envs.textcraft import TextCraftEnv
 from engine.envs.textcraft_expert import TextCraftExpert
 from engine.grammar import grammar_for
 from engine.llm.base import SampleRequest, SamplingParams
-from engine.llm.tiny_data import Row, item_names, rename_row, renamer, validation_tasks
+from engine.llm.tiny_data import Row, fit_tasks, item_names, rename_row, renamer
 from engine.prompts import HistoryStep, actor_prompt
 
 if TYPE_CHECKING:
@@ -33,9 +33,7 @@ if TYPE_CHECKING:
 def dagger_rows(generator: Generator, cfg: TinyConfig, round_index: int,
                 log: Callable[[str], None] = print) -> list[Row]:
     """Actor rows from one rollout of `generator` on every train task (see the module docstring)."""
-    env0 = TextCraftEnv()
-    held_out = {t.id for t in validation_tasks(cfg.val_every)}
-    tasks = [t for t in env0.tasks("train") if t.id not in held_out][: cfg.max_tasks]
+    tasks = fit_tasks(cfg)
     rng = random.Random(f"tiny-dagger/{cfg.seed}/{round_index}")
     envs = {t.id: TextCraftEnv() for t in tasks}
     specs = {t.id: t for t in tasks}
@@ -43,7 +41,7 @@ def dagger_rows(generator: Generator, cfg: TinyConfig, round_index: int,
     history: dict[str, list[HistoryStep]] = {tid: [] for tid in envs}
     departed = dict.fromkeys(envs, False)
     rows: dict[str, list[Row]] = {tid: [] for tid in envs}
-    description = env0.describe()
+    description = TextCraftEnv().describe()
     active = list(envs)
     for t in range(cfg.dagger_max_steps):
         if not active:

@@ -132,11 +132,16 @@ def validation_tasks(every: int) -> list[TaskSpec]:
     return [t for i, t in enumerate(TextCraftEnv().tasks("train")) if i % every == every - 1]
 
 
+def fit_tasks(cfg: TinyConfig) -> list[TaskSpec]:
+    """The train tasks `cfg` learns from: all but its validation tasks, the first `cfg.max_tasks`."""
+    held_out = {t.id for t in validation_tasks(cfg.val_every)}
+    return [t for t in TextCraftEnv().tasks("train") if t.id not in held_out][: cfg.max_tasks]
+
+
 def build_rows(cfg: TinyConfig) -> list[Row]:
     """All rows for `cfg`, deterministic given `cfg.seed`."""
     env = TextCraftEnv()
-    held_out = {t.id for t in validation_tasks(cfg.val_every)}
-    tasks = [t for t in env.tasks("train") if t.id not in held_out][: cfg.max_tasks]
+    tasks = fit_tasks(cfg)
     rng = random.Random(f"tiny-data/{cfg.seed}")
     rows: list[Row] = []
     names = item_names()
