@@ -3,7 +3,9 @@
 How a build recipe is chosen and reported (docs/decisions.md, "A capable tiny policy"): every model
 folder given is evaluated greedily on the same tasks (val: the 43 train tasks the tiny model holds out,
 where recipes are chosen; test: the reported figures, run once), without and with the action grammar,
-and each later model is compared with the first by the PAIRED bootstrap interval over tasks.
+and each later model is compared with the first by the PAIRED bootstrap interval over tasks. Each
+model's successes are also counted by the goal's recipe depth (1: the goal is crafted from base items),
+the line that says which tasks a build can solve at all.
 
     .venv/bin/python bench/tiny_policy.py --models BASE_DIR NEW_DIR [...] [--split val|test]
         [--test-tasks 0] [--max-steps 15] [--max-tokens 160] [--seed 0]
@@ -18,11 +20,13 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 # The repository root, in place of this folder (bench/datasets.py would shadow the `datasets` package).
 sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from bench.common import Table, add_common_args, greedy_config, held_out
+from engine.envs.base import TaskSpec
 from engine.envs.textcraft import TextCraftEnv
 from engine.llm.registry import load_generator
 
@@ -44,10 +48,23 @@ def main(argv: list[str] | None = None) -> list[Table]:
         config = greedy_config(args, constrained=constrained)
         for name, spec in zip(names, args.models, strict=True):
             table.evaluate(name, load_generator(spec), TextCraftEnv, tasks, config)
+        for name in names:
+            print(f"  {name}: success by recipe depth {by_depth(table.arms[name].episodes, tasks)}")
         table.print_diffs([(names[0], n) for n in names[1:]])
         table.footer()
         tables.append(table)
     return tables
+
+
+def by_depth(episodes: list[Any], tasks: list[TaskSpec]) -> str:
+    """Successful episodes per recipe depth of the goal, e.g. "1: 6/28, 2: 0/56"."""
+    depth = {t.id: t.meta["depth"] for t in tasks}
+    counts: dict[int, list[int]] = {}
+    for e in episodes:
+        tally = counts.setdefault(depth[e.task_id], [0, 0])
+        tally[0] += int(e.success)
+        tally[1] += 1
+    return ", ".join(f"{d}: {won}/{n}" for d, (won, n) in sorted(counts.items()))
 
 
 if __name__ == "__main__":

@@ -39,3 +39,16 @@ def test_stored_episodes_score_like_the_live_ones(tmp_path: Path) -> None:
         assert by_task(rows, metric) == by_task(result.episodes, metric)
     with pytest.raises(KeyError), Store(tmp_path / "o.db") as store:
         stored_episodes(store, "nope")
+
+
+def test_tiny_policy_counts_successes_by_the_goals_recipe_depth() -> None:
+    from bench.tiny_policy import by_depth
+    from engine.envs.textcraft import TextCraftEnv
+    from engine.evaluate import Episode
+
+    tasks = TextCraftEnv().tasks("val")
+    shallow = [t for t in tasks if t.meta["depth"] == 1][:2]
+    deep = [t for t in tasks if t.meta["depth"] == 2][:1]
+    episodes = [Episode(task_id=shallow[0].id, seed=0, success=True), Episode(task_id=shallow[1].id, seed=0),
+                Episode(task_id=deep[0].id, seed=0)]
+    assert by_depth(episodes, tasks) == "1: 1/2, 2: 0/1"
