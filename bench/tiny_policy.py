@@ -19,15 +19,16 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 # The repository root, in place of this folder (bench/datasets.py would shadow the `datasets` package).
 sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from bench.common import Table, add_common_args, greedy_config, held_out
+from bench.common import Table, add_common_args, by_task, greedy_config, held_out
 from engine.envs.base import TaskSpec
 from engine.envs.textcraft import TextCraftEnv
+from engine.evaluate import Episode
 from engine.llm.registry import load_generator
 
 
@@ -56,14 +57,15 @@ def main(argv: list[str] | None = None) -> list[Table]:
     return tables
 
 
-def by_depth(episodes: list[Any], tasks: list[TaskSpec]) -> str:
-    """Successful episodes per recipe depth of the goal, e.g. "1: 6/28, 2: 0/56"."""
+def by_depth(episodes: Sequence[Episode], tasks: Sequence[TaskSpec]) -> str:
+    """Successful episodes per recipe depth of the goal, e.g. "1: 6/28, 2: 0/56" (success scored by
+    `by_task`, as the table scores it)."""
     depth = {t.id: t.meta["depth"] for t in tasks}
     counts: dict[int, list[int]] = {}
-    for e in episodes:
-        tally = counts.setdefault(depth[e.task_id], [0, 0])
-        tally[0] += int(e.success)
-        tally[1] += 1
+    for task_id, wins in by_task(episodes, "success").items():
+        tally = counts.setdefault(depth[task_id], [0, 0])
+        tally[0] += int(sum(wins))
+        tally[1] += len(wins)
     return ", ".join(f"{d}: {won}/{n}" for d, (won, n) in sorted(counts.items()))
 
 
