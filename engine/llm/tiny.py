@@ -1,4 +1,4 @@
-"""The tiny offline policy: a ~2M-parameter Llama trained on CPU (the default build: ~40 minutes on 2
+"""The tiny offline policy: a ~5M-parameter Llama trained on CPU (the default build: ~60 minutes on 2
 cores, so it ships as a checkpoint, see `tiny_checkpoint`; small configs build in seconds).
 
 WHY: `make run` must show search and training improving a real model with no network and no GPU.
@@ -383,7 +383,7 @@ def ensure_tiny_model(
     meta = read_meta(path)
     if meta is not None and {k: meta.get(k) for k in wanted} == wanted:
         return path
-    log(f"tiny model: building {path} (seed {seed}; about three minutes on 2 CPU cores)")
+    log(f"tiny model: building {path} (seed {seed}; the default config takes about an hour on 2 CPU cores)")
     tmp = path.with_name(f".{path.name}.building-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     build_tiny_model(tmp, cfg, log)

@@ -30,24 +30,24 @@ class TinyConfig:
     # ("lime carpet"), so looking a name up in the task and copying it is one token's attention.
     name_pieces: str = "word"
     vocab_size: int = 4096
-    hidden_size: int = 192
-    num_layers: int = 4
+    hidden_size: int = 256
+    num_layers: int = 6
     num_heads: int = 4
     num_kv_heads: int = 2
-    intermediate_size: int = 512
+    intermediate_size: int = 704
     max_positions: int = 4096
     # optimisation
     steps: int = 4000
     batch_tokens: int = 3072
-    lr: float = 3e-3
-    warmup_steps: int = 15
+    lr: float = 1e-3
+    warmup_steps: int = 100
     weight_decay: float = 0.01
     # DAgger (engine/llm/tiny_dagger.py): after the main training, `dagger_rounds` times roll the model
     # out on the train tasks, add the expert's labels of the states it reached, train `dagger_steps` more
     # steps (peak lr `dagger_lr`, same warm-up and cosine shape) on all rows so far.
     dagger_rounds: int = 1
     dagger_steps: int = 1000
-    dagger_lr: float = 1e-3
+    dagger_lr: float = 3e-4
     dagger_temperature: float = 1.0  # 0: greedy rollouts
     dagger_constrained: bool = True  # rollouts decoded under the action grammar (engine/grammar.py)
     dagger_max_steps: int = 10
