@@ -39,6 +39,7 @@ from bench.common import (
     loop_search,
     ordering,
 )
+from bench.pair_check import check_pairs, summary
 from engine.config import SearchConfig
 from engine.datasets.pairs import PairsConfig, build_pairs
 from engine.datasets.samples import tree_refs
@@ -93,6 +94,8 @@ def main(argv: list[str] | None = None) -> Table:
         data = {"agent-q": critic.step, "tree-dpo-no-critic": no_critic.step, "trajectory-dpo": critic.trajectory,
                 "rft": critic.rft}
         print("  data: " + ", ".join(f"{name} {len(rows)} rows" for name, rows in data.items()), flush=True)
+        for name in ("agent-q", "tree-dpo-no-critic"):
+            print(f"  {name}: {summary(check_pairs(store, data[name]))}", flush=True)
         for name, rows in data.items():
             if not rows:
                 print(f"  {name}: no training data from this search (not trained)")
