@@ -13,8 +13,8 @@ measured (by mean held-out success, ties by progress). No model is selected on t
     .venv/bin/python bench/baselines.py [--model tiny] [--tasks 16] [--simulations 12] [--test-tasks 32]
         [--lr 5e-5] [--sft-lr 5e-5] [--epochs 2] [--seed 0]
 
-Sized for the 30-minute bench budget on 2 CPU cores with a policy twice the 2M tiny model's
-per-token cost (the wall time it prints is the measure).
+Sized for the 30-minute bench budget on 2 CPU cores: 20 minutes with the shipped 5.3M tiny model on a
+host shared with a second bench (the wall time it prints is the measure).
 """
 
 from __future__ import annotations

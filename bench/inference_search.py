@@ -10,8 +10,9 @@ interval of MCTS - greedy (the same resampled tasks for both arms).
     .venv/bin/python bench/inference_search.py [--model tiny] [--test-tasks 32] [--simulations 4] [--k 4]
         [--max-steps 12] [--backup reward|progress|both] [--seed 0]
 
-Greedy takes seconds; MCTS with the defaults about 12 minutes on 2 CPU cores with the 2M tiny model
-(about twice that for a policy twice its per-token cost), inside the 30-minute bench budget.
+Greedy takes seconds; MCTS with the defaults and `--constrained` 23 minutes with the shipped 5.3M tiny
+model on 2 CPU cores shared with a second bench, inside the 30-minute bench budget (unconstrained, where
+episodes run to the step limit, it does not fit: 16 minutes with the previous 2.3M model).
 """
 
 from __future__ import annotations

@@ -25,9 +25,9 @@ from engine.config import ConfigError, SearchConfig
 
 @dataclass(frozen=True)
 class DemoSettings:
-    """The demo's size. Budget: <= 3 min of compute on 2 cores after install with a policy twice the
-    2M tiny model's per-token cost (docs/decisions.md "Demo stages and their budget" has the
-    per-stage figures measured with the 2M model)."""
+    """The demo's size. Budget: <= 3 min of compute on 2 cores after install; the shipped 5.3M tiny
+    model takes 130-160 s (README; docs/decisions.md "Demo stages and their budget" has the per-stage
+    figures measured with the earlier 2M model)."""
 
     tasks: str = "0:8"  # train tasks searched
     search: SearchConfig = field(default_factory=lambda: SearchConfig(
