@@ -4,7 +4,8 @@ Agent Q's step pairs are ordered by the search's values (eq. 10: rollouts and th
 an exact judge exists: the expert planner. For each step pair the env is put in the pair's state (the
 commands of its tree path replayed from reset) and the chosen and the rejected command are each run
 from there; a command is *useful* when it wins or leaves a shorter expert plan (`plan()` from the new
-inventory) than before. A pair is *right* when it prefers a useful command over a useless one,
+inventory) than before (plans count commands: a get of part of the count still needed leaves the plan
+as long, so it counts as useless, as does a get of what is already held). A pair is *right* when it prefers a useful command over a useless one,
 *inverted* for the reverse, *tied* when both or neither are useful. A search whose values carry signal
 gives many more right than inverted pairs; as many of each means DPO is fed noise.
 
