@@ -134,7 +134,7 @@ def search_stats(store: Store, it: dict) -> None:
           f"{run.solved}/{run.trees} tasks solved, {it.get('search_s', 0):.0f} s; {len(pairs)} step pairs "
           f"({grounded} rollout-grounded); DPO reference: {train.get('ref_stored', 0)} stored, "
           f"{train.get('ref_computed', 0)} computed", flush=True)
-    print(f"  iteration {it['idx']}: {summary(check_pairs(store, pairs))}", flush=True)
+    print(f"  iteration {it['idx']}: {summary(check_pairs(store, pairs, trees))}", flush=True)
 
 
 if __name__ == "__main__":

@@ -94,8 +94,9 @@ def main(argv: list[str] | None = None) -> Table:
         data = {"agent-q": critic.step, "tree-dpo-no-critic": no_critic.step, "trajectory-dpo": critic.trajectory,
                 "rft": critic.rft}
         print("  data: " + ", ".join(f"{name} {len(rows)} rows" for name, rows in data.items()), flush=True)
+        trees = {r.tree_id: r.tree for r in refs if r.tree_id is not None}
         for name in ("agent-q", "tree-dpo-no-critic"):
-            print(f"  {name}: {summary(check_pairs(store, data[name]))}", flush=True)
+            print(f"  {name}: {summary(check_pairs(store, data[name], trees))}", flush=True)
         for name, rows in data.items():
             if not rows:
                 print(f"  {name}: no training data from this search (not trained)")

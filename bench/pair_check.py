@@ -5,8 +5,8 @@ an exact judge exists: the expert planner. For each step pair the env is put in 
 commands of its tree path replayed from reset) and the chosen and the rejected command are each run
 from there; a command is *useful* when it wins or leaves a shorter expert plan (`plan()` from the new
 inventory) than before (plans count commands: a get of part of the count still needed leaves the plan
-as long, so it counts as useless, as does a get of what is already held). A pair is *right* when it prefers a useful command over a useless one,
-*inverted* for the reverse, *tied* when both or neither are useful. A search whose values carry signal
+as long, so it counts as useless, as does a get of what is already held). A pair is *right* when it
+prefers a useful command over a useless one, *inverted* for the reverse, *tied* when both or neither are useful. A search whose values carry signal
 gives many more right than inverted pairs; as many of each means DPO is fed noise.
 
     .venv/bin/python bench/pair_check.py DB [--run RUN_ID ...] [--alpha 0.5 --alpha 1.0] [--theta 0.1]
@@ -21,7 +21,7 @@ import sys
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 # The repository root, in place of this folder (bench/datasets.py would shadow the `datasets` package).
 sys.path[0] = str(Path(__file__).resolve().parents[1])
@@ -31,6 +31,7 @@ from engine.envs.textcraft_expert import plan
 
 if TYPE_CHECKING:
     from engine.datasets.pairs import Pair
+    from engine.search.tree import SearchTree
     from engine.store import Store
 
 
@@ -60,21 +61,25 @@ def verdict(env: TextCraftEnv, task_id: str, history: Sequence[str], chosen: str
     return "right" if good_chosen else "inverted"
 
 
-def check_pairs(store: Store, pairs: Iterable[Pair]) -> Counter[str]:
-    """Verdicts of step pairs of stored TextCraft runs (their commands and states come from the trees)."""
-    env, trees, out = TextCraftEnv(), dict[Any, Any](), Counter[str]()
+def check_pairs(store: Store, pairs: Iterable[Pair], trees: dict[int, SearchTree] | None = None) -> Counter[str]:
+    """Verdicts of step pairs of stored TextCraft runs (their commands and states come from the trees:
+    `trees` by tree id where the caller has them loaded, else read from `store` once each)."""
+    env, out = TextCraftEnv(), Counter[str]()
+    trees = dict(trees or {})
     for p in pairs:
         if p.kind != "step":
             continue
-        if p.tree_id not in trees:
-            trees[p.tree_id] = store.load_tree(p.tree_id) if p.tree_id is not None else None
-        tree = trees[p.tree_id]
-        chosen, rejected = (tree.nodes[i].action if tree is not None else None for i in (p.chosen_node, p.rejected_node))
+        if p.tree_id is not None and p.tree_id not in trees:
+            tree = store.load_tree(p.tree_id)
+            if tree is not None:
+                trees[p.tree_id] = tree
+        tree = trees.get(p.tree_id) if p.tree_id is not None else None
+        chosen = tree.nodes[p.chosen_node].action if tree is not None else None
+        rejected = tree.nodes[p.rejected_node].action if tree is not None else None
         if tree is None or chosen is None or rejected is None:
             out["unreadable"] += 1
             continue
-        history = [n.action.command for n in tree.path(tree.nodes[p.node_id]) if n.action is not None]
-        out[verdict(env, p.task_id, history, chosen.command, rejected.command)] += 1
+        out[verdict(env, p.task_id, tree.commands(tree.nodes[p.node_id]), chosen.command, rejected.command)] += 1
     return out
 
 
@@ -87,7 +92,8 @@ def check_run(store: Store, run_id: str, alpha: float | None = None, theta: floa
     from engine.datasets.samples import tree_refs
 
     refs = tree_refs(store, run_id, TextCraftEnv().describe())
-    return check_pairs(store, build_pairs(refs, PairsConfig(alpha=alpha, theta=theta)).step)
+    pairs = build_pairs(refs, PairsConfig(alpha=alpha, theta=theta)).step
+    return check_pairs(store, pairs, {r.tree_id: r.tree for r in refs if r.tree_id is not None})
 
 
 def summary(counts: Counter[str]) -> str:
