@@ -24,3 +24,15 @@ def foreign_db(tmp_path: Path) -> Path:
     con.commit()
     con.close()
     return path
+
+
+@pytest.fixture(autouse=True, scope="session")
+def patient_browser_assertions() -> None:
+    """Playwright's `expect` waits up to 20 s instead of 5: Streamlit loads its code-block component lazily,
+    and on a loaded 2-core CI machine the first `st.code` on a page once took more than 5 s to appear
+    after the page's headings (CI at stop 23). A wrong page still fails, only later."""
+    try:
+        from playwright.sync_api import expect
+    except ImportError:
+        return
+    expect.set_options(timeout=20_000)
