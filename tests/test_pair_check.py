@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 from bench.pair_check import command_helps, summary, verdict
 from engine.envs.textcraft import TextCraftEnv
 from engine.envs.textcraft_expert import TextCraftExpert
@@ -42,7 +44,5 @@ def test_command_helps_leaves_the_state_as_it_was() -> None:
 
 
 def test_summary_gives_shares() -> None:
-    from collections import Counter
-
     line = summary(Counter(right=3, inverted=1, tied=4))
     assert line.startswith("8 step pairs") and "right 3 (0.38)" in line and "inverted 1 (0.12)" in line
