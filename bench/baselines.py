@@ -6,7 +6,13 @@ held-out tasks as the base (docs/algorithms.md §3, §7):
 - agent-q: step pairs by eq. 10 (alpha 0.5: MCTS value and critic) and theta -> DPO, stored reference;
 - tree-dpo-no-critic: step pairs with alpha = 1 (the MCTS value alone) -> the same DPO;
 - trajectory-dpo: whole successful vs failed trajectories per task -> the same DPO;
-- rft: SFT on the successful trajectories (rejection-sampling fine-tuning).
+- rft: SFT on the successful trajectories (rejection-sampling fine-tuning);
+- exit: expert iteration, SFT on each solved tree's shortest successful trajectory
+  (`engine.datasets.distill`, the loop's default method);
+- visits: SFT toward the MCTS visit distribution at every node with 4+ visits (AlphaZero-style targets);
+- exit-lr2: exit at twice `--sft-lr` (is the step sized right?).
+`--arms` picks some; `--no-critic` searches without the critic (the agent-q arm then has no critic
+value to mix and is left out).
 Prints each with its 95% interval, the PAIRED interval of its gain over the base, and the ordering
 measured (by mean held-out success, ties by progress). No model is selected on the test split.
 
@@ -41,6 +47,7 @@ from bench.common import (
 )
 from bench.pair_check import check_pairs, summary
 from engine.config import SearchConfig
+from engine.datasets.distill import distill
 from engine.datasets.pairs import PairsConfig, build_pairs
 from engine.datasets.samples import tree_refs
 from engine.envs.textcraft import TextCraftEnv
@@ -52,6 +59,8 @@ from engine.train.common import resolve_model_path
 from engine.train.dpo import DPOTrainConfig, train_dpo
 from engine.train.sft import rft_config, train_sft
 
+ARMS = ("agent-q", "tree-dpo-no-critic", "trajectory-dpo", "rft", "exit", "visits", "exit-lr2")
+
 
 def main(argv: list[str] | None = None) -> Table:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -59,14 +68,22 @@ def main(argv: list[str] | None = None) -> Table:
     add_loop_args(ap)
     ap.add_argument("--theta", type=float, default=0.1)
     ap.add_argument("--sft-lr", type=float, default=5e-5)
+    ap.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated arms of {', '.join(ARMS)}")
+    ap.add_argument("--no-critic", action="store_true", help="search without the critic (no agent-q arm)")
     args = ap.parse_args(argv)
+    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    if unknown := set(arms) - set(ARMS):
+        ap.error(f"unknown arm(s) {sorted(unknown)}")
+    if args.no_critic:
+        arms = [a for a in arms if a != "agent-q"]
 
     work = Path(tempfile.mkdtemp(prefix="orchard-baselines-"))
     tasks = held_out(args.test_tasks, args.split)
     # The tasks and search seed of agentq_iteration's first iteration (run_loop: Random(seed).sample,
     # search seed + 1), so its agent-q arm is that bench's iteration 1.
     train = random.Random(args.seed).sample(TextCraftEnv().tasks("fit"), args.tasks)
-    search = SearchConfig(**loop_search(args, alpha=0.5, seed=args.seed + 1))
+    search = SearchConfig(**{**loop_search(args, alpha=0.5, seed=args.seed + 1),
+                             **({"critic": False, "alpha": 1.0} if args.no_critic else {})})
     common = {"epochs": args.epochs, "batch_size": 8, "num_threads": 2, "device": "cpu", "precision": "fp32",
               "include_pending": True, "seed": args.seed}
     dpo = DPOTrainConfig(learning_rate=args.lr, beta=0.1, **common)
@@ -74,8 +91,8 @@ def main(argv: list[str] | None = None) -> Table:
                   {"model": args.model, "tasks": f"{args.split}[:{len(tasks)}]", "seed": args.seed,
                    "budget": f"one search: {args.tasks} train tasks x {args.simulations} simulations, K={args.k}, "
                              f"depth {args.depth_limit}, "
-                             f"critic on, {args.backup} backup",
-                   "dpo": f"lr {args.lr}, {args.epochs} epochs, beta 0.1", "rft": f"lr {args.sft_lr}"},
+                             f"critic {'off' if args.no_critic else 'on'}, {args.backup} backup",
+                   "dpo": f"lr {args.lr}, {args.epochs} epochs, beta 0.1", "sft (rft, exit, visits)": f"lr {args.sft_lr}"},
                   bootstrap=args.bootstrap, seed=args.seed, constrained=args.constrained)
     table.header()
     eval_config = EvalConfig(**greedy_settings(args))
@@ -91,11 +108,13 @@ def main(argv: list[str] | None = None) -> Table:
               f"{time.perf_counter() - t:.0f} s", flush=True)
         critic = build_pairs(refs, PairsConfig(alpha=0.5, theta=args.theta))
         no_critic = build_pairs(refs, PairsConfig(alpha=1.0, theta=args.theta))
-        data = {"agent-q": critic.step, "tree-dpo-no-critic": no_critic.step, "trajectory-dpo": critic.trajectory,
-                "rft": critic.rft}
+        built = {"agent-q": critic.step, "tree-dpo-no-critic": no_critic.step, "trajectory-dpo": critic.trajectory,
+                 "rft": critic.rft, "exit": distill(refs, "exit"), "visits": distill(refs, "visits")}
+        built["exit-lr2"] = built["exit"]
+        data = {name: built[name] for name in arms}
         print("  data: " + ", ".join(f"{name} {len(rows)} rows" for name, rows in data.items()), flush=True)
         trees = {r.tree_id: r.tree for r in refs if r.tree_id is not None}
-        for name in ("agent-q", "tree-dpo-no-critic"):
+        for name in [a for a in ("agent-q", "tree-dpo-no-critic") if a in data]:
             print(f"  {name}: {summary(check_pairs(store, data[name], trees))}", flush=True)
         for name, rows in data.items():
             if not rows:
@@ -103,15 +122,18 @@ def main(argv: list[str] | None = None) -> Table:
                 continue
             t = time.perf_counter()
             out = work / "models" / name
-            if name == "rft":
-                result = train_sft(base, rows, rft_config(learning_rate=args.sft_lr, **common), out, kind="rft")
+            if name in ("rft", "exit", "visits", "exit-lr2"):
+                lr = args.sft_lr * (2 if name == "exit-lr2" else 1)
+                kind = name.removesuffix("-lr2")
+                result = train_sft(base, rows, rft_config(learning_rate=lr, kinds=(kind,), **common), out, kind=kind)
             else:
                 cfg = replace(dpo, kinds=("trajectory",) if name == "trajectory-dpo" else ("step",))
                 tokens = store.node_token_counts([(p.tree_id, n) for p in rows for n in (p.chosen_node, p.rejected_node)])
                 result = train_dpo(base, rows, cfg, out, node_tokens=tokens)
             trained = time.perf_counter() - t
             arm = table.evaluate(name, load_generator(str(result.output)), TextCraftEnv, tasks, eval_config)
-            arm.note = f"(+ {trained:.0f} s training on {len(rows)} rows)"
+            arm.note = (f"(+ {trained:.0f} s training on {len(rows)} rows, {result.metrics.get('rows', '?')} steps' rows, "
+                        f"{result.metrics.get('steps', '?')} optimizer steps)")
     trained_arms = [n for n in table.arms if n != "base"]
     if trained_arms:
         table.print_diffs([("base", n) for n in trained_arms])

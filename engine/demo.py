@@ -108,10 +108,9 @@ def stage_pairs(store: Any, run_id: str, settings: DemoSettings, log: Callable[[
     from engine.datasets.pairs import PairsConfig, build_pairs
 
     built = build_pairs(_refs(store, run_id), PairsConfig(alpha=settings.search.alpha, theta=settings.theta))
-    with store.transaction():  # pairs and RFT rows of one build: both saved or neither
-        store.save_pairs(run_id, [*built.step, *built.trajectory])
-        store.save_samples(built.rft, prune_run=run_id, prune_kinds=("rft",))
-    log(f"pairs: {len(built.step)} step pairs, {len(built.trajectory)} trajectory pairs, {len(built.rft)} RFT rows")
+    built.save(store, run_id)
+    log(f"pairs: {len(built.step)} step pairs, {len(built.trajectory)} trajectory pairs, {len(built.rft)} RFT rows, "
+        f"{len(built.exit)} expert-iteration rows")
     return len(built.step)
 
 

@@ -403,14 +403,14 @@ def run_pairs(store: Any, config: dict[str, Any], reporter: Any, who: str | None
         built.step += one.step
         built.trajectory += one.trajectory
         built.rft += one.rft
+        built.exit += one.exit
         units.step(pairs=len(built.step) + len(built.trajectory))
     who = who or _who()
-    with store.transaction():  # pairs and RFT rows of one build: both saved or neither
-        pairs = store.save_pairs(run_id, [*built.step, *built.trajectory], who=who)
-        rft = store.save_samples(built.rft, prune_run=run_id, prune_kinds=("rft",), who=who)
+    pairs, rft = built.save(store, run_id, who=who)
     lines = [(f"run {run_id}: {len(refs)} trees -> {len(built.step)} step pairs, {len(built.trajectory)} trajectory "
-             f"pairs (alpha={config_.alpha}, theta={config_.theta}), {len(built.rft)} RFT rows"),
-             f"pairs: {pairs}; RFT rows: {rft}; db {store.path}"]
+             f"pairs (alpha={config_.alpha}, theta={config_.theta}), {len(built.rft)} RFT rows, "
+             f"{len(built.exit)} expert-iteration rows"),
+             f"pairs: {pairs}; RFT and expert-iteration rows: {rft}; db {store.path}"]
     hint = None if built.rft else rollout_only_hint(refs, 1.0)
     lines += [hint] if hint else []
     return StageResult(run_id, lines)

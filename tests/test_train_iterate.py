@@ -24,7 +24,7 @@ TRAIN = {"max_steps": 2, "batch_size": 4, "learning_rate": 1e-3, "device": "cpu"
 def _config(tmp_path: Path, method: str, model: Path) -> IterateConfig:
     return IterateConfig(
         method=method, model=str(model), env="line", iterations=2, tasks_per_iteration=3, eval_split="train",
-        eval_tasks="0:3", output_root=str(tmp_path / "loop"), name=f"loop-{method}",
+        eval_tasks="0:3", output_root=str(tmp_path / "loop"), name=f"loop-{method}", include_pending=True,
         search={"simulations": 6, "k": 3, "depth_limit": 4, "max_tokens": 32},
         dpo=TRAIN, sft=TRAIN, eval={"mode": "sampled", "seeds": [0, 1], "max_steps": 4, "bootstrap": 100},
     )
@@ -35,7 +35,7 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny-loop"))
 
 
-@pytest.mark.parametrize("method", ["agentq", "agentr"])
+@pytest.mark.parametrize("method", ["agentq", "agentr", "exit", "visits"])
 def test_a_loop_records_runs_models_and_scores(tmp_path: Path, model: Path, method: str) -> None:
     loaded: list[Path] = []
 
@@ -62,11 +62,55 @@ def test_a_loop_records_runs_models_and_scores(tmp_path: Path, model: Path, meth
             assert first["pairs"] > 0 and len(read_train_meta(first["model"])["data_ids"]) == first["pairs"]
             # the scripted generator's log-probs (and token counts) are not the model's: all re-scored
             assert first["train"]["ref_stored"] == 0 and first["train"]["ref_computed"] == first["pairs"]
-        else:
+        elif method == "agentr":
             assert first["revision_share"] == 0.25 and second["revision_share"] == 0.5
             assert first["revisions"] > 0 and first["samples"] >= first["revisions"]
+        else:  # expert iteration / visit counts: the search's own rows, each trained on
+            samples = store.samples(run_id=first["run_id"], kind=[method])
+            assert samples and first["samples"] == len(samples) == len(read_train_meta(first["model"])["data_ids"])
+            if method == "exit":
+                assert first["solved_trees"] >= len(samples) > 0  # one shortest success per solved tree
+        # what each iteration trained on, by curation state (nobody curated: all uncurated, included)
+        assert first["curation"] == {"final": 0, "uncurated_used": first.get("pairs", first.get("samples")),
+                                     "uncurated_left_out": 0} or method == "agentr"
         # the searches and evaluations ran with the policy of their iteration
         assert loaded[0] == model and Path(first["model"]) in loaded and Path(second["model"]) in loaded
+
+
+def test_the_loop_trains_only_on_curated_rows_unless_told_otherwise(tmp_path: Path, model: Path) -> None:
+    """The curation gate: without include_pending an iteration whose rows nobody curated trains nothing
+    and says why, with the counts; rows a curator approved are trained on; with include_pending the
+    uncurated ones join them, and the record says how many of each."""
+    from dataclasses import replace
+
+    def load(path: Path) -> ScriptedGenerator:
+        return ScriptedGenerator(p_right=0.6)
+
+    with Store(tmp_path / "o.db") as store:
+        config = replace(_config(tmp_path, "exit", model), iterations=1, include_pending=False, evaluate_base=False)
+        loop_id = run_loop(store, config, make_env=lambda: LineEnv(6), load=load)
+        [record] = store.iterations(loop_id)
+        uncurated = record["curation"]["uncurated_left_out"]
+        assert uncurated > 0 and record["curation"]["final"] == 0 and record["samples"] == 0
+        assert "no curated search rows" in record["skipped"] and f"{uncurated} uncurated" in record["skipped"]
+        assert record["model"] == str(model)  # the policy is unchanged
+        # A curator approves one row of that run: a second loop over the same run's data would use it.
+        from engine.train.iterate import curated
+        from engine.train.sft import labelled_samples
+
+        row = store.samples(run_id=record["run_id"], kind=["exit"])[0]
+        store.set_sample_status(row.id, "approved", "ann", row.version)
+        train = config.sft_config()
+        rows, gate = curated(store, train, record["run_id"], labelled_samples)
+        assert [r.id for r in rows] == [row.id] and gate == {"final": 1, "uncurated_used": 0,
+                                                             "uncurated_left_out": uncurated - 1}
+        rows, gate = curated(store, replace(train, include_pending=True), record["run_id"], labelled_samples)
+        assert len(rows) == uncurated and gate == {"final": 1, "uncurated_used": uncurated - 1, "uncurated_left_out": 0}
+
+
+def test_the_default_method_is_expert_iteration() -> None:
+    assert IterateConfig().method == "exit" and IterateConfig().include_pending is False
+    assert IterateConfig().sft_config().kinds == ("exit",)
 
 
 def test_loop_config_is_checked_before_running(tmp_path: Path) -> None:

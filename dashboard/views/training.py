@@ -23,7 +23,16 @@ from dashboard.text import md
 from engine.config import ConfigError
 from engine.store import JobInfo, ModelRecord, Store, StoreError
 from engine.train.jobs import JobRunner, job_summary
-from engine.train.presets import DATA_CHOICES, PRESETS, device_of, job_config, rows_to_train
+from engine.train.presets import (
+    DATA_CHOICES,
+    MIN_ROWS,
+    PRESETS,
+    TrainPlan,
+    device_of,
+    job_config,
+    rows_to_train,
+    train_plan,
+)
 
 ERROR = "tr_error"
 FLASH = "tr_flash"
@@ -68,6 +77,17 @@ def _launch(data_key: str, preset: str, model: str, runs: list[str], include_pen
     qp[JOB] = job.id
 
 
+def _plan(data_key: str, preset: str, model: str, runs: list[str],
+          include_pending: bool) -> tuple[TrainPlan | None, str]:
+    """The launch's plan (rows, epochs, steps) on the data now, or why there is none."""
+    try:
+        kind, config = job_config(data_key, preset, model, runs, include_pending)
+        with Store(db, readonly=True) as store:
+            return train_plan(store, kind, config), ""
+    except (ConfigError, StoreError, sqlite3.Error, OSError) as e:
+        return None, f"No plan: {e}"
+
+
 def read_jobs() -> tuple[list[JobInfo], list[ModelRecord]]:
     """Jobs and every job's model record (those replaced in their folder by a later job too)."""
     with Store(db, readonly=True) as store:
@@ -80,28 +100,39 @@ _poll()
 jobs, models = read_jobs()
 runs = list(reversed(data.list_runs(db, data.db_version(path))))
 
-with st.form("tr_launch", border=True):
-    st.subheader("Launch a training job")
-    left, right = st.columns(2)
-    data_key = left.selectbox("Data", list(DATA_CHOICES), format_func=lambda k: DATA_CHOICES[k].label,
-                              key="tr_data", help="\n\n".join(f"**{c.label}**: {c.help}" for c in DATA_CHOICES.values()))
-    preset = right.selectbox("Preset", list(PRESETS), format_func=lambda k: PRESETS[k].label, key="tr_preset",
-                             help="\n\n".join(f"**{p.label}**: {p.help}" for p in PRESETS.values()))
-    model_choices = ["tiny"] + [m.path for m in reversed(models) if m.replaced_at is None]
-    model = left.selectbox("Start from model", model_choices, key="tr_model",
-                           format_func=lambda p: "tiny (the embedded default)" if p == "tiny" else
-                           f"{Path(p).name} ({p})")
-    run_ids = right.multiselect("Runs (none: all runs)", [r.id for r in runs], key="tr_runs",
-                                format_func=lambda i: next(f"{r.name} · {i}" for r in runs if r.id == i))
-    include_pending = st.checkbox("Include pending (uncurated) rows", key="tr_pending",
-                                  help="By default only approved and edited rows are trained on.")
-    output = st.text_input("Output folder (empty: a new folder named after the job)", key="tr_out",
-                           help="A new or empty folder, or an earlier model's folder (its model is replaced; "
-                                "its record is kept). A folder holding other files is refused.")
-    cannot = auth.why_not("launch_jobs")
-    if cannot:
-        st.caption(md(cannot))
-    submitted = st.form_submit_button("Launch", type="primary", disabled=cannot is not None)
+st.subheader("Launch a training job")
+left, right = st.columns(2)
+data_key = left.selectbox("Data", list(DATA_CHOICES), format_func=lambda k: DATA_CHOICES[k].label,
+                          key="tr_data", help="\n\n".join(f"**{c.label}**: {c.help}" for c in DATA_CHOICES.values()))
+preset = right.selectbox("Preset", list(PRESETS), format_func=lambda k: PRESETS[k].label, key="tr_preset",
+                         help="\n\n".join(f"**{p.label}**: {p.help}" for p in PRESETS.values()))
+model_choices = ["tiny"] + [m.path for m in reversed(models) if m.replaced_at is None]
+model = left.selectbox("Start from model", model_choices, key="tr_model",
+                       format_func=lambda p: "tiny (the embedded default)" if p == "tiny" else
+                       f"{Path(p).name} ({p})")
+run_ids = right.multiselect("Runs (none: all runs)", [r.id for r in runs], key="tr_runs",
+                            format_func=lambda i: next(f"{r.name} · {i}" for r in runs if r.id == i))
+include_pending = st.checkbox("Include pending (uncurated) rows", key="tr_pending",
+                              help="By default only approved and edited rows are trained on.")
+output = st.text_input("Output folder (empty: a new folder named after the job)", key="tr_out",
+                       help="A new or empty folder, or an earlier model's folder (its model is replaced; "
+                            "its record is kept). A folder holding other files is refused.")
+plan, why = _plan(data_key, preset, model, run_ids, include_pending)
+confirmed = True
+if plan is not None:
+    noun = "pairs" if DATA_CHOICES[data_key].kind == "dpo" else "samples"
+    st.caption(f"Would train on {plan.items} {noun} → {plan.rows} rows × {plan.epochs:g} epochs "
+               f"(batch {plan.batch}) → {plan.steps} optimizer steps.")
+    if plan.too_small and plan.rows > 0:
+        st.warning(f"Only {plan.rows} rows (fewer than {MIN_ROWS}): a step on so little data barely moves a model "
+                   "and can make it worse. Curate more rows, or confirm below.")
+        confirmed = st.checkbox(f"Train on {plan.rows} rows anyway", key="tr_small_ok")
+elif why:
+    st.caption(md(why))
+cannot = auth.why_not("launch_jobs")
+if cannot:
+    st.caption(md(cannot))
+submitted = st.button("Launch", type="primary", key="tr_launch", disabled=cannot is not None or not confirmed)
 if submitted:
     _launch(data_key, preset, model, run_ids, include_pending, output)
     jobs, models = read_jobs()

@@ -22,7 +22,7 @@ EVAL_FLAGS = {"mode": "--mode", "temperature": "--temperature", "mcts_simulation
 
 ITERATE_FLAGS = {"method": "--method", "model": "--model", "env": "--env", "iterations": "--iterations",
                  "tasks_per_iteration": "--tasks-per-iteration", "eval_tasks": "--eval-tasks", "seed": "--seed",
-                 "name": "--name"}
+                 "name": "--name", "include_pending": "--include-pending"}
 
 
 def _int(text: str, flag: str) -> int:
@@ -73,6 +73,9 @@ def cmd_iterate(args: argparse.Namespace) -> int:
     data.update(given(args, ITERATE_FLAGS))
     config = IterateConfig.from_dict(data)
     loop_tasks(config, env_factory(config.env)())  # a bad task selection is refused before the store opens
+    print(f"loop {config.method}: trains on rows with a final label (approved / edited)"
+          + (" and on uncurated rows (--include-pending)" if config.include_pending else
+             "; uncurated rows are left out (--include-pending includes them)"), flush=True)
     with Store(args.db) as store:
         if args.job:
             from dataclasses import asdict

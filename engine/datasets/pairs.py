@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.config import ConfigError
+from engine.datasets.distill import best_path_samples
 from engine.datasets.samples import (
     Sample,
     TreeRef,
@@ -97,9 +98,23 @@ class Pair:
 
 @dataclass
 class PairsBuild:
+    """What one build of a run's trees makes: step and trajectory pairs, RFT rows (every successful
+    trajectory) and expert-iteration rows (each solved tree's shortest one, engine.datasets.distill)."""
+
     step: list[Pair] = field(default_factory=list)
     trajectory: list[Pair] = field(default_factory=list)
     rft: list[Sample] = field(default_factory=list)
+    exit: list[Sample] = field(default_factory=list)
+
+    def save(self, store: Any, run_id: str, who: str | None = None) -> tuple[Any, Any]:
+        """Pairs and samples in one transaction (both saved or neither); a rebuild replaces the run's
+        uncurated rows of these kinds. Returns the two save reports."""
+        extra = {"who": who} if who else {}
+        with store.transaction():
+            pairs = store.save_pairs(run_id, [*self.step, *self.trajectory], **extra)
+            samples = store.save_samples([*self.rft, *self.exit], prune_run=run_id, prune_kinds=("rft", "exit"),
+                                         **extra)
+        return pairs, samples
 
 
 def step_pairs(ref: TreeRef, config: PairsConfig) -> list[Pair]:
@@ -192,10 +207,12 @@ def rft_samples(ref: TreeRef) -> list[Sample]:
 
 
 def build_pairs(refs: Sequence[TreeRef], config: PairsConfig) -> PairsBuild:
-    """Step pairs, trajectory pairs and RFT rows for many trees."""
+    """Step pairs, trajectory pairs, RFT and expert-iteration rows for many trees."""
+
     out = PairsBuild()
     for ref in refs:
         out.step.extend(step_pairs(ref, config))
         out.trajectory.extend(trajectory_pairs(ref, config))
         out.rft.extend(rft_samples(ref))
+        out.exit.extend(best_path_samples(ref))
     return out

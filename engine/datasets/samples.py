@@ -24,7 +24,7 @@ from engine.actions import FormatError, parse, render
 from engine.prompts import HistoryStep, actor_prompt
 from engine.search.tree import SearchTree
 
-KINDS = ("revision", "good", "rft", "recovery", "refine", "imported")
+KINDS = ("revision", "good", "rft", "recovery", "refine", "imported", "exit", "visits")
 STATUSES = ("pending", "approved", "rejected", "edited")
 
 

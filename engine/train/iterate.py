@@ -9,8 +9,15 @@ them); evaluate on held-out tasks; the trained model is the next policy.
 Agent-R (docs/algorithms.md §4.3), per iteration: MCTS with the current model; first errors judged by the CURRENT
 model; revision trajectories + good trajectories mixed with a rising revision share; SFT; evaluate.
 
-Nobody curates inside a loop, so its trainers take pending rows too (curated rejections are still
-honoured: rejected rows are never used). Every iteration's run, data counts, model folder and
+Expert iteration ("exit", docs/algorithms.md §3.4), per iteration: MCTS with the current policy; each
+solved tree's shortest successful trajectory becomes SFT rows (search's own choices as targets,
+`engine.datasets.distill`); SFT; evaluate. "visits" trains toward the MCTS visit distribution at
+every well-visited node instead.
+
+Curation gate: a loop trains only on rows with a final label (approved / edited, by the store's
+final-label rule) unless `include_pending` is set, in which case rows nobody has decided are used
+too (rejected and unsettled rows never are). Every iteration records how many rows it trained on and
+how many uncurated rows it included or left out. Every iteration's run, data counts, model folder and
 scores are recorded (`Store.save_iteration`), with the model lineage in `models` and the scores in
 `evaluations`.
 """
@@ -33,7 +40,8 @@ if TYPE_CHECKING:
     from engine.evaluate import EvalConfig
     from engine.store import Store
 
-METHODS = ("agentq", "agentr")
+METHODS = ("exit", "agentq", "agentr", "visits")
+DISTILL_METHODS = ("exit", "visits")
 
 
 @dataclass(frozen=True)
@@ -44,8 +52,10 @@ class IterateConfig:
     `first_iteration`: the index of the first iteration run (a loop continued under its `name` by
     another job — the dashboard's "Next iteration" — numbers on from its last one)."""
 
-    method: str = field(default="agentq", metadata={"help": "Agent Q (DPO on step pairs) or Agent-R (SFT on "
-                                                            "revisions)", "choices": METHODS})
+    method: str = field(default="exit", metadata={
+        "help": "exit: expert iteration (SFT on each solved tree's shortest successful path; the measured "
+                "default), agentq: DPO on step pairs, agentr: SFT on revisions, visits: SFT toward MCTS visit "
+                "counts", "choices": METHODS})
     model: str = field(default="tiny", metadata={"help": "starting policy: tiny | PATH | hf:PATH | vllm:PATH "
                                                          "(one vLLM engine for the loop, each policy reloaded into it)"})
     env: str = field(default="textcraft", metadata={"help": "environment"})
@@ -56,6 +66,8 @@ class IterateConfig:
     eval_tasks: str = field(default="", metadata={"help": "range/ids in the test split (default all)"})
     seed: int = field(default=0, metadata={"help": "loop seed"})
     theta: float = 0.1
+    include_pending: bool = field(default=False, metadata={
+        "help": "also train on rows nobody has curated (by default only approved / edited rows are used)"})
     evaluate_base: bool = True
     revision_shares: tuple[float, ...] = (0.25, 0.5, 0.75)
     output_root: str | None = None
@@ -65,6 +77,7 @@ class IterateConfig:
     dpo: dict[str, Any] = field(default_factory=dict)
     sft: dict[str, Any] = field(default_factory=dict)
     eval: dict[str, Any] = field(default_factory=dict)
+    distill: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         checks = {
@@ -82,6 +95,7 @@ class IterateConfig:
         self.dpo_config()
         self.sft_config()
         self.eval_config()
+        self.distill_config()
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "iterate config") -> IterateConfig:
@@ -94,14 +108,20 @@ class IterateConfig:
     def dpo_config(self) -> Any:
         from engine.train.dpo import DPOTrainConfig
 
-        return DPOTrainConfig.from_dict({"include_pending": True, "seed": self.seed, **self.dpo},
+        return DPOTrainConfig.from_dict({"include_pending": self.include_pending, "seed": self.seed, **self.dpo},
                                         where="iterate dpo")
 
     def sft_config(self) -> Any:
         from engine.train.sft import SFTTrainConfig
 
-        return SFTTrainConfig.from_dict({"include_pending": True, "seed": self.seed, **self.sft},
-                                        where="iterate sft")
+        kinds = {"kinds": (self.method,)} if self.method in DISTILL_METHODS else {}
+        return SFTTrainConfig.from_dict({"include_pending": self.include_pending, "seed": self.seed, **kinds,
+                                         **self.sft}, where="iterate sft")
+
+    def distill_config(self) -> Any:
+        from engine.datasets.distill import DistillConfig
+
+        return from_dict(DistillConfig, {"seed": self.seed, **self.distill}, where="iterate distill")
 
     def eval_config(self) -> EvalConfig:
         from engine.evaluate import EvalConfig
@@ -135,11 +155,35 @@ def loop_tasks(config: IterateConfig, env: Any) -> tuple[list[Any], list[Any]]:
     return train_tasks, eval_tasks
 
 
+def curated(store: Store, train_cfg: Any, run_id: str,
+            select: Callable[..., tuple[list[Any], dict[str, Any]]]) -> tuple[list[Any], dict[str, Any]]:
+    """The rows of `run_id` a loop's trainer may use (the curation gate: final labels, plus rows
+    nobody decided only with `include_pending`), and the counts the loop shows and records."""
+    rows, labels = select(store, train_cfg, [run_id])
+    if train_cfg.include_pending:
+        uncurated = len(rows) - len(labels)
+        return rows, {"final": len(labels), "uncurated_used": uncurated, "uncurated_left_out": 0}
+    every, every_labels = select(store, replace(train_cfg, include_pending=True), [run_id])
+    return rows, {"final": len(labels), "uncurated_used": 0, "uncurated_left_out": len(every) - len(every_labels)}
+
+
+def gate_line(i: int, gate: dict[str, Any]) -> str:
+    """The log line that says what an iteration trains on, before it trains."""
+    return (f"iteration {i}: training on {gate['final'] + gate['uncurated_used']} rows: {gate['final']} with a final "
+            f"label, {gate['uncurated_used']} uncurated included, {gate['uncurated_left_out']} uncurated left out")
+
+
+def skip_reason(gate: dict[str, Any], what: str) -> str:
+    return (f"no curated {what}: {gate['uncurated_left_out']} uncurated rows left out (curate them, or include "
+            "uncurated rows: --include-pending / the Loop view's checkbox)")
+
+
 def run_loop(store: Store, config: IterateConfig, reporter: Reporter | None = None, job_id: str | None = None,
              make_env: Callable[[], Any] | None = None, load: Callable[[Path], Any] | None = None) -> str:
     """Run the loop; returns its id (its iterations are in `store.iterations(loop_id)`).
     `make_env` / `load` (model folder -> Generator) replace the env registry and
     `load_generator`, for envs or generators built in code (tests, notebooks)."""
+    from engine.datasets.distill import distill
     from engine.datasets.pairs import PairsConfig, build_pairs
     from engine.datasets.revisions import RevisionConfig, build_revisions
     from engine.envs.registry import env_factory
@@ -147,8 +191,8 @@ def run_loop(store: Store, config: IterateConfig, reporter: Reporter | None = No
     from engine.search.runner import new_run
     from engine.store import ModelRecord
     from engine.train.common import resolve_model_path
-    from engine.train.dpo import run_backends, train_dpo
-    from engine.train.sft import mix_revisions, train_sft
+    from engine.train.dpo import labelled_pairs, run_backends, train_dpo
+    from engine.train.sft import labelled_samples, mix_revisions, train_sft
 
     reporter = reporter or MemoryReporter()
     on_vllm = config.model.strip().startswith("vllm:")
@@ -179,7 +223,7 @@ def run_loop(store: Store, config: IterateConfig, reporter: Reporter | None = No
         if reporter.should_stop():
             reporter.log(f"stopped before iteration {i}")
             break
-        began = time.perf_counter()
+        began, began_cpu = time.perf_counter(), time.process_time()
         batch = rng.sample(train_tasks, config.tasks_per_iteration)
         reporter.progress({"phase": f"iteration {i}: search", "step": i - first, "total": total})
         generator = load(policy)
@@ -193,36 +237,55 @@ def run_loop(store: Store, config: IterateConfig, reporter: Reporter | None = No
         out_dir = out_root / f"iter-{i}"
         if config.method == "agentq":
             built = build_pairs(refs, PairsConfig(alpha=search.alpha, theta=config.theta))
-            with store.transaction():  # pairs and RFT rows of one build: both saved or neither
-                store.save_pairs(run_id, [*built.step, *built.trajectory])
-                store.save_samples(built.rft, prune_run=run_id, prune_kinds=("rft",))
+            built.save(store, run_id)
             train_cfg = config.dpo_config()
-            pairs = store.pairs(run_id=run_id, kind=list(train_cfg.kinds), status=list(train_cfg.selected_statuses),
-                                min_gap=train_cfg.min_gap)
-            record["pairs"] = len(pairs)
+            pairs, gate = curated(store, train_cfg, run_id, labelled_pairs)
+            record.update({"pairs": len(pairs), "curation": gate})
             if not pairs:
-                record["skipped"] = "no preference pairs (no node had two explored children differing by theta)"
+                record["skipped"] = (skip_reason(gate, "preference pairs") if gate["uncurated_left_out"] else
+                                     "no preference pairs (no node had two explored children differing by theta)")
             else:
+                reporter.log(gate_line(i, gate))
                 reporter.progress({"phase": f"iteration {i}: dpo", "step": i - first, "total": total})
                 tokens = store.node_token_counts([(p.tree_id, n) for p in pairs for n in (p.chosen_node, p.rejected_node)])
                 del generator
                 result = train_dpo(policy, pairs, train_cfg, out_dir, reporter, node_tokens=tokens, parent=str(policy),
                                    backends=run_backends(store, [run_id]))
+        elif config.method in DISTILL_METHODS:
+            rows = distill(refs, config.method, config.distill_config())
+            store.save_samples(rows, prune_run=run_id, prune_kinds=(config.method,))
+            train_cfg = config.sft_config()
+            samples, gate = curated(store, train_cfg, run_id, labelled_samples)
+            record.update({"samples": len(samples), "curation": gate,
+                           "solved_trees": sum(r.tree.solved() for r in refs)})
+            if not samples:
+                record["skipped"] = (skip_reason(gate, "search rows") if gate["uncurated_left_out"] else
+                                     "no successful trajectory in the trees (no task solved in search)"
+                                     if config.method == "exit" else f"no node with {config.distill_config().min_visits}"
+                                     " or more visits")
+            else:
+                reporter.log(gate_line(i, gate))
+                reporter.progress({"phase": f"iteration {i}: sft", "step": i - first, "total": total})
+                del generator
+                result = train_sft(policy, samples, train_cfg, out_dir, reporter, kind=config.method,
+                                   parent=str(policy))
         else:
             built_r = build_revisions(refs, generator, RevisionConfig(seed=config.seed + i))
             store.save_samples(built_r.samples, prune_run=run_id, prune_kinds=("revision", "good", "recovery"))
             train_cfg = config.sft_config()
             share = config.revision_shares[min(i - 1, len(config.revision_shares) - 1)]
-            samples = store.samples(run_id=run_id, kind=["revision", "good"], status=list(train_cfg.selected_statuses))
+            samples, gate = curated(store, train_cfg, run_id, labelled_samples)
             samples = mix_revisions(samples, share, config.seed + i)
-            record.update({"revision_share": share, "samples": len(samples),
+            record.update({"revision_share": share, "samples": len(samples), "curation": gate,
                            "revisions": sum(s.kind == "revision" for s in samples)})
             if not samples:
                 good = sum(s.kind == "good" for s in built_r.samples)
-                record["skipped"] = ("no revision trajectory: no (good, bad) leaf pair in the trees "
+                record["skipped"] = (skip_reason(gate, "revision or good trajectories") if gate["uncurated_left_out"]
+                                     else "no revision trajectory: no (good, bad) leaf pair in the trees "
                                      f"({good} good trajectories alone would be RFT)" if good else
                                      "no revision or good trajectories (no successful leaf in the trees)")
             else:
+                reporter.log(gate_line(i, gate))
                 reporter.progress({"phase": f"iteration {i}: sft", "step": i - first, "total": total})
                 del generator
                 result = train_sft(policy, samples, train_cfg, out_dir, reporter, kind="sft", parent=str(policy))
@@ -242,6 +305,7 @@ def run_loop(store: Store, config: IterateConfig, reporter: Reporter | None = No
             record["model"] = str(policy)
             reporter.log(f"iteration {i}: {record['skipped']}; the policy is unchanged")
         record["seconds"] = time.perf_counter() - began
+        record["cpu_s"] = time.process_time() - began_cpu  # every thread of this process: the loop's compute
         store.save_iteration(loop_id, i, config.method, record)
         reporter.progress({"phase": f"iteration {i} done", "step": i - first + 1, "total": total})
     return loop_id

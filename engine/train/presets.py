@@ -49,14 +49,18 @@ DATA_CHOICES: dict[str, DataChoice] = {
                              "AgentRefine: verified refinement trajectories, per-turn loss masks."),
     "rft": DataChoice("Successful trajectories → RFT", "rft", {},
                       "Rejection-sampling fine-tuning on the searches' successful paths."),
+    "exit": DataChoice("Search's shortest successes → SFT (expert iteration)", "sft", {"kinds": ["exit"]},
+                       "Expert iteration: each solved tree's shortest successful trajectory, search's own choices "
+                       "as targets (the loop's default method)."),
 }
 
 PRESETS: dict[str, Preset] = {
     "cpu-quick": Preset(
-        "CPU, quick (tiny model, ~1 min)",
-        {"device": "cpu", "precision": "fp32", "max_steps": 20, "batch_size": 4, "num_threads": 2},
+        "CPU, quick (half an epoch)",
+        {"device": "cpu", "precision": "fp32", "epochs": 0.5, "batch_size": 4, "num_threads": 2},
         {"dpo": {"learning_rate": 1e-5}, "sft": {"learning_rate": 1e-4}, "rft": {"learning_rate": 1e-4}},
-        "A smoke-sized run on the tiny model: a few steps, to see the loop work end to end.",
+        "Half a pass over the selected data on the CPU: to see the loop work end to end. Its steps follow the "
+        "data (rows x epochs / batch), never a fixed count.",
     ),
     "cpu-epoch": Preset(
         "CPU, one epoch",
@@ -138,6 +142,57 @@ def device_of(config: dict[str, Any]) -> str:
 
         return default_device()
     return "cuda:0" if device == "cuda" else device
+
+
+MIN_ROWS = 16  # below this a launch asks to confirm: a few rows barely move a model (5 rows did not, measured)
+
+
+@dataclass(frozen=True)
+class TrainPlan:
+    """What a job would train on and for how long, shown before it is launched: `items` pairs or
+    samples, `rows` training rows (an SFT sample gives one per trained turn), and the optimizer
+    steps its epochs make of them."""
+
+    items: int
+    rows: int
+    epochs: float
+    batch: int
+    steps: int
+
+    @property
+    def too_small(self) -> bool:
+        return self.rows < MIN_ROWS
+
+
+def planned_steps(rows: int, train: Any) -> int:
+    """Optimizer steps of `rows` rows under a TrainConfig: as the HF Trainer counts them
+    (ceil(batches per epoch / accumulation) x epochs, rounded up), or its `max_steps` when set."""
+    import math
+
+    if train.max_steps > 0:
+        return int(train.max_steps)
+    per_epoch = math.ceil(math.ceil(rows / train.batch_size) / train.grad_accum) if rows else 0
+    return math.ceil(per_epoch * train.epochs)
+
+
+def train_plan(store: Store, kind: str, config: dict[str, Any]) -> TrainPlan:
+    """The plan of the job `config` of `kind` on the store's data now."""
+    from engine.train.jobs import train_config
+
+    train = train_config(kind, config.get("train") or {})
+    runs = config.get("runs") or None
+    if kind == "dpo":
+        from engine.train.dpo import select_pairs
+
+        items = rows = len(select_pairs(store, train, runs))
+    else:
+        from engine.datasets.samples import to_step_rows
+        from engine.train.sft import select_samples
+
+        samples = select_samples(store, train, runs)
+        items = len(samples)
+        rows = items if train.format == "chat" else sum(len(to_step_rows(s)) for s in samples)
+    return TrainPlan(items, rows, train.epochs, train.batch_size * train.grad_accum, planned_steps(rows, train))
 
 
 def rows_to_train(store: Store, kind: str, config: dict[str, Any]) -> int:

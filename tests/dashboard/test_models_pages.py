@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 
@@ -62,14 +63,24 @@ def test_launch_a_dpo_job_with_one_click_and_follow_it_to_its_model(db, tmp_path
     at.selectbox(key="tr_model").set_value(str(base.resolve()))
     at.multiselect(key="tr_runs").set_value([runs["main"]])
     at.checkbox(key="tr_pending").check()
-    at.button[0].click()  # the form's Launch button
+    at.run()
+    # Before Launch the page says what the job would train on, and for how long (steps follow the data).
+    with Store(path) as store:
+        pairs = len(store.pairs(run_id=runs["main"], kind=["step"]))
+    steps = math.ceil(math.ceil(pairs / 4) * 0.5)  # half an epoch at batch 4, rounded up as the Trainer does
+    assert f"Would train on {pairs} pairs → {pairs} rows × 0.5 epochs (batch 4) → {steps} optimizer steps" in texts(at)
+    if pairs < 16:  # a small set asks to confirm before it can launch
+        assert at.button(key="tr_launch").disabled
+        at.checkbox(key="tr_small_ok").check()
+        at.run()
+    at.button(key="tr_launch").click()
     at.run()
     assert not at.exception and not at.error, texts(at)
     with Store(path) as store:
         (job,) = store.jobs()
         assert job.kind == "dpo" and job.device == "cpu" and job.config["runs"] == [runs["main"]]
         assert job.config["train"]["kinds"] == ["step"] and job.config["train"]["include_pending"] is True
-        assert job.config["train"]["max_steps"] == 20
+        assert "max_steps" not in job.config["train"] and job.config["train"]["epochs"] == 0.5
         done = JobRunner(store).wait(job.id, timeout=240)
         assert done.state == "succeeded", Path(done.log_path or "").read_text()[-2000:]
     assert at.query_params["job"] in (job.id, [job.id])

@@ -1,0 +1,123 @@
+"""Search distilled into SFT rows: what the next policy should imitate, read off a stored tree.
+
+WHY apart from pairs.py: step pairs teach an ORDER between two candidates (and measured on the tiny
+model, the order is as often wrong as right); the rows here teach the policy what search itself
+chose, the operator that measurably beats the policy (MCTS at inference). Two targets:
+
+- `best_path_samples` (expert iteration, ExIt / ReST-style): per solved tree, its shortest
+  successful trajectories (tree path, then the rollout's own steps), every turn trained. The
+  shortest one is kept because it carries the fewest wasted steps (a failed command, a repeat):
+  search's detours are not what the policy should copy.
+- `visit_samples` (AlphaZero-style visit-count targets): at every expanded node with at least
+  `min_visits` visits, the policy's distribution over the node's candidates is pulled toward the
+  MCTS visit distribution. SFT has no soft targets, so each node contributes `rows_per_node` rows
+  drawn from its children with probability N(child) / sum N — in expectation exactly the
+  cross-entropy to the visit distribution (deterministic per seed).
+
+Both produce `Sample`s with the search's own completions as targets, so they reach training
+through the same per-step rows (`to_step_rows`) as every other SFT set.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from engine.config import ConfigError
+from engine.datasets.samples import Sample, TreeRef, Turn, path_turns, stable_id, tree_task
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    """`per_tree`: successful trajectories kept per solved tree (shortest first); `min_visits`,
+    `rows_per_node`: the visit-count targets' node filter and sample size."""
+
+    per_tree: int = 1
+    min_visits: int = 4
+    rows_per_node: int = 4
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("per_tree", "min_visits", "rows_per_node"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"DistillConfig.{name}: must be >= 1, got {getattr(self, name)!r}")
+
+
+def successful_trajectories(ref: TreeRef) -> list[tuple[tuple[int, ...], list[Turn]]]:
+    """Every distinct successful trajectory of a tree: (tree path, turns), shortest first (ties by
+    path). A success node's path, or a simulation whose rollout succeeded: its path, then its steps."""
+    tree = ref.tree
+    found: dict[tuple[str, ...], tuple[tuple[int, ...], list[Turn]]] = {}
+    for node in tree.nodes:
+        if node.terminal == "success" and node.parent is not None:
+            path = tuple(n.id for n in tree.path(node))
+            turns = path_turns(tree, path, True, "good")
+            found.setdefault(tuple(t.text for t in turns), (path, turns))
+    for sim in tree.simulations:
+        if not sim.turns:
+            continue
+        turns = path_turns(tree, sim.path, True, "good")
+        turns += [Turn(text=text, observation=obs, loss=True, segment="good") for text, obs in sim.turns]
+        found.setdefault(tuple(t.text for t in turns), (tuple(sim.path), turns))
+    return sorted(found.values(), key=lambda pt: (len(pt[1]), pt[0]))
+
+
+def best_path_samples(ref: TreeRef, config: DistillConfig = DistillConfig(), kind: str = "exit") -> list[Sample]:
+    """Expert-iteration rows of one tree: its `per_tree` shortest successful trajectories."""
+    out = []
+    for path, turns in successful_trajectories(ref)[: config.per_tree]:
+        turns[-1] = replace(turns[-1], observation=None)  # the chat ends on the assistant
+        out.append(Sample(
+            id=stable_id(kind, ref.run_id, ref.tree.task.id, *path, *(t.text for t in turns)),
+            kind=kind, task=tree_task(ref), turns=tuple(turns), run_id=ref.run_id,
+            source={"tree_id": ref.tree_id, "task_id": ref.tree.task.id, "path": list(path),
+                    "steps": len(turns), "terminal": "success", "target": "shortest successful trajectory"},
+        ))
+    return out
+
+
+def visit_targets(ref: TreeRef, config: DistillConfig = DistillConfig()) -> list[tuple[int, dict[int, float]]]:
+    """(node, {child: visit share}) for each expanded node with >= `min_visits` visits whose visited
+    children are readable actions; the shares sum to 1."""
+    tree, out = ref.tree, []
+    for node in tree.nodes:
+        if node.N < config.min_visits or node.terminal is not None:
+            continue
+        kids = [tree.nodes[c] for c in node.children if tree.nodes[c].N > 0 and not tree.nodes[c].format_error
+                and tree.nodes[c].action is not None]
+        total = sum(k.N for k in kids)
+        if total:
+            out.append((node.id, {k.id: k.N / total for k in kids}))
+    return out
+
+
+def visit_samples(ref: TreeRef, config: DistillConfig = DistillConfig(), kind: str = "visits") -> list[Sample]:
+    """Visit-count rows of one tree: per target node, `rows_per_node` children drawn by visit share,
+    each as the path to the node (untrained context) and the child's action (trained)."""
+    tree = ref.tree
+    rng = random.Random(f"{config.seed}:{ref.run_id}:{tree.task.id}")
+    out = []
+    for node_id, shares in visit_targets(ref, config):
+        kids = sorted(shares)
+        drawn = rng.choices(kids, weights=[shares[k] for k in kids], k=config.rows_per_node)
+        prefix = [n.id for n in tree.path(tree.nodes[node_id])]
+        context = path_turns(tree, prefix, False, "prefix")
+        for draw, child in enumerate(drawn):
+            turns = [*context, *path_turns(tree, [child], True, "good")]
+            turns[-1] = replace(turns[-1], observation=None)
+            out.append(Sample(
+                id=stable_id(kind, ref.run_id, tree.task.id, node_id, child, draw),
+                kind=kind, task=tree_task(ref), turns=tuple(turns), run_id=ref.run_id,
+                source={"tree_id": ref.tree_id, "task_id": tree.task.id, "node": node_id, "child": child,
+                        "share": shares[child], "target": "MCTS visit distribution"},
+            ))
+    return out
+
+
+def distill(refs: Sequence[TreeRef], target: str, config: DistillConfig = DistillConfig()) -> list[Sample]:
+    """The rows of `target` ("exit" or "visits") from many trees."""
+    build = {"exit": best_path_samples, "visits": visit_samples}
+    if target not in build:
+        raise ConfigError(f"unknown distillation target {target!r} (expected one of {', '.join(build)})")
+    return [s for ref in refs for s in build[target](ref, config)]
