@@ -9,7 +9,7 @@ them); evaluate on held-out tasks; the trained model is the next policy.
 Agent-R (docs/algorithms.md §4.3), per iteration: MCTS with the current model; first errors judged by the CURRENT
 model; revision trajectories + good trajectories mixed with a rising revision share; SFT; evaluate.
 
-Expert iteration ("exit", docs/algorithms.md §3.4), per iteration: MCTS with the current policy; each
+Expert iteration ("exit", docs/algorithms.md §3.5), per iteration: MCTS with the current policy; each
 solved tree's shortest successful trajectory becomes SFT rows (search's own choices as targets,
 `engine.datasets.distill`); SFT; evaluate. "visits" trains toward the MCTS visit distribution at
 every well-visited node instead.
