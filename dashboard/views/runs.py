@@ -162,6 +162,10 @@ if runs:
             fm.field_error("rs_resume", "model")
             resume_on_ray, resume_address = ray_inputs("rs_resume", "rs_resume_")
             resume = st.form_submit_button("Resume", type="primary")
+        if resume and (refused := fm.refused(db)) is not None:  # before any probe (forms.refused)
+            fm.set_errors("rs_resume", {})
+            state["rs_error"] = f"Not resumed: {refused}"
+            st.rerun()
         if resume:
             errors: dict[str, str] = {}
             resume_config: dict[str, Any] = {}
@@ -237,6 +241,10 @@ def check_new_search() -> tuple[dict[str, str], dict[str, Any]]:
     return problems, config
 
 
+if submitted and (refused := fm.refused(db)) is not None:  # before any probe (forms.refused)
+    fm.set_errors(FORM, {})
+    state["rs_error"] = f"The search was not queued: {refused}"
+    st.rerun()
 if submitted:
     problems, config = check_new_search()
     fm.set_errors(FORM, problems)
