@@ -235,13 +235,14 @@ def worker_command(python: str, job_id: str, db: str | Path, device: str, kind: 
     process runs the worker module, and rank 0 alone talks to the store (engine.train.worker).
     `processes` > 1 on a cpu job launches that many CPU processes the same way (gloo): the test of
     the multi-process path on a machine without GPUs."""
-    from engine.store.postgres import is_url, split_password
+    from engine.store.credentials import worker_secrets
+    from engine.store.postgres import is_url
 
-    db, password = split_password(str(db)) if is_url(db) else (str(db), None)
+    # A server's password (in the URL's userinfo or its query) travels in the environment, not on the
+    # command line where `ps` shows it.
+    db, secret_env = worker_secrets(str(db)) if is_url(db) else (str(db), {})
     worker = ["-m", WORKER_MODULE, job_id, "--db", db]
-    env = {"CUDA_VISIBLE_DEVICES": visible_devices(device, os.environ.get("CUDA_VISIBLE_DEVICES"))}
-    if password is not None:  # a server's password travels in the environment, not on the command line
-        env["PGPASSWORD"] = password
+    env = {"CUDA_VISIBLE_DEVICES": visible_devices(device, os.environ.get("CUDA_VISIBLE_DEVICES")), **secret_env}
     n = len(gpu_indices(device)) if processes is None else processes
     if n <= 1:
         return [python, *worker], env
