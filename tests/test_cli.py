@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import networkx as nx
+import pytest
 from doubles import ScriptedGenerator, SnapshotLineEnv
 
 from engine.cli import main
@@ -261,6 +262,31 @@ def test_resume_sends_the_api_key_to_a_stored_url_only_when_the_user_says_so(tmp
         monkeypatch.delenv("OPENAI_API_KEY")  # no key: nothing to leak, nothing asked
         assert main(resume) == 2
         assert "no API key was sent" in capsys.readouterr().err and server.seen[-1] is None
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize("pad", [" ", "\t", "\n "])
+def test_resume_asks_before_sending_the_key_to_a_stored_spec_that_starts_with_space(tmp_path, monkeypatch,
+                                                                                    capsys, pad):
+    """Issue 25, item 4: the check looked at the raw stored text and the loader at the stripped one,
+    so `' openai:http://...'` was loaded (and sent the key) without being asked about."""
+    from engine.envs import registry
+
+    monkeypatch.setitem(registry.BUILTIN, "line", "doubles:SnapshotLineEnv")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-secret")
+    server = _KeyRecorder()
+    db = tmp_path / "o.db"
+    try:
+        with Store(db) as store:
+            run_id = store.create_run("shared", "line", pad + server.spec, {**SearchConfig(simulations=2).__dict__},
+                                      SnapshotLineEnv().tasks()[:1])
+            store.set_run_status(run_id, "interrupted")
+        monkeypatch.setattr(sys, "stdin", _Stdin(tty=False))
+        assert main(["search", "--resume", run_id, "--db", str(db)]) == 2
+        err = capsys.readouterr().err
+        assert "comes from the database" in err and f"--model '{server.spec}'" in err, err
+        assert server.seen == []  # not one request, so no key
     finally:
         server.close()
 

@@ -25,6 +25,7 @@ from dashboard import jobs_panel as jp
 from dashboard.text import md
 from engine.config import SearchConfig
 from engine.envs.registry import known_envs
+from engine.llm.registry import parse_model_spec
 from engine.stages import DEFAULT_TASKS
 from engine.store import Store
 
@@ -150,7 +151,8 @@ if runs:
         col.page_link(page, label=label, icon=icon, query_params=params)
     if run.status == "interrupted":
         stored = run.model
-        needs_retype = stored.startswith("openai:") and bool(os.environ.get("OPENAI_API_KEY"))
+        # As the loader reads the spec (engine.llm.registry): a stored one may start with a space.
+        needs_retype = parse_model_spec(stored).kind == "openai" and bool(os.environ.get("OPENAI_API_KEY"))
         with st.form("rs_resume", border=True):
             st.markdown(f"Run **{md(run.name)}** is interrupted at {run.simulations} simulations: resume it.")
             st.caption("Stored model:")
