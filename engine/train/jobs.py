@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import ConfigError
-from engine.paths import REPO_ROOT, jobs_dir
+from engine.paths import REPO_ROOT, job_log, jobs_dir
 from engine.stages import STAGE_KINDS
 from engine.store import JobInfo, Store
 
@@ -406,7 +406,8 @@ class JobRunner:
         return True
 
     def _launch(self, job: JobInfo) -> None:
-        log_path = Path(job.log_path or jobs_dir(self.store.path) / f"{job.id}.log")
+        # A stored path outside the job-log folder (someone else wrote the row) is not appended to.
+        log_path = job_log(self.store.location, job.log_path) or jobs_dir(self.store.location) / f"{job.id}.log"
         try:
             log_path.parent.mkdir(parents=True, exist_ok=True)
             processes = self.cpu_processes if job.device == "cpu" and job.kind in ("dpo", "sft", "rft") else None
