@@ -3,6 +3,7 @@ defined, an anonymous visitor or a viewer who names an "internal service" as the
 model server makes the dashboard send it nothing, and a model folder that exists is refused with
 the same words as one that does not; a maintainer's probe error says the status and the length of
 a refused reply, never its text."""
+# ruff: noqa: F811 - `db` is test_team_pages' fixture (the fixture store with a viewer and a maintainer)
 
 from __future__ import annotations
 
@@ -13,26 +14,14 @@ from pathlib import Path
 
 import pytest
 from canned_http import canned_server
-from dash_fixtures import APP, copy_store
+from dash_fixtures import APP
 from streamlit.testing.v1 import AppTest
+from test_team_pages import db, log_in  # noqa: F401 - users vic (viewer) and mia (maintainer)
 
-from engine import auth
 from engine.store import Store
 
 EVALUATION = "views/evaluation.py"
-PASSWORD = "correct horse battery"
 SECRET = "TOP-SECRET-ADMIN-PAGE"
-
-
-@pytest.fixture()
-def db(store_db, tmp_path: Path, monkeypatch) -> Path:
-    source, _ = store_db
-    path = copy_store(source, tmp_path / "orchard.db")
-    monkeypatch.setenv("ORCHARD_DB", str(path))
-    with Store(path) as store:
-        auth.add_user(store, "vic", "viewer", PASSWORD)
-        auth.add_user(store, "mia", "maintainer", PASSWORD)
-    return path
 
 
 @pytest.fixture()
@@ -80,9 +69,7 @@ def open_page(page: str | None = None, user: str | None = None) -> AppTest:
     if page is not None:
         at.switch_page(page).run()
     if user is not None:
-        at.text_input(key="auth_name").input(user)
-        at.text_input(key="auth_password").input(PASSWORD)
-        next(b for b in at.button if b.label == "Log in").click().run()
+        log_in(at, user)
     assert not at.exception, at.exception
     return at
 

@@ -13,14 +13,11 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from dash_fixtures import APP, ROOT
-from serve_fixture import free_port
+from dash_fixtures import ROOT
 
 from dashboard.auth import is_loopback_host
 
@@ -41,35 +38,14 @@ def test_which_host_headers_name_loopback(host: str | None, loopback: bool) -> N
 
 @contextlib.contextmanager
 def dashboard(tmp_path: Path, *flags: str) -> Iterator[int]:
-    """`streamlit run` of the dashboard (an empty database, no users) from `tmp_path`, not the
-    repository: yields its port once it answers."""
-    import time
-    import urllib.request
+    """The dashboard (an empty database, no users) started from `tmp_path`, not the repository (its
+    Streamlit config is the one beside app.py); yields its port once it answers."""
+    from test_browser import dashboard_server
 
-    port = free_port()
-    env = {**os.environ, "ORCHARD_DB": str(tmp_path / "orchard.db"), "ORCHARD_HOME": str(tmp_path / "home"),
-           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}  # this tree's engine
-    env.pop("STREAMLIT_SERVER_ALLOWED_HOSTS", None)
-    with open(tmp_path / "streamlit.log", "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(APP), "--server.port", str(port),
-                                 *flags], cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.time() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2):
-                    break
-            except OSError:
-                if time.time() > deadline or proc.poll() is not None:
-                    raise RuntimeError((tmp_path / "streamlit.log").read_text()[-2000:]) from None
-                time.sleep(0.3)
-        yield port
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    env = {"ORCHARD_HOME": str(tmp_path / "home"),  # this tree's engine, whatever the working directory
+           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    with dashboard_server(tmp_path / "orchard.db", tmp_path, env=env, flags=flags, cwd=tmp_path) as url:
+        yield int(url.rsplit(":", 1)[1])
 
 
 def upgrade_status(port: int, host: str) -> str:
