@@ -19,6 +19,9 @@ install: $(STAMP)
 PORT ?= 8501
 # Loopback only by default (beyond it, writes need a login); `make run ADDRESS=0.0.0.0` exposes it on purpose.
 ADDRESS ?= 127.0.0.1
+# The host names the browser may use (Streamlit's server.allowedHosts: refuses DNS-rebound pages); exposing it,
+# name yours too: `make run ADDRESS=0.0.0.0 HOSTS="localhost 127.0.0.1 myhost.example"`.
+HOSTS ?= localhost 127.0.0.1 ::1
 
 DEMO_LOG ?= data/demo.log
 
@@ -28,7 +31,8 @@ run: $(STAMP)
 	mkdir -p $(dir $(DEMO_LOG))
 	$(BIN)/orchard demo > $(DEMO_LOG) 2>&1 &
 	@echo "Dashboard: http://$(ADDRESS):$(PORT)  (Ctrl-C to stop); the demo runs in the background, log: $(DEMO_LOG)"
-	$(BIN)/streamlit run dashboard/app.py --server.address $(ADDRESS) --server.port $(PORT) --server.headless true
+	$(BIN)/streamlit run dashboard/app.py --server.address $(ADDRESS) --server.port $(PORT) --server.headless true \
+		$(foreach h,$(HOSTS),--server.allowedHosts $(h))
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 -q

@@ -51,7 +51,7 @@ if problem is not None and not (problem[0] == "empty" and page.url_path in LAUNC
         st.error("This database cannot be opened by Orchard.")
         st.code(message, language=None, wrap_lines=True)
     st.caption("Database (set `ORCHARD_DB` to choose another):")
-    st.code(str(path), language=None)
+    st.code(data.shown_db(path), language=None)
     st.stop()
 
 viewer = auth.sidebar(str(path))

@@ -4,14 +4,16 @@ The rule (docs/decisions.md, "Dashboard logins"):
 - logged in (a live session token in st.session_state, checked against the store on every run and
   again at every write): that user, with their role; the recorded curator is always that user;
 - else, with no users defined AND the server listening on loopback only (Streamlit's
-  `server.address`): the single local user, as before logins existed (may do everything; the name
-  recorded is the one typed in the sidebar, "anonymous" when empty);
+  `server.address`) AND the page opened by a loopback name (its Host header: 127.0.0.1, localhost,
+  [::1]; not a rebound name): the single local user, as before logins existed (may do everything;
+  the name recorded is the one typed in the sidebar, "anonymous" when empty);
 - else nobody: pages can be read (viewer), every write is refused until someone logs in.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import urllib.parse
 from dataclasses import dataclass
 
 import streamlit as st
@@ -50,6 +52,38 @@ def loopback_only() -> bool:
     return is_loopback(st.get_option("server.address"))
 
 
+def is_loopback_host(host: str | None) -> bool:
+    """Whether a Host header (NAME[:PORT] or [V6][:PORT]) names loopback: localhost, 127.0.0.0/8, [::1].
+    Anything else, or anything malformed, is not."""
+    if not host:
+        return False
+    try:
+        parts = urllib.parse.urlsplit(f"//{host.strip()}")
+        name, _ = parts.hostname, parts.port  # .port checks that a port is a number in range
+    except ValueError:
+        return False
+    if name is None or parts.username is not None or parts.path or parts.query or parts.fragment:
+        return False
+    return is_loopback(name)
+
+
+def session_host() -> str | None:
+    """The Host header of this session's browser request; None where no HTTP request is behind the
+    session (AppTest, bare mode): no browser there, so no page of another origin either."""
+    headers = st.context.headers
+    if not len(headers):
+        return None
+    return str(headers.get("Host") or "")
+
+
+def loopback_session() -> bool:
+    """Whether the page was opened by a loopback name. WHY: with DNS rebinding a page of another
+    origin (its name re-resolved to 127.0.0.1) reaches a loopback-bound dashboard; its Host header
+    is that other name, so it is never the single local user (docs/decisions.md)."""
+    host = session_host()
+    return host is None or is_loopback_host(host)
+
+
 def _resolve(db: str) -> Viewer | None:
     token = st.session_state.get(TOKEN)
     try:
@@ -65,7 +99,7 @@ def _resolve(db: str) -> Viewer | None:
     if token:  # expired, ended elsewhere, or the user was removed
         st.session_state.pop(TOKEN, None)
         st.session_state[NOTICE] = "Your session has ended; log in again."
-    if not has_users and loopback_only():
+    if not has_users and loopback_only() and loopback_session():
         return Viewer(str(st.session_state.get("who") or "").strip() or "anonymous", "maintainer", local=True)
     return None
 
@@ -166,4 +200,7 @@ def sidebar(db: str) -> Viewer | None:
             if not loopback_only():
                 st.caption("This dashboard listens beyond loopback: changes need a login "
                            "(`orchard users add NAME --role R`).")
+            elif not loopback_session():
+                st.caption(f"Read only: this page was opened as {md(session_host() or '(no host)')}, not as "
+                           "127.0.0.1 or localhost; open it at http://127.0.0.1 to make changes, or log in.")
     return v

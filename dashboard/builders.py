@@ -28,10 +28,14 @@ REVISION_HELP = {"alpha_good": "a good leaf has a final reward above this",
 
 
 def _submit(db: str, form: str, kind: str, config: dict[str, Any], model: str | None) -> None:
-    """Check the model (at its field), then queue; a refusal is told under the form."""
+    """Check the permission, then the model (at its field), then queue; a refusal is told under the form."""
     from engine.stages import check_model
     from engine.submit import submit_stage
 
+    if (refused := fm.refused(db)) is not None:  # before the model is probed (forms.refused)
+        fm.set_errors(form, {})
+        st.session_state[f"{form}_flash_error"] = f"Not queued: {refused}"
+        return
     errors: dict[str, str] = {}
     if model is not None:
         try:

@@ -33,6 +33,14 @@ def db_path() -> Path | str:
     return paths.db_path()
 
 
+def shown_db(path: Path | str) -> str:
+    """The database as a page shows it: every password masked (engine.store.credentials), also for
+    an anonymous visitor on a dashboard that listens beyond loopback."""
+    from engine.store.credentials import redact
+
+    return redact(path)
+
+
 Version = tuple[int | str, ...]  # what db_version returns: the cache key of every read
 
 
@@ -72,7 +80,9 @@ def db_problem(path: Path | str, need_runs: bool = True) -> tuple[str, str] | No
     except MissingStoreError:
         return "empty", NO_RUNS
     except StoreError as e:
-        return "error", str(e).splitlines()[0]
+        from engine.store.credentials import redact, scrub
+
+        return "error", redact(scrub(str(e).splitlines()[0], path))
     if not runs and need_runs:
         return "empty", NO_RUNS
     return None

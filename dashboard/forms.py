@@ -17,8 +17,23 @@ from dashboard.text import md
 
 
 def refusal(e: Exception) -> str:
-    """An exception from a job submission as one Markdown-safe line."""
-    return md(" ".join(str(e).split()))
+    """An exception from a job submission as one Markdown-safe line; a refused server reply is told
+    by its status and length only (`brief`, engine.envs.base.RemoteReplyError), never quoted."""
+    return md(" ".join(str(getattr(e, "brief", None) or e).split()))
+
+
+def refused(db: str, action: str = "launch_jobs") -> str | None:
+    """At a submission, BEFORE its fields are checked: why the person on screen may not submit (one
+    Markdown-safe line), or None. WHY first: the checks probe the network and the file system (an
+    env's or a model's server, a Ray head, a model folder); run for anyone, they would let a visitor
+    make this machine send requests, scan ports and test which files exist (docs/decisions.md)."""
+    from dashboard.auth import NotAllowed, require
+
+    try:
+        require(db, action)
+    except NotAllowed as e:
+        return refusal(e)
+    return None
 
 
 def submit_errors() -> tuple[type[Exception], ...]:

@@ -36,12 +36,18 @@ def poll(db: str) -> str | None:
     return None
 
 
-def log_tail(log_path: str | None, lines: int = LOG_TAIL_LINES) -> str:
-    """The last lines of a job's log ('' when it has none yet); undecodable bytes replaced."""
+def log_tail(db: str, log_path: str | None, lines: int = LOG_TAIL_LINES) -> str:
+    """The last lines of a job's log ('' when it has none yet); undecodable bytes replaced. A stored
+    path outside the database's job-log folder is not read (engine.paths.job_log): one line says so."""
+    from engine.paths import job_log, jobs_dir
+
     if not log_path:
         return ""
+    path = job_log(db, log_path)
+    if path is None:
+        return f"(not shown: the stored log path {log_path} is outside the job-log folder {jobs_dir(db)})"
     try:
-        with open(log_path, encoding="utf-8", errors="replace") as f:
+        with open(path, encoding="utf-8", errors="replace") as f:
             return "".join(deque(f, maxlen=lines))
     except OSError:
         return ""
@@ -121,7 +127,7 @@ def show_job(db: str, job_id: str, key: str, extra: Callable[[JobInfo], None] | 
     if extra is not None:
         extra(job)
     with st.expander(f"Log (last {LOG_TAIL_LINES} lines)", expanded=job.state == "failed"):
-        st.code(log_tail(job.log_path) or "(empty)", language=None)
+        st.code(log_tail(db, job.log_path) or "(empty)", language=None)
     if not job.final:
         st.button("Cancel job", key=f"{key}_cancel_{job_id}", on_click=_cancel, args=(db, job_id, key),
                   disabled=not auth.may("launch_jobs"))

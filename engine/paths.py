@@ -60,6 +60,17 @@ def jobs_dir(db: str | os.PathLike[str]) -> Path:
     return data_root() / "jobs" if is_db_url(db) else Path(db).parent / "jobs"
 
 
+def job_log(db: str | os.PathLike[str], log_path: str | None) -> Path | None:
+    """A job's stored log path when it lies inside the job-log folder of `db` (`jobs_dir`, links
+    resolved), else None. WHY: the path is read from the database, which someone else may have
+    written (`/etc/passwd`); only the folder Orchard writes job logs to is read or appended to."""
+    if not log_path:
+        return None
+    folder = jobs_dir(db).resolve()
+    path = Path(log_path).resolve()
+    return path if path.is_relative_to(folder) and path != folder else None
+
+
 def runs_dir() -> Path:
     """`<data root>/runs`: refinement output files by default."""
     return data_root() / "runs"

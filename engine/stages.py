@@ -230,16 +230,18 @@ def check_model(spec: str, timeout: float = MODEL_TIMEOUT_S) -> None:
     """GeneratorError unless `spec` names a model that can be loaded: `tiny`, a model folder, or an
     `openai:URL#MODEL` server that answers (any HTTP status) within `timeout` seconds."""
     from engine.llm.base import GeneratorError
+    from engine.llm.registry import _model_dir, parse_model_spec
 
-    spec = spec.strip()
-    if spec == "tiny":
+    parsed = parse_model_spec(spec)
+    spec = parsed.text
+    if parsed.kind == "tiny":
         return
-    if spec.startswith("openai:"):
+    if parsed.kind == "openai":
         import urllib.error
         import urllib.parse
         import urllib.request
 
-        url, sep, model = spec[len("openai:"):].partition("#")
+        url, sep, model = parsed.target.partition("#")
         parts = urllib.parse.urlsplit(url)
         if not sep or not model or parts.scheme not in ("http", "https") or not parts.hostname:
             raise GeneratorError(f"model {spec!r}: expected openai:http(s)://HOST[:PORT]/PATH#MODEL")
@@ -253,9 +255,7 @@ def check_model(spec: str, timeout: float = MODEL_TIMEOUT_S) -> None:
             raise GeneratorError(f"model {spec!r}: the server at {url} did not answer within {timeout:g}s "
                                  f"({reason})") from None
         return
-    from engine.llm.registry import _model_dir
-
-    _model_dir(spec.removeprefix("vllm:").removeprefix("hf:"))
+    _model_dir(parsed.target)
 
 
 # ------------------------------------------------------------------ bodies

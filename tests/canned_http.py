@@ -13,12 +13,15 @@ Answer = Callable[[str, str, bytes], tuple[int, bytes]]
 
 
 @contextmanager
-def canned_server(answer: Answer) -> Iterator[str]:
-    """Serve `answer` on 127.0.0.1 (a free port); yields the base URL."""
+def canned_server(answer: Answer, headers: list[dict[str, str]] | None = None) -> Iterator[str]:
+    """Serve `answer` on 127.0.0.1 (a free port); yields the base URL. `headers`: each request's
+    headers are appended there (what a client sent, e.g. its Authorization)."""
 
     class Handler(BaseHTTPRequestHandler):
         def _reply(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            if headers is not None:
+                headers.append(dict(self.headers))
             status, data = answer(self.command, self.path, body)
             self.send_response(status)
             self.send_header("Content-Type", "application/json")

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import networkx as nx
+import pytest
 from doubles import ScriptedGenerator, SnapshotLineEnv
 
 from engine.cli import main
@@ -229,19 +230,25 @@ class _Stdin:
         return self.answer
 
 
-def test_resume_sends_the_api_key_to_a_stored_url_only_when_the_user_says_so(tmp_path, monkeypatch, capsys):
-    """`search --resume` once sent $OPENAI_API_KEY to whatever URL the (maybe shared) database named."""
+def _interrupted_run(db: Path, model: str, monkeypatch) -> str:
+    """An interrupted run on the line env searched with `model`, and $OPENAI_API_KEY set."""
     from engine.envs import registry
 
     monkeypatch.setitem(registry.BUILTIN, "line", "doubles:SnapshotLineEnv")
     monkeypatch.setenv("OPENAI_API_KEY", "sk-secret")
+    with Store(db) as store:
+        run_id = store.create_run("shared", "line", model, {**SearchConfig(simulations=2).__dict__},
+                                  SnapshotLineEnv().tasks()[:1])
+        store.set_run_status(run_id, "interrupted")
+    return run_id
+
+
+def test_resume_sends_the_api_key_to_a_stored_url_only_when_the_user_says_so(tmp_path, monkeypatch, capsys):
+    """`search --resume` once sent $OPENAI_API_KEY to whatever URL the (maybe shared) database named."""
     server = _KeyRecorder()
     db = tmp_path / "o.db"
     try:
-        with Store(db) as store:
-            run_id = store.create_run("shared", "line", server.spec, {**SearchConfig(simulations=2).__dict__},
-                                      SnapshotLineEnv().tasks()[:1])
-            store.set_run_status(run_id, "interrupted")
+        run_id = _interrupted_run(db, server.spec, monkeypatch)
         resume = ["search", "--resume", run_id, "--db", str(db)]
         monkeypatch.setattr(sys, "stdin", _Stdin(tty=False))
         assert main(resume) == 2
@@ -261,6 +268,24 @@ def test_resume_sends_the_api_key_to_a_stored_url_only_when_the_user_says_so(tmp
         monkeypatch.delenv("OPENAI_API_KEY")  # no key: nothing to leak, nothing asked
         assert main(resume) == 2
         assert "no API key was sent" in capsys.readouterr().err and server.seen[-1] is None
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize("pad", [" ", "\t", "\n "])
+def test_resume_asks_before_sending_the_key_to_a_stored_spec_that_starts_with_space(tmp_path, monkeypatch,
+                                                                                    capsys, pad):
+    """Issue 25, item 4: the check looked at the raw stored text and the loader at the stripped one,
+    so `' openai:http://...'` was loaded (and sent the key) without being asked about."""
+    server = _KeyRecorder()
+    db = tmp_path / "o.db"
+    try:
+        run_id = _interrupted_run(db, pad + server.spec, monkeypatch)
+        monkeypatch.setattr(sys, "stdin", _Stdin(tty=False))
+        assert main(["search", "--resume", run_id, "--db", str(db)]) == 2
+        err = capsys.readouterr().err
+        assert "comes from the database" in err and f"--model '{server.spec}'" in err, err
+        assert server.seen == []  # not one request, so no key
     finally:
         server.close()
 

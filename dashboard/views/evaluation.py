@@ -101,6 +101,10 @@ def check_eval_form() -> tuple[dict[str, str], dict[str, Any]]:
     return problems, config
 
 
+if launch and (refused := fm.refused(db)) is not None:  # before any probe (forms.refused)
+    fm.set_errors(FORM, {})
+    state["ev_error"] = f"The evaluation was not queued: {refused}"
+    st.rerun()
 if launch:
     problems, config = check_eval_form()
     fm.set_errors(FORM, problems)
@@ -246,6 +250,10 @@ else:
         eval_tasks_spec = mid.text_input("Held-out tasks", key="ev_loop_eval", placeholder="(empty: the test split)")
         fm.field_error("ev_loop_new", "eval_tasks")
         start = st.form_submit_button("Start the loop", type="primary")
+    if start and (refused := fm.refused(db)) is not None:  # before any probe (forms.refused)
+        fm.set_errors("ev_loop_new", {})
+        state["ev_error"] = f"The loop was not started: {refused}"
+        st.rerun()
     if start:
         from engine.stages import check_model
         from engine.submit import submit_iterate

@@ -25,6 +25,7 @@ from dashboard import jobs_panel as jp
 from dashboard.text import md
 from engine.config import SearchConfig
 from engine.envs.registry import known_envs
+from engine.llm.registry import parse_model_spec
 from engine.stages import DEFAULT_TASKS
 from engine.store import Store
 
@@ -150,7 +151,8 @@ if runs:
         col.page_link(page, label=label, icon=icon, query_params=params)
     if run.status == "interrupted":
         stored = run.model
-        needs_retype = stored.startswith("openai:") and bool(os.environ.get("OPENAI_API_KEY"))
+        # As the loader reads the spec (engine.llm.registry): a stored one may start with a space.
+        needs_retype = parse_model_spec(stored).kind == "openai" and bool(os.environ.get("OPENAI_API_KEY"))
         with st.form("rs_resume", border=True):
             st.markdown(f"Run **{md(run.name)}** is interrupted at {run.simulations} simulations: resume it.")
             st.caption("Stored model:")
@@ -162,6 +164,10 @@ if runs:
             fm.field_error("rs_resume", "model")
             resume_on_ray, resume_address = ray_inputs("rs_resume", "rs_resume_")
             resume = st.form_submit_button("Resume", type="primary")
+        if resume and (refused := fm.refused(db)) is not None:  # before any probe (forms.refused)
+            fm.set_errors("rs_resume", {})
+            state["rs_error"] = f"Not resumed: {refused}"
+            st.rerun()
         if resume:
             errors: dict[str, str] = {}
             resume_config: dict[str, Any] = {}
@@ -237,6 +243,10 @@ def check_new_search() -> tuple[dict[str, str], dict[str, Any]]:
     return problems, config
 
 
+if submitted and (refused := fm.refused(db)) is not None:  # before any probe (forms.refused)
+    fm.set_errors(FORM, {})
+    state["rs_error"] = f"The search was not queued: {refused}"
+    st.rerun()
 if submitted:
     problems, config = check_new_search()
     fm.set_errors(FORM, problems)

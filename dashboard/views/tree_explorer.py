@@ -213,7 +213,7 @@ with st.sidebar:
         st.caption(f"Collapsed below nodes {', '.join(str(i) for i in sorted(folded))}")
         st.button("Expand all", on_click=_expand_all, args=(tree_id,), key="te_expand_all")
     st.caption("Database")
-    st.text(db)
+    st.text(data.shown_db(path))
 
 measure = tree_chart.MEASURES[measure_label]
 # At the slider's end: no limit, also when a live search grows the tree deeper than the slider knows.

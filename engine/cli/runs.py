@@ -82,9 +82,12 @@ def _confirm_stored_endpoint(spec: str, run_id: str) -> None:
     """A resumed run's model spec comes from the database, which someone else may have written:
     $OPENAI_API_KEY goes to its URL only if the user agrees (asked on a terminal) or typed the spec
     again with --model. Without a key there is nothing to leak."""
-    if not spec.startswith("openai:") or not os.environ.get("OPENAI_API_KEY"):
+    from engine.llm.registry import parse_model_spec
+
+    parsed = parse_model_spec(spec)  # as the loader reads it (a stored spec may start with a space)
+    if parsed.kind != "openai" or not os.environ.get("OPENAI_API_KEY"):
         return
-    url = spec[len("openai:") :].partition("#")[0]
+    spec, url = parsed.text, parsed.target.partition("#")[0]
     how = (f"type the spec again to send it there: orchard search --resume {run_id} --model '{spec}' "
            "(or unset OPENAI_API_KEY)")
     if not sys.stdin.isatty():

@@ -18,6 +18,7 @@ from engine.cli.common import log as _log
 from engine.cli.common import split_list as _list
 from engine.cli.flags import add_flags, default_help, given
 from engine.config import read_table
+from engine.errors import UsageError
 
 # ------------------------------------------------------------------ train
 
@@ -111,8 +112,14 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         if action in ("show", "log"):
             job = store.job(store.find_job(args.id))
             if action == "log":
+                from engine.paths import job_log
+
+                log = job_log(store.location, job.log_path)
+                if log is None and job.log_path:
+                    raise UsageError(f"job {job.id}: its stored log path {job.log_path} is outside the job-log "
+                                     "folder; not read")
                 try:
-                    text = Path(job.log_path or "").read_text(encoding="utf-8", errors="replace")
+                    text = Path(log or "").read_text(encoding="utf-8", errors="replace")
                     print(text[-args.tail :], end="")
                 except OSError:
                     print(f"job {job.id}: no log yet ({job.log_path})")

@@ -22,7 +22,7 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 
 from engine import safejson
-from engine.envs.base import EnvBase, EnvError, Step, TaskSpec
+from engine.envs.base import EnvBase, EnvError, RemoteReplyError, Step, TaskSpec
 from engine.envs.registry import split_options
 
 OPTIONS = {"timeout": float, "n": int, "style": str, "score": float}
@@ -94,12 +94,13 @@ class AgentGymEnv(EnvBase):
             payload, unreadable = None, getattr(e, "msg", str(e))
         if response.status_code != 200:
             detail = payload.get("error") or payload.get("detail") if isinstance(payload, dict) else None
-            raise EnvError(f"{where} answered HTTP {response.status_code}: {detail or response.text[:200]}")
+            raise RemoteReplyError(f"{where} answered HTTP {response.status_code}: {detail or response.text[:200]}",
+                                   where, response.content, response.status_code)
         if isinstance(payload, dict) and "error" in payload:
-            raise EnvError(f"{where} reported an error: {payload['error']}")
+            raise RemoteReplyError(f"{where} reported an error: {payload['error']}", where, response.content, 200)
         if payload is None:
-            raise EnvError(f"{where} answered something that is not acceptable JSON ({unreadable}): "
-                           f"{response.text[:200]!r}")
+            raise RemoteReplyError(f"{where} answered something that is not acceptable JSON ({unreadable}): "
+                                   f"{response.text[:200]!r}", where, response.content, 200)
         return payload
 
     def _key(self) -> str:
@@ -116,8 +117,9 @@ class AgentGymEnv(EnvBase):
             if self.style == "auto":
                 self.style = "env_idx"
         else:
-            raise EnvError(f"AgentGym server {self.url}: /create answered {str(answer)[:200]!r}, "
-                           "expected {\"id\": N} or a bare N")
+            raise RemoteReplyError(f"AgentGym server {self.url}: /create answered {str(answer)[:200]!r}, "
+                                   "expected {\"id\": N} or a bare N", f"AgentGym server {self.url}: POST /create",
+                                   str(answer))
         self._finalizer = weakref.finalize(self, _close_remote, self._client, self.url, self._key(), self._idx)
 
     def close(self) -> None:
@@ -136,8 +138,9 @@ class AgentGymEnv(EnvBase):
             if isinstance(rows, list):
                 bad = next((i for i, r in enumerate(rows) if not (isinstance(r, dict) and "id" in r)), None)
                 if bad is not None:
-                    raise EnvError(f"AgentGym server {self.url}: GET /tasks row {bad} is not an object with "
-                                   f"an \"id\": {str(rows[bad])[:200]!r}")
+                    raise RemoteReplyError(f"AgentGym server {self.url}: GET /tasks row {bad} is not an object "
+                                           f"with an \"id\": {str(rows[bad])[:200]!r}",
+                                           f"AgentGym server {self.url}: GET /tasks", str(rows))
                 self._orchard = True
                 self._catalogue[split] = [
                     TaskSpec(id=str(r["id"]), goal=str(r.get("goal", "")), context=str(r.get("context", "")),
@@ -191,14 +194,16 @@ class AgentGymEnv(EnvBase):
             if not observation:
                 observation = str(self._request("GET", "observation", params={self._key(): self._idx}))
             return observation
-        raise EnvError(f"AgentGym server {self.url}: /reset answered {str(answer)[:200]!r}")
+        raise RemoteReplyError(f"AgentGym server {self.url}: /reset answered {str(answer)[:200]!r}",
+                               f"AgentGym server {self.url}: POST /reset", str(answer))
 
     def step(self, command: str) -> Step:
         if self._task is None:
             raise EnvError("step() before reset(): call reset(task_id) first")
         answer = self._request("POST", "step", {self._key(): self._idx, "action": command})
         if not isinstance(answer, dict):
-            raise EnvError(f"AgentGym server {self.url}: /step answered {str(answer)[:200]!r}")
+            raise RemoteReplyError(f"AgentGym server {self.url}: /step answered {str(answer)[:200]!r}",
+                                   f"AgentGym server {self.url}: POST /step", str(answer))
         observation = str(answer.get("observation", answer.get("state", "")))
         done = bool(answer.get("done", False))
         reward = _number(answer.get("reward", 0.0))

@@ -46,6 +46,18 @@ class EnvError(ValueError):
     """Bad use of an env (unknown task id, step before reset): a clear message, not a traceback."""
 
 
+class RemoteReplyError(EnvError):
+    """An env server's reply that is refused. `str()` quotes the start of what it sent (for the
+    user's own log); `brief` names only where, the status and the length. WHY: a dashboard form probes
+    the server a user names; the page shows `brief`, so a probe cannot be used to read what another
+    service on this machine's network answers (docs/decisions.md)."""
+
+    def __init__(self, message: str, where: str, reply: str | bytes, status: int | None = None) -> None:
+        super().__init__(message)
+        answer = f"HTTP {status}" if status is not None else "a reply"
+        self.brief = f"{where} answered {answer} (length {len(reply)}) that is refused; its text is not shown here"
+
+
 def env_label(env: object) -> str:
     """How errors name an env: its `name`, and the server it talks to where it has one."""
     name = str(getattr(env, "name", type(env).__name__))

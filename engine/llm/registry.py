@@ -7,6 +7,7 @@ A Generator's `name` is a spec that loads it again (runs store it; resume uses i
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from engine.llm.base import Generator, GeneratorError
@@ -14,17 +15,42 @@ from engine.llm.base import Generator, GeneratorError
 SPEC_HELP = "tiny | PATH | hf:PATH | openai:URL[,URL...]#MODEL[?concurrency=N] | vllm:PATH"
 
 
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model spec as read once: `kind` (tiny | openai | vllm | hf), `text` (the spec, normalised)
+    and `target` (the server part after `openai:`, or the folder)."""
+
+    kind: str
+    text: str
+    target: str
+
+
+def parse_model_spec(spec: str) -> ModelSpec:
+    """The one reading of a spec. WHY one: whatever decides whether $OPENAI_API_KEY may go to a spec's
+    server (a resume asks first for a spec read from the database) must see the spec exactly as the
+    loader does; a check on the raw text and a loader on the stripped one let `' openai:http://...'`
+    past the check (docs/decisions.md)."""
+    text = spec.strip()
+    if text == "tiny":
+        return ModelSpec("tiny", text, "")
+    for kind in ("openai", "vllm", "hf"):
+        if text.startswith(f"{kind}:"):
+            return ModelSpec(kind, text, text[len(kind) + 1 :])
+    return ModelSpec("hf", text, text)
+
+
 def load_generator(spec: str, log=print, allow_http_key: bool | None = None) -> Generator:
     """`allow_http_key`: let an `openai:http://...` backend send $OPENAI_API_KEY to a host that is not
     loopback (default: only when ORCHARD_ALLOW_HTTP_KEY=1)."""
-    spec = spec.strip()
+    parsed = parse_model_spec(spec)
+    spec = parsed.text
     if allow_http_key is None:
         allow_http_key = os.environ.get("ORCHARD_ALLOW_HTTP_KEY") == "1"
-    if spec == "tiny":
+    if parsed.kind == "tiny":
         from engine.llm.tiny_checkpoint import tiny_generator
 
         return tiny_generator(log=log)
-    if spec.startswith("openai:"):
+    if parsed.kind == "openai":
         from engine.llm.openai_http import OpenAIGenerator, parse_spec
 
         try:
@@ -35,12 +61,12 @@ def load_generator(spec: str, log=print, allow_http_key: bool | None = None) -> 
             return OpenAIGenerator.from_spec(spec, allow_http_key=allow_http_key)
         except ValueError as e:  # a malformed spec or URL: the user's to fix, said in one line
             raise GeneratorError(f"model {spec!r}: {e}") from None
-    if spec.startswith("vllm:"):
+    if parsed.kind == "vllm":
         from engine.llm.vllm_backend import VLLMGenerator
 
-        path = _model_dir(spec[len("vllm:") :])
+        path = _model_dir(parsed.target)
         return VLLMGenerator(path, name=f"vllm:{path}")
-    path = _model_dir(spec.removeprefix("hf:"))
+    path = _model_dir(parsed.target)
     from engine.llm.hf import HFGenerator
 
     return HFGenerator(path, name=f"hf:{path}")

@@ -22,15 +22,16 @@ transaction is refused as a whole (the server rolled it back: nothing half-writt
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import time
-import urllib.parse
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from engine.store import credentials
 from engine.store.records import StoreError
 
-URL_SCHEMES = ("postgresql://", "postgres://")
+URL_SCHEMES = credentials.URL_SCHEMES
 WRITE_LOCK = 0x6F726368  # "orch": the advisory lock every write transaction holds (one writer at a time)
 RETRIES = 3
 
@@ -41,32 +42,19 @@ def is_url(location: object) -> bool:
 
 
 def redact(url: str) -> str:
-    """The URL with its password replaced by `***` (what messages and logs show)."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)
-    user = netloc[0].split(":", 1)[0]
-    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{netloc[1]}"))
+    """The location with every password replaced by `***` (engine.store.credentials: every form)."""
+    return credentials.redact(url)
 
 
 def split_password(url: str) -> tuple[str, str | None]:
-    """(the URL without its password, the password): a child process gets the password through
+    """(the URL without its secrets, the password): a child process gets the password through
     $PGPASSWORD (libpq reads it), not on its command line where `ps` shows it."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.password is None:
-        return url, None
-    user, host = parts.netloc.rsplit("@", 1)
-    plain = urllib.parse.urlunsplit(parts._replace(netloc=f"{user.split(':', 1)[0]}@{host}"))
-    return plain, urllib.parse.unquote(parts.password)
+    plain, env = credentials.worker_secrets(url)
+    return plain, env.get("PGPASSWORD")
 
 
 def _one_line(e: BaseException, url: str) -> str:
-    text = " ".join(str(e).split()) or type(e).__name__
-    password = urllib.parse.urlsplit(url).password
-    if password:
-        text = text.replace(password, "***").replace(urllib.parse.unquote(password), "***")
-    return text
+    return credentials.scrub(" ".join(str(e).split()) or type(e).__name__, url)
 
 
 # --- NUL characters ---------------------------------------------------------------------------
@@ -165,7 +153,9 @@ class PgConnection:
     def _connect(self) -> Any:
         psycopg = self._psycopg
         try:
-            raw = psycopg.connect(self.url, autocommit=True, connect_timeout=10, application_name="orchard")
+            # A key passphrase a job worker was given in its environment (credentials.worker_secrets).
+            extra = {"sslpassword": v} if (v := os.environ.get(credentials.SECRET_ENV["sslpassword"])) else {}
+            raw = psycopg.connect(self.url, autocommit=True, connect_timeout=10, application_name="orchard", **extra)
             _register_nul_escapes(raw)
             if self.readonly:
                 raw.execute("SET default_transaction_read_only = on")

@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import ConfigError
-from engine.paths import REPO_ROOT, jobs_dir
+from engine.paths import REPO_ROOT, job_log, jobs_dir
 from engine.stages import STAGE_KINDS
 from engine.store import JobInfo, Store
 
@@ -235,13 +235,14 @@ def worker_command(python: str, job_id: str, db: str | Path, device: str, kind: 
     process runs the worker module, and rank 0 alone talks to the store (engine.train.worker).
     `processes` > 1 on a cpu job launches that many CPU processes the same way (gloo): the test of
     the multi-process path on a machine without GPUs."""
-    from engine.store.postgres import is_url, split_password
+    from engine.store.credentials import worker_secrets
+    from engine.store.postgres import is_url
 
-    db, password = split_password(str(db)) if is_url(db) else (str(db), None)
+    # A server's password (in the URL's userinfo or its query) travels in the environment, not on the
+    # command line where `ps` shows it.
+    db, secret_env = worker_secrets(str(db)) if is_url(db) else (str(db), {})
     worker = ["-m", WORKER_MODULE, job_id, "--db", db]
-    env = {"CUDA_VISIBLE_DEVICES": visible_devices(device, os.environ.get("CUDA_VISIBLE_DEVICES"))}
-    if password is not None:  # a server's password travels in the environment, not on the command line
-        env["PGPASSWORD"] = password
+    env = {"CUDA_VISIBLE_DEVICES": visible_devices(device, os.environ.get("CUDA_VISIBLE_DEVICES")), **secret_env}
     n = len(gpu_indices(device)) if processes is None else processes
     if n <= 1:
         return [python, *worker], env
@@ -405,7 +406,8 @@ class JobRunner:
         return True
 
     def _launch(self, job: JobInfo) -> None:
-        log_path = Path(job.log_path or jobs_dir(self.store.path) / f"{job.id}.log")
+        # A stored path outside the job-log folder (someone else wrote the row) is not appended to.
+        log_path = job_log(self.store.location, job.log_path) or jobs_dir(self.store.location) / f"{job.id}.log"
         try:
             log_path.parent.mkdir(parents=True, exist_ok=True)
             processes = self.cpu_processes if job.device == "cpu" and job.kind in ("dpo", "sft", "rft") else None

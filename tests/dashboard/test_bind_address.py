@@ -1,6 +1,6 @@
 """The dashboard listens on loopback only by default (beyond it, writes need a login): the Streamlit config
-and the Makefile's command both say 127.0.0.1, and a real `streamlit run` from the repository root
-(no address flag) binds nothing else."""
+beside app.py and the Makefile's command both say 127.0.0.1, and a real `streamlit run` (no address
+flag), from the repository root or from any other directory, binds nothing else."""
 
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_config_binds_loopback() -> None:
-    config = tomllib.loads((ROOT / ".streamlit" / "config.toml").read_text())
-    assert config["server"]["address"] == "127.0.0.1"
+    for path in (ROOT / "dashboard" / ".streamlit" / "config.toml", ROOT / ".streamlit" / "config.toml"):
+        config = tomllib.loads(path.read_text())
+        assert config["server"]["address"] == "127.0.0.1"
 
 
 def _run_recipe(*overrides: str) -> list[str]:
@@ -51,13 +52,19 @@ def _listening(port: int) -> set[str]:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs Linux /proc/net")
-def test_streamlit_run_from_the_repo_listens_on_loopback_only(tmp_path: Path) -> None:
+@pytest.mark.parametrize("where", ["repo", "elsewhere"])
+def test_streamlit_run_listens_on_loopback_only_from_any_directory(tmp_path: Path, where: str) -> None:
+    """From the repository root and from another directory (issue 25, item 16: the config was read
+    relative to the working directory only; it now sits beside app.py, which Streamlit also reads)."""
     import time
 
     port = free_port()
     env = {**os.environ, "ORCHARD_DB": str(tmp_path / "none.db")}
-    proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "dashboard/app.py", "--server.port", str(port)],
-                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env.pop("STREAMLIT_SERVER_ADDRESS", None)
+    cwd = ROOT if where == "repo" else tmp_path
+    proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(ROOT / "dashboard" / "app.py"),
+                             "--server.port", str(port)],
+                            cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.time() + 60
         while not _listening(port) and time.time() < deadline and proc.poll() is None:

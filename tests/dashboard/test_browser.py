@@ -85,16 +85,18 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 60.0) -> Non
 
 
 @contextlib.contextmanager
-def dashboard_server(db: Path, log_dir: Path, env: dict[str, str] | None = None) -> Iterator[str]:
-    """`streamlit run` of the dashboard on `db` (127.0.0.1, a free port), healthy; yields its URL and
-    stops it after. Its output goes to `log_dir`/streamlit.log."""
+def dashboard_server(db: Path, log_dir: Path, env: dict[str, str] | None = None, flags: tuple[str, ...] = (),
+                     cwd: Path = ROOT) -> Iterator[str]:
+    """`streamlit run` of the dashboard on `db` (127.0.0.1, a free port; more `flags`, started in
+    `cwd`), healthy; yields its URL and stops it after. Its output goes to `log_dir`/streamlit.log."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     with open(log_dir / "streamlit.log", "wb") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "streamlit", "run", str(APP), "--server.headless", "true",
-             "--server.port", str(port), "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false"],
-            cwd=ROOT, env={**os.environ, "ORCHARD_DB": str(db), **(env or {})}, stdout=log, stderr=subprocess.STDOUT,
+             "--server.port", str(port), "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false",
+             *flags],
+            cwd=cwd, env={**os.environ, "ORCHARD_DB": str(db), **(env or {})}, stdout=log, stderr=subprocess.STDOUT,
         )
         try:
             wait_healthy(url, proc)
