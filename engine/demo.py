@@ -239,8 +239,12 @@ def _save_loop(store: Any, run_id: str, base: Path, result: DemoResult) -> None:
 
     loop_id = f"loop-{store.run(run_id).name}"
     store.save_iteration(loop_id, 0, "agentq", {"model": str(base), "eval": scores(result.eval_ids[0])})
+    run = store.run(run_id)
     record: dict[str, Any] = {"run_id": run_id, "parent": str(base), "pairs": result.pairs,
+                              "solved_in_search": run.solved, "tasks": [task for _, task in store.tree_ids(run_id)],
                               "model": result.model or str(base), "seconds": sum(result.times.values())}
+    if result.model:  # what the Loop view shows as the train stage: the model's own record
+        record["train"] = dict(store.model_record(result.model).metrics)
     if result.model and len(result.eval_ids) > 1:
         record["eval"] = scores(result.eval_ids[1])
     else:

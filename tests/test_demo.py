@@ -30,6 +30,11 @@ def test_a_demo_run_stores_every_stage_of_the_loop(tmp_path: Path) -> None:
         assert [e["model"] for e in evaluations] == [evaluations[0]["model"], result.model]
         assert evaluations[0]["task_ids"] == evaluations[1]["task_ids"] and len(evaluations[0]["task_ids"]) == 8
         assert [r["idx"] for r in store.iterations()] == [0, 1]
+        # The Loop view's record agrees with the Runs, Training and Evaluation pages' own records.
+        loop = {r["idx"]: r for r in store.iterations()}
+        assert loop[1]["solved_in_search"] == store.run(result.run_id).solved >= 1
+        assert loop[1]["model"] == result.model and loop[1]["train"] == store.model_record(result.model).metrics
+        assert [loop[0]["eval"]["eval_id"], loop[1]["eval"]["eval_id"]] == [e["id"] for e in evaluations]
         # The trees hold a success leaf and the revisions a judged first error (what the pages show).
         success_leaves = [n for tid, _ in store.tree_ids(result.run_id) for n in store.load_tree(tid).nodes
                           if n.terminal is not None and (n.reward or 0) >= DEMO.search.success_threshold]
