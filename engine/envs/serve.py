@@ -24,7 +24,10 @@ own errors (a bad request line, too many headers, an unknown method) are JSON 4x
 only (nothing is unpickled or executed), framed by one decimal Content-Length (no chunked encoding),
 capped at MAX_BODY bytes and read within BODY_TIMEOUT_S. A request whose body is not read whole
 (bad or missing length, too large, too slow) is answered and its connection closed: the unread bytes
-are never parsed as another request. Instance ids are whole numbers (JSON integers or digit strings;
+are never parsed as another request. Header lines are strict (RFC 9112): a field name is a token
+followed by ':' with no whitespace before it, no line folding, no NUL/CR/LF in a value; anything else
+is a 400 that closes the connection (a lenient parser drops `Content-Length : 35` and then reads the
+body as a second request). Instance ids are whole numbers (JSON integers or digit strings;
 not true, 1.9 or 1e400).
 """
 
@@ -51,6 +54,8 @@ MAX_BODY = 1 << 20
 BODY_TIMEOUT_S = 30.0
 LINGER_S = 1.0
 _DIGITS = re.compile(r"[0-9]{1,18}")
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 field-name
+_BAD_VALUE = re.compile(r"[\x00\r\n]")
 STYLES = ("id", "env_idx")
 
 
@@ -230,6 +235,23 @@ def _whole(raw: Any) -> int | None:
     return None
 
 
+def header_problem(headers: Any) -> str | None:
+    """Why parsed request headers are malformed (one line), or None. http.server's parser stops at the
+    first line that is not `token:` and leaves the rest, unparsed, as a 'payload'; folded lines come
+    back as values holding a newline."""
+    rest = headers.get_payload()
+    if rest:
+        line = str(rest).splitlines()[0]
+        return (f"malformed header line {line[:60]!r}: a field name is a token followed by ':' "
+                "with no whitespace before it")
+    for name, value in headers.items():
+        if not _TOKEN.fullmatch(name):
+            return f"header name {name[:40]!r} is not a token"
+        if _BAD_VALUE.search(value):
+            return f"header {name[:40]!r} is folded or holds a control character (NUL, CR or LF)"
+    return None
+
+
 def _no_constant(name: str) -> None:
     raise ValueError(f"{name} is not JSON")
 
@@ -248,6 +270,16 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         self._serve("POST")
+
+    def parse_request(self) -> bool:
+        """http.server's parsing, then strict header lines (`header_problem`): a 400 and close."""
+        if not super().parse_request():
+            return False
+        problem = header_problem(self.headers)
+        if problem is not None:
+            self.send_error(400, problem)
+            return False
+        return True
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
         """http.server's own refusals (bad request line, long or many headers, unknown method) as JSON
