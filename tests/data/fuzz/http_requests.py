@@ -4,7 +4,7 @@ Each case: the bytes a client sends on a fresh connection, the status the server
 a JSON {"error": ...}) and whether it must then close the connection (its body was not read whole;
 the bytes left over must never be parsed as a request). The server under test holds instances 0 and
 1 (both reset); a hidden `POST /close` for instance 0 travels inside several bodies and must never
-run. MAX_BODY and BODY_TIMEOUT_S are the limits the server is started with (small, so the corpus
+run. MAX_BODY and REQUEST_TIMEOUT_S are the limits the server is started with (small, so the corpus
 stays small). Loaded with runpy by tests/envs/test_serve_requests.py; reusable by any HTTP fuzzer.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 MAX_BODY = 4096
-BODY_TIMEOUT_S = 0.5
+REQUEST_TIMEOUT_S = 0.5
 
 HIDDEN = b'POST /close HTTP/1.1\r\nHost: t\r\nContent-Length: 9\r\n\r\n{"id": 0}'
 
