@@ -57,3 +57,45 @@ def test_a_status_change_keeps_the_reviews(team):
     store = team
     store.set_pair_status("p00", "pending", "cyd", store.pair("p00").version)  # no content change
     assert store.final_labels("pair", ["p00"])["p00"].reason == "unanimous (2 reviews)"
+
+
+# --- include_pending: undecided items only, never unsettled ones --------------------------------------
+
+
+def test_include_pending_adds_undecided_pairs_never_disagreeing_or_half_reviewed_ones(team):
+    store = team  # p00: two approvals; p01: approved vs rejected; p02: 1 of 2 reviews; p03: nobody
+    for item, who, label in (("p01", "ann", "approved"), ("p01", "bob", "rejected"), ("p02", "ann", "approved")):
+        assert item in store.claim("pair", who, n=4)
+        review(store, item, who, label)
+        store.release("pair", who)
+    finals = store.final_labels("pair", ["p01", "p02", "p03"])
+    assert [finals[i].undecided for i in ("p01", "p02", "p03")] == [False, False, True]
+    pending = DPOTrainConfig(include_pending=True)
+    assert [p.id for p in select_pairs(store, pending)] == ["p00", "p03"]
+    store.swap_pair("p00", "cyd", store.pair("p00").version)  # stale reviews: unsettled, not undecided
+    assert [p.id for p in select_pairs(store, pending)] == ["p03"]
+    store.settle("pair", "p01", "mia", "approved")
+    assert [p.id for p in select_pairs(store, pending)] == ["p01", "p03"]
+
+
+def test_include_pending_leaves_out_a_sample_whose_reviewers_disagree(new_db):
+    from doubles import action_text
+
+    from engine.datasets.samples import Sample, Task, Turn
+    from engine.envs.base import TaskSpec
+    from engine.store import Store
+    from engine.train.sft import SFTTrainConfig, select_samples
+
+    with Store(new_db()) as store:
+        run_id = store.create_run("r", "line", "m", {}, [TaskSpec(id="goal-1", goal="g")])
+        task = Task(id="goal-1", goal="reach 1", context="commands: right", first_observation="You are at 0.",
+                    system="You are an agent.")
+        store.save_samples([Sample(id=f"s{i}", kind="good", run_id=run_id, task=task,
+                                   turns=(Turn(action_text("right", "SUCCESS"), None, True),)) for i in range(2)])
+        store.set_required_reviews(2)
+        for who, label in (("ann", "approved"), ("bob", "rejected")):
+            assert "s0" in store.claim("sample", who, n=2)
+            store.review("sample", "s0", who, label, store.sample("s0").version)
+            store.release("sample", who)
+        config = SFTTrainConfig(include_pending=True, revision_share=None)
+        assert [s.id for s in select_samples(store, config)] == ["s1"]

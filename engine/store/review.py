@@ -12,6 +12,10 @@ The final label (docs/decisions.md, "Final label rule"):
 3. else, for an item nobody reviewed while one review is all an item needs (the default: a single
    curator), its curation status (approved / edited / rejected; pending has none);
 4. else unsettled: training leaves it out.
+Training with `include_pending` (the one rule for DPO, SFT, RFT, `orchard iterate` and the demo:
+`engine.train.dpo.keep_labelled`) adds only UNDECIDED items: pending, with no decision at all
+(`FinalLabel.undecided`). An item whose reviewers disagree, that has fewer reviews than required,
+or whose reviews went stale is unsettled, and is never trained on until it is settled.
 Reaching 1 or 2 also sets the item's curation status, so every page and count shows the label.
 
 Decisions are about the content a curator saw: each records the item's version, and one recorded
@@ -314,7 +318,8 @@ class ReviewStore(Connection):
                     out[item_id] = FinalLabel(None, (), f"changed after its {len(stale[item_id])} decision(s): "
                                                         "to be reviewed again")
                 elif status == "pending" or required > 1:  # several reviews wanted: one status is not enough
-                    out[item_id] = FinalLabel(None, (), "not reviewed")
+                    out[item_id] = FinalLabel(None, (), "not reviewed",
+                                              undecided=status == "pending" and item_id not in stale)
                 else:
                     out[item_id] = FinalLabel(status, (f"{kind}:{item_id}@v{version}",), f"{status} by one curator")
         return out

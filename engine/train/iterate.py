@@ -147,7 +147,7 @@ def run_loop(store: Store, config: IterateConfig, reporter: Reporter | None = No
     from engine.search.runner import new_run
     from engine.store import ModelRecord
     from engine.train.common import resolve_model_path
-    from engine.train.dpo import run_backends, train_dpo
+    from engine.train.dpo import keep_labelled, run_backends, train_dpo
     from engine.train.sft import mix_revisions, train_sft
 
     reporter = reporter or MemoryReporter()
@@ -197,8 +197,9 @@ def run_loop(store: Store, config: IterateConfig, reporter: Reporter | None = No
                 store.save_pairs(run_id, [*built.step, *built.trajectory])
                 store.save_samples(built.rft, prune_run=run_id, prune_kinds=("rft",))
             train_cfg = config.dpo_config()
-            pairs = store.pairs(run_id=run_id, kind=list(train_cfg.kinds), status=list(train_cfg.selected_statuses),
-                                min_gap=train_cfg.min_gap)
+            pairs, _ = keep_labelled(store, "pair", store.pairs(run_id=run_id, kind=list(train_cfg.kinds),
+                                                               min_gap=train_cfg.min_gap),
+                                     train_cfg.statuses, train_cfg.include_pending, train_cfg.labels)
             record["pairs"] = len(pairs)
             if not pairs:
                 record["skipped"] = "no preference pairs (no node had two explored children differing by theta)"
@@ -213,7 +214,8 @@ def run_loop(store: Store, config: IterateConfig, reporter: Reporter | None = No
             store.save_samples(built_r.samples, prune_run=run_id, prune_kinds=("revision", "good", "recovery"))
             train_cfg = config.sft_config()
             share = config.revision_shares[min(i - 1, len(config.revision_shares) - 1)]
-            samples = store.samples(run_id=run_id, kind=["revision", "good"], status=list(train_cfg.selected_statuses))
+            samples, _ = keep_labelled(store, "sample", store.samples(run_id=run_id, kind=["revision", "good"]),
+                                       train_cfg.statuses, train_cfg.include_pending, train_cfg.labels)
             samples = mix_revisions(samples, share, config.seed + i)
             record.update({"revision_share": share, "samples": len(samples),
                            "revisions": sum(s.kind == "revision" for s in samples)})
