@@ -15,7 +15,7 @@ import re
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -89,7 +89,7 @@ class LoginThrottle:
         self._records: dict[tuple[str, ...], _Record] = {}
         self._lock = threading.Lock()
 
-    def check(self, keys: list[tuple[str, ...]]) -> None:
+    def check(self, keys: Sequence[tuple[str, ...]]) -> None:
         """AuthError (one line) while any of `keys` is locked."""
         now = self.clock()
         with self._lock:
@@ -99,7 +99,7 @@ class LoginThrottle:
             raise AuthError(f"too many failed logins for this user name or from this client: try again in "
                             f"{minutes} min")
 
-    def failed(self, keys: list[tuple[str, ...]]) -> None:
+    def failed(self, keys: Sequence[tuple[str, ...]]) -> None:
         now = self.clock()
         with self._lock:
             for key in keys:
@@ -110,7 +110,7 @@ class LoginThrottle:
                     r.locked_until = now + min(LOCK_S * 2 ** (r.locks - 1), MAX_LOCK_S)
                     r.failures = []
 
-    def succeeded(self, keys: list[tuple[str, ...]]) -> None:
+    def succeeded(self, keys: Sequence[tuple[str, ...]]) -> None:
         with self._lock:
             for key in keys:
                 self._records.pop(key, None)

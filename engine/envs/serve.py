@@ -311,14 +311,15 @@ class _Handler(BaseHTTPRequestHandler):
         super().setup()
         self.rfile.close()
         self._reader = _DeadlineReader(self.connection, self.idle_timeout_s)
-        self.rfile = io.BufferedReader(self._reader)
+        self._buffer = io.BufferedReader(self._reader)
+        self.rfile = self._buffer
 
     def handle_one_request(self) -> None:
         """Wait up to the idle timeout for a request's first byte, then give the whole request
         `request_timeout_s`; one not in by then is a 408 and the connection closes."""
         self._reader.deadline = None
         try:
-            if not self.rfile.peek(1):
+            if not self._buffer.peek(1):
                 self.close_connection = True
                 return
         except OSError:  # idle too long (TimeoutError) or the client went away

@@ -212,7 +212,9 @@ def _check_node(n: Any, want_id: int, depth_of: Callable[[int], int | None], whe
         if n.parent is not None or n.depth != 0:
             raise _bad(f"{where}: the root has parent {n.parent!r} and depth {n.depth!r}")
     else:
-        parent_depth = depth_of(n.parent) if _is_int(n.parent) and 0 <= n.parent < want_id else None
+        parent = n.parent
+        parent_depth = depth_of(parent) if isinstance(parent, int) and _is_int(parent) and 0 <= parent < want_id \
+            else None
         if parent_depth is None:
             raise _bad(f"{where}: parent {n.parent!r} is not an earlier node")
         if n.depth != parent_depth + 1:
