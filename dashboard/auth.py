@@ -162,8 +162,9 @@ def _login(db: str) -> None:
     password = str(st.session_state.get("auth_password") or "")
     st.session_state["auth_password"] = ""
     try:
+        client = str(st.context.ip_address or "local")  # the throttle's per-client key (engine.auth)
         with Store(db) as store:
-            st.session_state[TOKEN] = auth.login(store, name, password)
+            st.session_state[TOKEN] = auth.login(store, name, password, client=client)
     except StoreError as e:
         st.session_state[NOTICE] = str(e).splitlines()[0]
         return

@@ -128,11 +128,11 @@ def stage_revisions(store: Any, run_id: str, judge: Any, log: Callable[[str], No
 def stage_train(store: Any, run_id: str, base: Path, settings: DemoSettings, log: Callable[[str], None]) -> str | None:
     """A short DPO job on the run's step pairs, recorded as a job (with its loss curve) and a model."""
     from engine.store import ModelRecord
-    from engine.train.dpo import DPOTrainConfig, train_dpo
+    from engine.train.dpo import DPOTrainConfig, select_pairs, train_dpo
 
     config = DPOTrainConfig.for_cpu(learning_rate=settings.learning_rate, max_steps=settings.train_steps,
                                     batch_size=settings.batch_size, include_pending=True, num_threads=2)
-    pairs = store.pairs(run_id=run_id, kind=list(config.kinds), status=list(config.selected_statuses))
+    pairs = select_pairs(store, config, [run_id])
     if not pairs:
         log("train: no step pairs in this run; nothing to train")
         return None

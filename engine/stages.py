@@ -220,9 +220,10 @@ def check_ray(config: dict[str, Any]) -> None:
     and Ray importable (RayUnavailable says how to install it). Nothing is started or joined."""
     if config.get("ray") is None:
         return
-    from engine.search.ray_search import check_address, import_ray
+    from engine.search.ray_search import check_address, check_auth, import_ray
 
     check_address(config["ray"])
+    check_auth(config["ray"])  # a remote cluster without token auth: refused unless allowed
     import_ray()
 
 

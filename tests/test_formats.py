@@ -201,6 +201,35 @@ def test_a_50_mb_line_is_refused_without_reading_it_whole(tmp_path):
         read_samples(path)
 
 
+def _parquet(path, rows) -> int:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist(rows), path, compression="zstd")
+    return path.stat().st_size
+
+
+def test_a_tiny_zstd_parquet_expanding_to_a_40_mib_turn_is_refused_before_it_is_read(tmp_path):
+    path = tmp_path / "bomb.parquet"
+    turn = {"from": "human", "value": "x" * (40 * 1024 * 1024)}  # one repetitive string: zstd takes it to KB
+    assert _parquet(path, [{"conversations": [turn, {"from": "gpt", "value": "ACTION: go"}]}]) < 64 * 1024
+    with pytest.raises(ImportFormatError, match=r"bomb.parquet:1: row group 0 holds 41,9\d\d,\d+ bytes uncompressed "
+                                                r"for 1 row\(s\): over the 16,777,216-byte limit per record"):
+        read_samples(path)
+
+
+def test_a_parquet_record_over_the_limit_among_small_ones_names_its_row_and_field(tmp_path):
+    path = tmp_path / "one-big.parquet"
+    small = {"conversations": [{"from": "human", "value": "task"}, {"from": "gpt", "value": "ACTION: go"}]}
+    big = {"conversations": [{"from": "human", "value": "y" * (2 * 1024 * 1024)}, {"from": "gpt", "value": "go"}]}
+    _parquet(path, [small] * 149 + [big] + [small] * 50)  # 10 KB a row on average: the metadata passes
+    with pytest.raises(ImportFormatError) as err:
+        read_samples(path, max_line_bytes=1024 * 1024)
+    assert str(err.value).startswith(f"{path}:150: conversations: record is 2,097,") and "\n" not in str(err.value)
+    assert "over the 1,048,576-byte limit per record" in str(err.value)
+    assert len(read_samples(path, max_line_bytes=4 * 1024 * 1024).samples) == 2  # within the limit: imported
+
+
 def test_other_unreadable_inputs(tmp_path):
     with pytest.raises(DatasetError, match="no such file"):
         read_samples(tmp_path / "missing.jsonl")

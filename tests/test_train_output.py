@@ -76,6 +76,38 @@ def test_an_orchard_model_folder_is_replaced_atomically_and_a_failed_save_keeps_
     assert json.loads((out / TRAIN_META).read_text())["job"] == 3 and _siblings(out) == []
 
 
+@pytest.mark.parametrize("marker", [{}, [], {"format": True, "saved_at": "x", "files": []},
+                                    {"format": 1, "saved_at": "2026", "kind": "dpo"},  # no file list
+                                    {"format": 1, "saved_at": "2026", "files": ["../x"]}])
+def test_a_hand_made_marker_does_not_make_a_folder_replaceable(tmp_path: Path, marker) -> None:
+    out = tmp_path / "work"
+    out.mkdir()
+    (out / TRAIN_META).write_text(json.dumps(marker))
+    (out / "keep.txt").write_text("mine")
+    with pytest.raises(TrainError, match=f"not an Orchard model folder \\(its {TRAIN_META} lacks"):
+        check_output_folder(out)
+    with pytest.raises(TrainError, match="not an Orchard model folder"):
+        save_model(_Weights("model"), _Weights("tok"), out, {"job": 1})
+    assert sorted(p.name for p in out.iterdir()) == ["keep.txt", TRAIN_META] and _siblings(out) == []
+    assert (out / "keep.txt").read_text() == "mine"
+
+
+def test_a_model_folder_holding_a_user_file_is_refused_and_keeps_everything(tmp_path: Path) -> None:
+    out = tmp_path / "m"
+    save_model(_Weights("first"), _Weights("tok"), out, {"job": 1})
+    assert json.loads((out / TRAIN_META).read_text())["files"] == ["first.bin", TRAIN_META, "tok.bin"]
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(TrainError, match=r"holds files its model did not come with \(notes.txt\)"):
+        check_output_folder(out)
+    with pytest.raises(TrainError, match="nothing is deleted"):
+        save_model(_Weights("second"), _Weights("tok"), out, {"job": 2})
+    assert sorted(p.name for p in out.iterdir()) == ["first.bin", "notes.txt", TRAIN_META, "tok.bin"]
+    assert _siblings(out) == []
+    (out / "notes.txt").unlink()  # moved out: the model is replaced
+    save_model(_Weights("second"), _Weights("tok"), out, {"job": 2})
+    assert sorted(p.name for p in out.iterdir()) == [TRAIN_META, "second.bin", "tok.bin"]
+
+
 def test_a_second_live_job_on_one_output_folder_is_refused(tmp_path: Path) -> None:
     from tiny_model_fixture import build_tiny_model
 

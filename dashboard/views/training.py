@@ -63,7 +63,7 @@ def _launch(data_key: str, preset: str, model: str, runs: list[str], include_pen
         kind, config = job_config(data_key, preset, model, runs, include_pending, output=output.strip() or None)
         with Store(db) as store:
             if rows_to_train(store, kind, config) == 0:
-                statuses = "approved, edited" + (" or pending" if include_pending else "")
+                statuses = "approved, edited" + (" or undecided pending" if include_pending else "")
                 state[ERROR] = (f"Nothing to train on: no {statuses} rows for "
                                 f"“{DATA_CHOICES[data_key].label}” in {'the chosen runs' if runs else 'any run'}. "
                                 "Curate some on the Data pages, or include pending rows.")
@@ -113,7 +113,8 @@ model = left.selectbox("Start from model", model_choices, key="tr_model",
 run_ids = right.multiselect("Runs (none: all runs)", [r.id for r in runs], key="tr_runs",
                             format_func=lambda i: next(f"{r.name} · {i}" for r in runs if r.id == i))
 include_pending = st.checkbox("Include pending (uncurated) rows", key="tr_pending",
-                              help="By default only approved and edited rows are trained on.")
+                              help="By default only approved and edited rows are trained on. This adds rows "
+                                   "nobody has reviewed; rows whose reviewers disagree stay out until settled.")
 output = st.text_input("Output folder (empty: a new folder named after the job)", key="tr_out",
                        help="A new or empty folder, or an earlier model's folder (its model is replaced; "
                             "its record is kept). A folder holding other files is refused.")

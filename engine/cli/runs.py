@@ -45,6 +45,10 @@ def cmd_search(args: argparse.Namespace) -> int:
     reporter = ConsoleReporter(unit="sim")
     # On Ray the workers load the model: the driver's --allow-http-key travels with the job config.
     ray = {"ray": args.ray, "allow_http_key": bool(args.allow_http_key)} if args.ray is not None else {}
+    if args.allow_unauthenticated_ray:  # this command's driver only (engine.search.ray_search.check_auth)
+        from engine.search.ray_search import ALLOW_UNAUTHENTICATED_ENV
+
+        os.environ[ALLOW_UNAUTHENTICATED_ENV] = "1"
     check_ray(ray)  # a malformed address, or no Ray installed: refused before anything is opened
     if args.resume:
         with Store(args.db, must_exist=True) as store:
@@ -177,6 +181,9 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> Any:
     s.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
                    help="grow the trees on a Ray cluster (HOST:PORT or auto; none: start a local Ray); needs "
                         "orchard[ray]; with --resume, the rest of the run")
+    s.add_argument("--allow-unauthenticated-ray", action="store_true",
+                   help="join a --ray cluster beyond loopback although Ray's token auth (RAY_AUTH_MODE=token) is "
+                        "off (refused by default: anyone reaching it could run code there)")
     s.add_argument("--allow-http-key", dest="allow_http_key", action="store_true",
                    help="let an openai:http://... model that is not on loopback receive $OPENAI_API_KEY "
                         "unencrypted (refused by default)")

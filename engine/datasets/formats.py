@@ -17,7 +17,8 @@ per-turn `loss` or `weight`, optional leading `system` turn) and chat rows (`mes
 `role`/`content` and an optional `train` or `weight`), from JSONL, JSON arrays or Parquet. The WHOLE
 file is validated before anything is returned, and each problem names the file, line and field. JSON
 arrays are read in chunks with the same per-record size limit as JSONL lines, text must be valid
-Unicode (no lone surrogates), and nothing may follow the array's `]`.
+Unicode (no lone surrogates), and nothing may follow the array's `]`. Parquet records are held to
+the same limit on their DECODED size (`_parquet_records`: the metadata first, then each record).
 """
 
 from __future__ import annotations
@@ -190,18 +191,7 @@ class ImportResult:
 def _records(path: Path, max_line_bytes: int) -> Iterator[tuple[int, Any]]:
     """(line number, decoded JSON value) for each record of a JSONL file, JSON array or Parquet file."""
     if path.suffix == ".parquet":
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        try:
-            pf = pq.ParquetFile(path)
-            row = 0
-            for batch in pf.iter_batches(batch_size=1024):
-                for record in batch.to_pylist():
-                    row += 1
-                    yield row, record
-        except (pa.ArrowException, OSError) as e:
-            raise ImportFormatError(path, None, "", f"not a readable Parquet file ({e})") from None
+        yield from _parquet_records(path, max_line_bytes)
         return
     with open(path, "rb") as f:
         head = f.read(64).lstrip()
@@ -233,6 +223,59 @@ def _records(path: Path, max_line_bytes: int) -> Iterator[tuple[int, Any]]:
                 raise ImportFormatError(path, line_no, "", f"not valid JSON ({e.msg} at column {e.colno})") from None
             except (RecursionError, ValueError) as e:  # nested too deep; an integer of > 4300 digits
                 raise ImportFormatError(path, line_no, "", f"not valid JSON ({_json_limit(e)})") from None
+
+
+_PARQUET_BATCH_BYTES = 64 * 1024 * 1024  # decoded bytes aimed at per batch (from the metadata's sizes)
+
+
+def _parquet_records(path: Path, max_record_bytes: int) -> Iterator[tuple[int, Any]]:
+    """(row number, record) of a Parquet file, held to the JSONL limit on DECODED sizes (a few KB of
+    zstd can expand to gigabytes). Before any data is read, each row group's uncompressed size per
+    row is checked against the limit (one huge value in a small file is refused there, unallocated);
+    rows are then decoded in batches sized from that figure, and each record's decoded size (its
+    strings' UTF-8 bytes) is checked before it is used."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(path)
+        row = 0
+        for index in range(pf.metadata.num_row_groups):
+            group = pf.metadata.row_group(index)
+            per_row = group.total_byte_size / max(group.num_rows, 1)
+            if per_row > max_record_bytes:
+                raise ImportFormatError(path, row + 1, "", f"row group {index} holds {group.total_byte_size:,} "
+                                        f"bytes uncompressed for {group.num_rows} row(s): over the "
+                                        f"{max_record_bytes:,}-byte limit per record")
+            batch_size = int(max(1, min(1024, _PARQUET_BATCH_BYTES // max(per_row, 1))))
+            for batch in pf.iter_batches(batch_size=batch_size, row_groups=[index]):
+                for record in batch.to_pylist():
+                    row += 1
+                    _check_decoded(record, path, row, max_record_bytes)
+                    yield row, record
+    except (pa.ArrowException, OSError) as e:
+        raise ImportFormatError(path, None, "", f"not a readable Parquet file ({e})") from None
+
+
+def _decoded_bytes(value: Any) -> int:
+    if isinstance(value, str):
+        return len(value.encode("utf-8", "surrogatepass"))
+    if isinstance(value, bytes):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(len(str(k)) + _decoded_bytes(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return sum(_decoded_bytes(v) for v in value)
+    return 8
+
+
+def _check_decoded(record: Any, path: Path, row: int, limit: int) -> None:
+    sizes = {str(k): _decoded_bytes(v) for k, v in record.items()} if isinstance(record, dict) else {"": 0}
+    total = sum(sizes.values())
+    if total > limit:
+        name = max(sizes, key=lambda k: sizes[k])
+        raise ImportFormatError(path, row, name, f"record is {total:,} bytes decoded ({sizes[name]:,} in this "
+                                f"field), over the {limit:,}-byte limit per record")
 
 
 def _json_limit(e: BaseException) -> str:

@@ -22,14 +22,21 @@ Errors are JSON {"error": message}: 400 bad request or env error, 404 unknown pa
 503 too many instances, 500 an unexpected env failure (message only, never a traceback); http.server's
 own errors (a bad request line, too many headers, an unknown method) are JSON 4xx too. Bodies are JSON
 only (nothing is unpickled or executed), framed by one decimal Content-Length (no chunked encoding),
-capped at MAX_BODY bytes and read within BODY_TIMEOUT_S. A request whose body is not read whole
+capped at MAX_BODY bytes. A whole request (request line, headers and body) must arrive within
+REQUEST_TIMEOUT_S of its first byte, however it is trickled (the deadline is checked before every
+read, not per read); a keep-alive connection with no request for IDLE_TIMEOUT_S is closed (both are
+`make_server` arguments). A request whose body is not read whole
 (bad or missing length, too large, too slow) is answered and its connection closed: the unread bytes
-are never parsed as another request. Instance ids are whole numbers (JSON integers or digit strings;
+are never parsed as another request. Header lines are strict (RFC 9112): a field name is a token
+followed by ':' with no whitespace before it, no line folding, no NUL/CR/LF in a value; anything else
+is a 400 that closes the connection (a lenient parser drops `Content-Length : 35` and then reads the
+body as a second request). Instance ids are whole numbers (JSON integers or digit strings;
 not true, 1.9 or 1e400).
 """
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import socket
@@ -48,9 +55,12 @@ from engine.envs.agentgym_format import first_observation
 from engine.envs.base import Env, EnvError, SupportsValidCommands, close_env, close_envs
 
 MAX_BODY = 1 << 20
-BODY_TIMEOUT_S = 30.0
+REQUEST_TIMEOUT_S = 30.0  # first byte of a request to its last byte
+IDLE_TIMEOUT_S = 120.0  # a keep-alive connection waiting for its next request (agents think between steps)
 LINGER_S = 1.0
 _DIGITS = re.compile(r"[0-9]{1,18}")
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 field-name
+_BAD_VALUE = re.compile(r"[\x00\r\n]")
 STYLES = ("id", "env_idx")
 
 
@@ -230,13 +240,61 @@ def _whole(raw: Any) -> int | None:
     return None
 
 
+def header_problem(headers: Any) -> str | None:
+    """Why parsed request headers are malformed (one line), or None. http.server's parser stops at the
+    first line that is not `token:` and leaves the rest, unparsed, as a 'payload'; folded lines come
+    back as values holding a newline."""
+    rest = headers.get_payload()
+    if rest:
+        line = str(rest).splitlines()[0]
+        return (f"malformed header line {line[:60]!r}: a field name is a token followed by ':' "
+                "with no whitespace before it")
+    for name, value in headers.items():
+        if not _TOKEN.fullmatch(name):
+            return f"header name {name[:40]!r} is not a token"
+        if _BAD_VALUE.search(value):
+            return f"header {name[:40]!r} is folded or holds a control character (NUL, CR or LF)"
+    return None
+
+
 def _no_constant(name: str) -> None:
     raise ValueError(f"{name} is not JSON")
 
 
+class _Late(Exception):
+    """A request not received whole by its deadline (not a TimeoutError: http.server would swallow
+    that and close without an answer)."""
+
+
+class _DeadlineReader(io.RawIOBase):
+    """The connection's reads, each waiting at most until `deadline` (whole-request time left), or
+    `idle_s` while no request has started (deadline None)."""
+
+    def __init__(self, sock: socket.socket, idle_s: float) -> None:
+        self.sock, self.idle_s = sock, idle_s
+        self.deadline: float | None = None
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        wait = self.idle_s if self.deadline is None else self.deadline - time.monotonic()
+        if wait <= 0:
+            raise _Late
+        self.sock.settimeout(wait)
+        try:
+            return self.sock.recv_into(buffer)
+        except TimeoutError:
+            if self.deadline is None:
+                raise  # idle: http.server closes the connection quietly
+            raise _Late from None
+
 
 class _Handler(BaseHTTPRequestHandler):
     service: EnvService
+    request_timeout_s = REQUEST_TIMEOUT_S
+    idle_timeout_s = IDLE_TIMEOUT_S
+    command, requestline, request_version = "", "", "HTTP/1.1"  # a 408 can come before the request line
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True  # headers and body go out in two writes: no 40 ms delayed-ACK stall
 
@@ -248,6 +306,40 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         self._serve("POST")
+
+    def setup(self) -> None:
+        super().setup()
+        self.rfile.close()
+        self._reader = _DeadlineReader(self.connection, self.idle_timeout_s)
+        self._buffer = io.BufferedReader(self._reader)
+        self.rfile = self._buffer
+
+    def handle_one_request(self) -> None:
+        """Wait up to the idle timeout for a request's first byte, then give the whole request
+        `request_timeout_s`; one not in by then is a 408 and the connection closes."""
+        self._reader.deadline = None
+        try:
+            if not self._buffer.peek(1):
+                self.close_connection = True
+                return
+        except OSError:  # idle too long (TimeoutError) or the client went away
+            self.close_connection = True
+            return
+        self._reader.deadline = time.monotonic() + self.request_timeout_s
+        try:
+            super().handle_one_request()
+        except _Late:
+            self.send_error(408, f"request not received whole within {self.request_timeout_s:g} s")
+
+    def parse_request(self) -> bool:
+        """http.server's parsing, then strict header lines (`header_problem`): a 400 and close."""
+        if not super().parse_request():
+            return False
+        problem = header_problem(self.headers)
+        if problem is not None:
+            self.send_error(400, problem)
+            return False
+        return True
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
         """http.server's own refusals (bad request line, long or many headers, unknown method) as JSON
@@ -299,6 +391,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _answer(self, status: int, payload: Any) -> None:
         data = json.dumps(payload).encode()
+        self.connection.settimeout(self.idle_timeout_s)  # a client that never reads cannot hold us forever
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
@@ -327,13 +420,10 @@ class _Handler(BaseHTTPRequestHandler):
             raise self._refuse(413, f"request body over {MAX_BODY} bytes")
         if not length:
             return {} if parse else None
-        self.connection.settimeout(BODY_TIMEOUT_S)
         try:
             raw = self.rfile.read(length)
-        except TimeoutError:
-            raise self._refuse(408, f"request body not received within {BODY_TIMEOUT_S:g} s") from None
-        finally:
-            self.connection.settimeout(None)
+        except _Late:
+            raise self._refuse(408, f"request not received whole within {self.request_timeout_s:g} s") from None
         if len(raw) < length:
             raise self._refuse(400, f"request body ended after {len(raw)} of {length} bytes")
         if not parse:
@@ -351,8 +441,11 @@ class _Handler(BaseHTTPRequestHandler):
         return body
 
 
-def make_server(service: EnvService, host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
-    handler = type("Handler", (_Handler,), {"service": service})
+def make_server(service: EnvService, host: str = "127.0.0.1", port: int = 0,
+                request_timeout_s: float = REQUEST_TIMEOUT_S, idle_timeout_s: float = IDLE_TIMEOUT_S,
+                ) -> ThreadingHTTPServer:
+    handler = type("Handler", (_Handler,), {"service": service, "request_timeout_s": request_timeout_s,
+                                            "idle_timeout_s": idle_timeout_s})
     server = ThreadingHTTPServer((host, port), handler)
     server.daemon_threads = True
     return server

@@ -20,12 +20,23 @@ place Orchard joins Ray, and `prepare_*` join before the run is written. The mod
 to check before anything is written (engine.stages does it on the driver: a bad spec would fail every
 shard).
 
+Workers are untrusted peers of the driver: their messages are unpickled with a class allowlist
+(`loads_message`: tree nodes, simulations, actions, stats; nothing else is rebuilt) and checked like
+the local steps `checked_step` checks (`check_sim_message`, `check_done_message`: types, finite
+values in range, node ids, parents and depths consistent with the mirror) before anything is
+committed; an invalid one stops the run in one line. Joining a cluster that is not on loopback needs
+Ray's token auth (RAY_AUTH_MODE=token): without it anyone who reaches the cluster runs code on its
+workers and feeds the driver, so Orchard refuses (`check_auth`) unless --allow-unauthenticated-ray
+(ORCHARD_ALLOW_UNAUTHENTICATED_RAY=1) says the network is trusted.
+
 Ray is an optional extra (`pip install "orchard[ray]"`), imported only here, only when asked for.
 """
 
 from __future__ import annotations
 
+import io
 import ipaddress
+import math
 import os
 import pickle
 import queue
@@ -38,6 +49,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.actions import CompositeAction
 from engine.config import ConfigError, SearchConfig, from_dict
 from engine.envs.base import TaskSpec, close_env, close_envs
 from engine.llm.base import GeneratorError
@@ -51,6 +63,8 @@ _HOST = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-
 PROBE_TIMEOUT_S = 3.0
 _SUMMED = ("rounds", "requests", "completions", "critic_fallbacks", "replays", "restores",
            "gen_s", "env_s", "commit_s")
+
+ALLOW_UNAUTHENTICATED_ENV = "ORCHARD_ALLOW_UNAUTHENTICATED_RAY"
 
 Progress = Callable[[TreeJob, Simulation], None]
 
@@ -116,6 +130,183 @@ def probe_address(address: str, timeout: float = PROBE_TIMEOUT_S) -> None:
         reason = (error.strerror or str(error) or type(error).__name__).lower()
     raise RayUnavailable(f"cannot reach the Ray cluster at {text}: {reason} (is its head started there with "
                          "`ray start --head`?)")
+
+
+def check_auth(address: str, allow: bool | None = None) -> None:
+    """RayUnavailable (one line) for a HOST:PORT that is not loopback while Ray's token auth is off
+    (RAY_AUTH_MODE is not "token"), unless `allow` (None: ORCHARD_ALLOW_UNAUTHENTICATED_RAY=1). A host
+    name other than localhost counts as remote (it is not looked up). "" (a local Ray) and "auto"
+    (the cluster this machine has joined) are left alone."""
+    text = check_address(address)
+    if text in ("", "auto"):
+        return
+    host = text.rpartition(":")[0].strip("[]")
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if loopback or os.environ.get("RAY_AUTH_MODE", "").strip().lower() == "token":
+        return
+    if allow if allow is not None else os.environ.get(ALLOW_UNAUTHENTICATED_ENV, "").strip() == "1":
+        return
+    raise RayUnavailable(f"ray address {text}: not on loopback and Ray token auth is off (RAY_AUTH_MODE=token): "
+                         "anyone reaching that cluster could run code there and send this driver results; "
+                         f"turn token auth on, or pass --allow-unauthenticated-ray ({ALLOW_UNAUTHENTICATED_ENV}=1) "
+                         "on a network you trust")
+
+
+# --------------------------------------------------------------------- worker messages, untrusted
+
+_ALLOWED_CLASSES = {("engine.search.tree", "Node"): Node, ("engine.search.tree", "Simulation"): Simulation,
+                    ("engine.actions", "CompositeAction"): CompositeAction,
+                    ("engine.search.mcts", "SearchStats"): SearchStats}
+
+
+class _MessageUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        cls = _ALLOWED_CLASSES.get((module, name))
+        if cls is None:
+            raise pickle.UnpicklingError(f"a worker's message names {module}.{name}, which is not allowed")
+        return cls
+
+
+def loads_message(payload: Any) -> Any:
+    """A worker's pickled message, rebuilt from plain values and the allowlisted classes only."""
+    if not isinstance(payload, bytes):
+        raise GeneratorError(f"invalid result from a Ray worker: a {type(payload).__name__}, not bytes")
+    try:
+        return _MessageUnpickler(io.BytesIO(payload)).load()
+    except Exception as e:  # noqa: BLE001 - any unpickling failure is the worker's
+        raise GeneratorError(f"invalid result from a Ray worker: {str(e).splitlines()[0] if str(e) else e!r}") from None
+
+
+def _bad(what: str) -> GeneratorError:
+    return GeneratorError(f"invalid result from a Ray worker: {what}")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _number(v: Any, what: str, lo: float | None = None, hi: float | None = None, optional: bool = False) -> None:
+    if v is None and optional:
+        return
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+        raise _bad(f"{what} {v!r} is not a finite number")
+    if (lo is not None and v < lo) or (hi is not None and v > hi):
+        raise _bad(f"{what} {v!r} is outside [{lo}, {hi}]")
+
+
+def _text(v: Any, what: str, optional: bool = True) -> None:
+    if not (isinstance(v, str) or (optional and v is None)):
+        raise _bad(f"{what} is a {type(v).__name__}, not text")
+
+
+def _check_node(n: Any, want_id: int, depth_of: Callable[[int], int | None], where: str) -> None:
+    if type(n) is not Node:
+        raise _bad(f"{where}: a {type(n).__name__}, not a Node")
+    if n.id != want_id:
+        raise _bad(f"{where}: id {n.id!r}, expected {want_id}")
+    where = f"{where.rsplit(' ', 1)[0]} {want_id}"
+    if want_id == 0:
+        if n.parent is not None or n.depth != 0:
+            raise _bad(f"{where}: the root has parent {n.parent!r} and depth {n.depth!r}")
+    else:
+        parent = n.parent
+        parent_depth = depth_of(parent) if isinstance(parent, int) and _is_int(parent) and 0 <= parent < want_id \
+            else None
+        if parent_depth is None:
+            raise _bad(f"{where}: parent {n.parent!r} is not an earlier node")
+        if n.depth != parent_depth + 1:
+            raise _bad(f"{where}: depth {n.depth!r}, its parent's is {parent_depth}")
+    _text(n.observation, f"{where}: observation", optional=False)
+    for name in ("raw", "format_error", "critic_reason", "terminal"):
+        _text(getattr(n, name), f"{where}: {name}")
+    if n.action is not None and (type(n.action) is not CompositeAction or not all(
+            isinstance(getattr(n.action, f), str) for f in ("thought", "command", "explanation", "status"))
+            or not (n.action.plan is None or isinstance(n.action.plan, str))):
+        raise _bad(f"{where}: action is not a composite action")
+    if not _is_int(n.N) or n.N < 0 or not _is_int(n.n_tokens) or n.n_tokens < 0:
+        raise _bad(f"{where}: N {n.N!r} / n_tokens {n.n_tokens!r} is not a whole number >= 0")
+    if not (n.critic_rank is None or _is_int(n.critic_rank)):
+        raise _bad(f"{where}: critic_rank {n.critic_rank!r} is not a whole number")
+    _number(n.value_sum, f"{where}: value_sum")
+    for name in ("reward", "progress", "Q_critic"):
+        _number(getattr(n, name), f"{where}: {name}", 0.0, 1.0, optional=True)
+    _number(n.logprob, f"{where}: logprob", optional=True)
+    _number(n.gen_ms, f"{where}: gen_ms", 0.0)
+    _number(n.env_ms, f"{where}: env_ms", 0.0)
+    if not (n.screenshot is None or isinstance(n.screenshot, bytes)):
+        raise _bad(f"{where}: screenshot is not bytes")
+    if not isinstance(n.children, list) or not all(_is_int(c) for c in n.children):
+        raise _bad(f"{where}: children is not a list of node ids")
+
+
+def check_sim_message(message: Any, mirrors: dict[int, _Mirror]) -> tuple[int, int, list[Node],
+                                                                           list[tuple[int, int, float]],
+                                                                           Simulation, tuple[int, str]]:
+    """A worker's ("sim") message as untrusted input, before the driver commits it: its shape and
+    types, a tree of this shard, new nodes numbered on from the mirror with parents and depths that
+    fit and children that are theirs, finite values (reward, progress, Q^ in [0, 1], as
+    `checked_step` holds local steps to), visit counts of existing nodes, and a simulation whose path
+    runs down the tree. GeneratorError in one line otherwise."""
+    if not isinstance(message, tuple) or len(message) != 6:
+        raise _bad("a simulation message is not a 6-tuple")
+    tree_id, first, new, values, sim, pid = message
+    if not _is_int(tree_id) or tree_id not in mirrors:
+        raise _bad(f"tree {tree_id!r} is not one of this shard's")
+    mirror = mirrors[tree_id]
+    have = mirror.job.tree.nodes if mirror.job is not None else []
+    if not _is_int(first) or first != len(have):
+        raise _bad(f"tree {tree_id}: new nodes start at {first!r}, the driver holds {len(have)}")
+    if not isinstance(new, list):
+        raise _bad(f"tree {tree_id}: new nodes are not a list")
+    depths = [n.depth for n in have]
+
+    def depth_of(i: int) -> int | None:
+        return depths[i] if 0 <= i < len(depths) else None
+
+    for k, n in enumerate(new):
+        _check_node(n, first + k, depth_of, f"tree {tree_id}: node {first + k}")
+        depths.append(n.depth)
+    total = first + len(new)
+    for n in new:
+        if sorted(n.children) != [m.id for m in new if m.parent == n.id]:
+            raise _bad(f"tree {tree_id}: node {n.id}: children {n.children[:10]!r} are not the nodes naming it")
+    if not isinstance(values, list) or not values:
+        raise _bad(f"tree {tree_id}: visit counts are not a list")
+    for item in values:
+        if not (isinstance(item, tuple) and len(item) == 3 and _is_int(item[0]) and 0 <= item[0] < total
+                and _is_int(item[1]) and item[1] >= 0):
+            raise _bad(f"tree {tree_id}: visit count entry {str(item)[:80]} is not (node id, N >= 0, value sum)")
+        _number(item[2], f"tree {tree_id}: node {item[0]}: value_sum")
+    if type(sim) is not Simulation:
+        raise _bad(f"tree {tree_id}: a {type(sim).__name__}, not a Simulation")
+    _number(sim.reward, f"tree {tree_id}: simulation reward", 0.0, 1.0)
+    parents = [n.parent for n in have] + [n.parent for n in new]
+    if not isinstance(sim.path, tuple) or not all(_is_int(i) and 0 < i < total for i in sim.path) or any(
+            parents[b] != a for a, b in zip((0, *sim.path), sim.path, strict=False)):
+        raise _bad(f"tree {tree_id}: simulation path {str(sim.path)[:80]} does not run down the tree from its root")
+    if not isinstance(sim.rollout, tuple) or not all(isinstance(c, str) for c in sim.rollout) or \
+            not isinstance(sim.turns, tuple) or not all(isinstance(t, tuple) and len(t) == 2 and all(
+                isinstance(x, str) for x in t) for t in sim.turns):
+        raise _bad(f"tree {tree_id}: simulation rollout or turns are not text")
+    if not (isinstance(pid, tuple) and len(pid) == 2 and _is_int(pid[0]) and isinstance(pid[1], str)):
+        raise _bad("the worker's (process id, node id) is malformed")
+    return tree_id, first, new, values, sim, pid
+
+
+def check_done_message(message: Any) -> SearchStats:
+    """A worker's final ("done", SearchStats) message, checked before its numbers are summed."""
+    if not (isinstance(message, tuple) and len(message) == 2 and message[0] == "done"
+            and type(message[1]) is SearchStats):
+        raise _bad("the final message is not (\"done\", SearchStats)")
+    stats = message[1]
+    for key in _SUMMED:
+        _number(getattr(stats, key), f"stats {key}", 0.0)
+    if not isinstance(stats.batch_sizes, list) or not all(_is_int(b) and b >= 0 for b in stats.batch_sizes):
+        raise _bad("stats batch_sizes is not a list of whole numbers")
+    return stats
 
 
 class RayUnavailable(GeneratorError):
@@ -280,9 +471,10 @@ class RaySearch:
                 if attempt != self.attempts[shard]:
                     continue  # a late message of an attempt already replaced
                 if kind == "sim":
-                    tree_id, first, new, values, sim, pid = pickle.loads(payload)
+                    mirrors = {m.tree_id: m for m in groups[shard]}
+                    tree_id, first, new, values, sim, pid = check_sim_message(loads_message(payload), mirrors)
                     self.pids[shard] = pid
-                    mirror = next(m for m in groups[shard] if m.tree_id == tree_id)
+                    mirror = mirrors[tree_id]
                     mirror.apply(first, new, values, sim)
                     t = time.perf_counter()
                     assert mirror.job is not None
@@ -293,7 +485,7 @@ class RaySearch:
                         self.progress(mirror.job, sim)
                 elif kind == "done":
                     if payload is not None:
-                        _, shard_stats = pickle.loads(payload)
+                        shard_stats = check_done_message(loads_message(payload))
                         for key in _SUMMED:
                             if key != "commit_s":
                                 setattr(stats, key, getattr(stats, key) + getattr(shard_stats, key))
@@ -324,7 +516,7 @@ def _consume(ray: Any, gen: Any, shard: int, attempt: int, events: queue.SimpleQ
     try:
         for ref in gen:
             payload = ray.get(ref)
-            message = pickle.loads(payload)
+            message = loads_message(payload)
             if isinstance(message, tuple) and message and message[0] == "done":
                 events.put((shard, attempt, "done", payload))
                 return
@@ -344,6 +536,7 @@ def connect(address: str | None) -> Any:
     first: `probe_address`; None or "" starts a local one). The one place Orchard joins Ray; the
     workers import this checkout's `engine` package (shipped as a py_module)."""
     ray = import_ray()
+    check_auth(address or "")
     probe_address(address or "")  # also when joined already: the address asked for must answer
     if ray.is_initialized():
         return ray

@@ -3,11 +3,16 @@
 The destination must be empty (no rows in any table: it is created and migrated if new); the
 source is read in one consistent snapshot, the destination written in ONE transaction, and the row
 count of every table is compared before that transaction commits: a copy is complete or absent.
-Tables are copied in migration order (a table's references point to earlier tables)."""
+Tables are copied in migration order (a table's references point to earlier tables). Only the
+columns of this Orchard's own schema are named, quoted, in the SQL (never a name read from the
+source: a crafted source file's column name would be SQL run on the destination); a source table
+with a column the schema lacks, or lacking one it has, is refused before anything is written (the
+source is at the current schema version, so a real store always matches)."""
 
 from __future__ import annotations
 
 import re
+import sqlite3
 from pathlib import Path
 
 from engine.store import postgres, schema
@@ -21,6 +26,27 @@ def copy_order() -> list[str]:
     """Every table of the current schema, in the order the migrations create them."""
     names = re.findall(r"CREATE TABLE (?:IF NOT EXISTS )?(\w+)", "".join(sql for _, sql in schema.MIGRATIONS))
     return [n for n in dict.fromkeys(names) if n in schema._schema_tables()]
+
+
+def known_columns() -> dict[str, list[str]]:
+    """{table: its columns} as the migrations create them (applied to an in-memory SQLite)."""
+    con = sqlite3.connect(":memory:")
+    try:
+        for _, sql in schema.MIGRATIONS:
+            con.executescript(sql)
+        return {t: [r[1] for r in con.execute(f"PRAGMA table_info({t})")] for t in copy_order()}
+    finally:
+        con.close()
+
+
+def _check_columns(source: Connection, table: str, known: list[str]) -> None:
+    have = [d[0] for d in source.con.execute(f"SELECT * FROM {table} LIMIT 0").description]
+    extra = [c for c in have if c not in known]
+    missing = [c for c in known if c not in have]
+    if extra or missing:
+        what = f"has column {extra[0][:80]!r} that" if extra else f"lacks column {missing[0]!r} that"
+        raise StoreError(f"{source.path}: table {table} {what} Orchard's schema "
+                         f"{'does not have' if extra else 'has'}: not an Orchard store; nothing copied")
 
 
 def copy_store(src: str | Path, dst: str | Path) -> dict[str, int]:
@@ -46,12 +72,15 @@ def _copy(source: Connection, target: Connection) -> dict[str, int]:
         raise StoreError(f"{target.path}: destination is not empty (rows in {', '.join(full)}); "
                          "copy into a new file or an empty database")
     counts: dict[str, int] = {}
+    known = known_columns()
     with source.snapshot(), target.transaction() as out:
         for table in tables:
+            _check_columns(source, table, known[table])
+        for table in tables:
             counts[table] = int(source.con.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0])
-            cur = source.con.execute(f"SELECT * FROM {table}")
-            columns = [d[0] for d in cur.description]
-            insert = f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
+            columns = ", ".join(f'"{c}"' for c in known[table])  # our names: \w+, from schema.MIGRATIONS
+            cur = source.con.execute(f"SELECT {columns} FROM {table}")
+            insert = f"INSERT INTO {table} ({columns}) VALUES ({', '.join('?' * len(known[table]))})"
             while rows := cur.fetchmany(CHUNK):
                 out.executemany(insert, rows)
         if target.dialect == "postgresql":

@@ -145,11 +145,14 @@ class Decision:
 
 @dataclass(frozen=True)
 class FinalLabel:
-    """An item's label under the final-label rule (label None: unsettled), with the decisions it rests on."""
+    """An item's label under the final-label rule (label None: unsettled), with the decisions it rests on.
+    `undecided`: nobody decided anything about it (pending, no review or settlement, even a stale
+    one): the only unlabelled items `include_pending` may train on (engine/store/review.py)."""
 
     label: str | None
     decision_ids: tuple[str, ...]
     reason: str
+    undecided: bool = False
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,16 @@ The final label (docs/decisions.md, "Final label rule"):
 3. else, for an item nobody reviewed while one review is all an item needs (the default: a single
    curator), its curation status (approved / edited / rejected; pending has none);
 4. else unsettled: training leaves it out.
+Training with `include_pending` (the one rule for DPO, SFT, RFT, `orchard iterate` and the demo:
+`engine.train.dpo.keep_labelled`) adds only UNDECIDED items: pending, with no decision at all
+(`FinalLabel.undecided`). An item whose reviewers disagree, that has fewer reviews than required,
+or whose reviews went stale is unsettled, and is never trained on until it is settled.
 Reaching 1 or 2 also sets the item's curation status, so every page and count shows the label.
+
+Decisions are about the content a curator saw: each records the item's version, and one recorded
+before the item's content last changed (a swap, an edit, a rebuild: CONTENT_ACTIONS in its history)
+no longer counts anywhere here (label, queue, progress, agreement); it stays in `decisions` for the
+record. A swapped pair with two approvals is therefore back in the queue and unsettled, and says why.
 """
 
 from __future__ import annotations
@@ -33,6 +42,10 @@ LABEL_RULES = ("settled", "majority")
 DEFAULT_LEASE_S = 600.0
 _ACTIONS = {"approved": "approve", "rejected": "reject"}
 _DECISION_COLUMNS = "id, item_kind, item_id, run_id, who, role, label, item_version, at"
+# History actions that change what an item says (not only its status): decisions made on an earlier
+# version are about other content.
+CONTENT_ACTIONS = ("create", "rebuild", "edit", "swap")
+_CONTENT_SQL = "(" + ", ".join(f"'{a}'" for a in CONTENT_ACTIONS) + ")"
 
 
 def _tables(kind: str) -> tuple[str, str, str]:
@@ -54,6 +67,35 @@ def _clock(at: float) -> str:
 def _chunks(ids: Sequence[str], size: int = 500) -> Iterable[Sequence[str]]:
     for start in range(0, len(ids), size):
         yield ids[start : start + size]
+
+
+def _live_sql(kind: str) -> str:
+    """SQL true for a decision row `d` made on the item's current content."""
+    _, history, key = _tables(kind)
+    return (f"d.item_version >= COALESCE((SELECT MAX(h.version) FROM {history} h WHERE h.{key} = d.item_id "
+            f"AND h.action IN {_CONTENT_SQL}), 0)")
+
+
+def _content_versions(con: Any, kind: str, ids: Sequence[str]) -> dict[str, int]:
+    """item id -> the version at which its content last changed."""
+    _, history, key = _tables(kind)
+    out: dict[str, int] = {}
+    for part in _chunks(list(ids)):
+        out.update(con.execute(f"SELECT {key}, MAX(version) FROM {history} WHERE action IN {_CONTENT_SQL} AND "
+                               f"{key} IN ({','.join('?' * len(part))}) GROUP BY {key}", tuple(part)).fetchall())
+    return out
+
+
+def split_live(con: Any, kind: str, by_item: dict[str, list[Decision]],
+               ) -> tuple[dict[str, list[Decision]], dict[str, list[Decision]]]:
+    """(live, stale) decisions per item: stale ones were made before the item's content last changed."""
+    versions = _content_versions(con, kind, list(by_item))
+    live: dict[str, list[Decision]] = {}
+    stale: dict[str, list[Decision]] = {}
+    for item_id, ds in by_item.items():
+        for d in ds:
+            (live if d.item_version >= versions.get(item_id, 0) else stale).setdefault(item_id, []).append(d)
+    return live, stale
 
 
 def rule_label(reviews: Sequence[Decision], settles: Sequence[Decision], required: int,
@@ -111,12 +153,13 @@ class ReviewStore(Connection):
             if want <= 0:
                 return held[:n]
             run_sql, run_args = ("AND t.run_id=?", [run_id]) if run_id is not None else ("", [])
+            live = _live_sql(kind)
             candidates = [r[0] for r in con.execute(
                 f"""SELECT t.id FROM {table} t WHERE 1=1 {run_sql}
                     AND NOT EXISTS (SELECT 1 FROM decisions d WHERE d.item_kind=? AND d.item_id=t.id
-                                    AND (d.role='settle' OR d.who=?))
+                                    AND (d.role='settle' OR d.who=?) AND {live})
                     AND (SELECT COUNT(*) FROM decisions d WHERE d.item_kind=? AND d.item_id=t.id
-                         AND d.role='review') < ?
+                         AND d.role='review' AND {live}) < ?
                     AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.item_kind=? AND l.item_id=t.id
                                     AND l.expires_at > ?)
                     ORDER BY t.id LIMIT ?""",
@@ -135,8 +178,8 @@ class ReviewStore(Connection):
                     continue
                 # A review committed since the candidates were read (another backend's isolation) may
                 # have completed the item: give it back rather than ask for a review too many.
-                done = con.execute("SELECT COUNT(*) FROM decisions WHERE item_kind=? AND item_id=? AND role='review'",
-                                   (kind, item_id)).fetchone()[0]
+                done = con.execute(f"SELECT COUNT(*) FROM decisions d WHERE d.item_kind=? AND d.item_id=? "
+                                   f"AND d.role='review' AND {live}", (kind, item_id)).fetchone()[0]
                 if done >= required:
                     con.execute("DELETE FROM leases WHERE item_kind=? AND item_id=? AND holder=?", (kind, item_id, who))
                 else:
@@ -184,8 +227,8 @@ class ReviewStore(Connection):
                 raise LeaseError(f"your lease on {kind} {item_id} expired at {_clock(lease[2])} ({minutes:.0f} min "
                                  "after it was handed to you): not saved; take it from your queue again")
             old = _current(con, table, kind, item_id, expected_version)
-            if con.execute("SELECT 1 FROM decisions WHERE item_kind=? AND item_id=? AND who=? AND role='review'",
-                           (kind, item_id, who)).fetchone():
+            if con.execute(f"SELECT 1 FROM decisions d WHERE d.item_kind=? AND d.item_id=? AND d.who=? "
+                           f"AND d.role='review' AND {_live_sql(kind)}", (kind, item_id, who)).fetchone():
                 raise StoreError(f"{kind} {item_id}: you reviewed it already")
             decision = Decision(secrets.token_hex(8), kind, item_id, old["run_id"], who, "review", label,
                                 old["version"], now)
@@ -217,7 +260,7 @@ class ReviewStore(Connection):
     def _mirror(self, con: Any, kind: str, item_id: str, who: str) -> None:
         """Once the rule gives the item a label, its curation status says so too (one history entry)."""
         table, history, key = _tables(kind)
-        decisions = self._decisions_of(con, kind, [item_id]).get(item_id, [])
+        decisions = split_live(con, kind, self._decisions_of(con, kind, [item_id]))[0].get(item_id, [])
         final = rule_label([d for d in decisions if d.role == "review"], [d for d in decisions if d.role == "settle"],
                            self.required_reviews())
         if final is None or final.label is None:
@@ -256,7 +299,7 @@ class ReviewStore(Connection):
         Step 3's decision id names the history entry that set the status: `pair:ID@vN`."""
         table, _, _ = _tables(kind)
         required = self.required_reviews()
-        decisions = self._decisions_of(self.con, kind, item_ids)
+        decisions, stale = split_live(self.con, kind, self._decisions_of(self.con, kind, item_ids))
         out: dict[str, FinalLabel] = {}
         unreviewed = []
         for item_id in item_ids:
@@ -271,16 +314,28 @@ class ReviewStore(Connection):
             rows = self.con.execute(f"SELECT id, status, version FROM {table} WHERE id IN ({','.join('?' * len(part))})",
                                     tuple(part))
             for item_id, status, version in rows:
-                if status == "pending" or required > 1:  # several reviews wanted: one status is not enough
-                    out[item_id] = FinalLabel(None, (), "not reviewed")
+                if stale.get(item_id) and required > 1:
+                    out[item_id] = FinalLabel(None, (), f"changed after its {len(stale[item_id])} decision(s): "
+                                                        "to be reviewed again")
+                elif status == "pending" or required > 1:  # several reviews wanted: one status is not enough
+                    out[item_id] = FinalLabel(None, (), "not reviewed",
+                                              undecided=status == "pending" and item_id not in stale)
                 else:
                     out[item_id] = FinalLabel(status, (f"{kind}:{item_id}@v{version}",), f"{status} by one curator")
         return out
 
+    def _live_decisions(self, kind: str, run_id: str | None) -> list[Decision]:
+        """`decisions` less those made before their item's content last changed."""
+        by_item: dict[str, list[Decision]] = {}
+        for d in self.decisions(kind, run_id):
+            by_item.setdefault(d.item_id, []).append(d)
+        live = split_live(self.con, kind, by_item)[0]
+        return sorted((d for ds in live.values() for d in ds), key=lambda d: (d.at, d.id))
+
     def disagreements(self, kind: str, run_id: str | None = None) -> list[tuple[str, dict[str, str]]]:
         """Unsettled items whose reviews differ: (item id, {reviewer: label}), for a maintainer to settle."""
         by_item: dict[str, list[Decision]] = {}
-        for d in self.decisions(kind, run_id):
+        for d in self._live_decisions(kind, run_id):
             by_item.setdefault(d.item_id, []).append(d)
         out = []
         for item_id, ds in sorted(by_item.items()):
@@ -297,15 +352,15 @@ class ReviewStore(Connection):
         now = time.time() if now is None else now
         run_sql, args = ("AND run_id=?", (run_id,)) if run_id is not None else ("", ())
         reviews = dict(self.con.execute(
-            f"SELECT who, COUNT(*) FROM decisions WHERE item_kind=? AND role='review' {run_sql} GROUP BY who",
-            (kind, *args)).fetchall())
+            f"SELECT who, COUNT(*) FROM decisions d WHERE item_kind=? AND role='review' {run_sql} "
+            f"AND {_live_sql(kind)} GROUP BY who", (kind, *args)).fetchall())
         held = dict(self.con.execute("SELECT holder, COUNT(*) FROM leases WHERE item_kind=? AND expires_at > ? "
                                      "GROUP BY holder", (kind, now)).fetchall())
         total = self.con.execute(f"SELECT COUNT(*) FROM {table} WHERE 1=1 {run_sql}", args).fetchone()[0]
         required = self.required_reviews()
         per_item: Counter[str] = Counter()
         settled = set()
-        for d in self.decisions(kind, run_id):
+        for d in self._live_decisions(kind, run_id):
             if d.role == "review":
                 per_item[d.item_id] += 1
             else:
@@ -320,7 +375,7 @@ class ReviewStore(Connection):
         from engine.datasets.agreement import agreement_report
 
         labels: dict[str, dict[str, str]] = {}
-        for d in self.decisions(kind, run_id):
+        for d in self._live_decisions(kind, run_id):
             if d.role == "review":
                 labels.setdefault(d.item_id, {})[d.who] = d.label
         return agreement_report(labels)

@@ -303,6 +303,16 @@ MIGRATIONS: list[tuple[int, str]] = [
         );
         """,
     ),
+    (
+        7,
+        # A review counts only on the content it saw (engine/store/review.py): after a swap or an
+        # edit the same curator may review the item again, so one review per reviewer per VERSION.
+        """
+        DROP INDEX IF EXISTS decisions_one_review;
+        CREATE UNIQUE INDEX decisions_one_review ON decisions (item_kind, item_id, who, item_version)
+            WHERE role = 'review';
+        """,
+    ),
 ]
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 

@@ -205,21 +205,51 @@ def lora_config(config: TrainConfig) -> Any:
 def check_output_folder(out_dir: str | Path) -> Path:
     """The absolute output folder, or TrainError where saving a model there would destroy something.
 
-    A model may go to a new folder, an empty one, or an Orchard model folder: one holding
-    `orchard_train.json` (TRAIN_META), which `save_model` writes into every model it saves, so
-    replacing such a folder replaces only a model Orchard made. Anything else (a file, a folder
-    with other files: a home folder, a dataset, the repository) is refused. Cheap: checked when a
-    job is submitted, when its worker starts and again just before the folder is replaced."""
+    A model may go to a new folder, an empty one, or an Orchard model folder: one holding a real
+    `orchard_train.json` (TRAIN_META: a JSON object with this format, `saved_at` and `files`, the
+    names `save_model` wrote there) and nothing but those files, so replacing it deletes only what
+    Orchard wrote. Anything else is refused: a file, a folder with other files (a home folder, a
+    dataset, the repository), a hand-made or older marker (`{}`, no file list), a model folder
+    holding a file of the user's. Cheap: checked when a job is submitted, when its worker starts and
+    again just before the folder is replaced."""
     out = Path(out_dir).expanduser().resolve()
     try:
         if out.exists() and not out.is_dir():
             raise TrainError(f"output {out}: is a file, not a folder")
-        if out.is_dir() and not (out / TRAIN_META).is_file() and any(out.iterdir()):
-            raise TrainError(f"output folder {out} is not empty and is not an Orchard model folder (no {TRAIN_META}); "
-                             f"choose a new or empty folder")
+        if out.is_dir() and any(out.iterdir()):
+            if not (out / TRAIN_META).is_file():
+                raise TrainError(f"output folder {out} is not empty and is not an Orchard model folder "
+                                 f"(no {TRAIN_META}); choose a new or empty folder")
+            if _written_files(out) is None:
+                raise TrainError(f"output folder {out} is not empty and is not an Orchard model folder (its "
+                                 f"{TRAIN_META} lacks the format, saved_at and files Orchard writes); "
+                                 "choose a new or empty folder")
+            foreign = _foreign_files(out)
+            if foreign:
+                raise TrainError(f"output folder {out} holds files its model did not come with "
+                                 f"({', '.join(foreign[:5])}{', ...' if len(foreign) > 5 else ''}); "
+                                 "nothing is deleted: move them out or choose another folder")
     except OSError as e:
         raise TrainError(f"output folder {out}: cannot be checked ({e.strerror or e})") from None
     return out
+
+
+def _written_files(folder: Path) -> set[str] | None:
+    """The names `save_model` wrote into `folder`, from a real marker; None when it has none."""
+    meta = read_train_meta(folder)
+    if not isinstance(meta, dict) or type(meta.get("format")) is not int or meta["format"] != TRAIN_FORMAT:
+        return None
+    files = meta.get("files")
+    if not isinstance(meta.get("saved_at"), str) or not isinstance(files, list) or not all(
+            isinstance(f, str) and f not in ("", ".", "..") and "/" not in f and "\\" not in f for f in files):
+        return None
+    return {*files, TRAIN_META}
+
+
+def _foreign_files(folder: Path) -> list[str]:
+    """Entries of `folder` its marker does not list (all of them without a real marker)."""
+    ours = _written_files(folder) or set()
+    return sorted(p.name for p in folder.iterdir() if p.name not in ours)
 
 
 def save_model(model: Any, tokenizer: Any, out_dir: str | Path, meta: dict[str, Any],
@@ -227,7 +257,8 @@ def save_model(model: Any, tokenizer: Any, out_dir: str | Path, meta: dict[str, 
     """Write the model (LoRA merged), tokenizer and `orchard_train.json` to `out_dir`, atomically:
     the folder appears complete or not at all (a sibling temp folder is renamed into place; an
     Orchard model already there is first renamed aside and deleted only once the new one is in
-    place, so a crash at any point leaves the old model or the new one, never a half folder).
+    place, so a crash at any point leaves the old model or the new one, never a half folder). The
+    marker lists the files written (`files`): `check_output_folder` replaces nothing else.
     `out_dir` must pass `check_output_folder`."""
     out = check_output_folder(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -243,7 +274,8 @@ def save_model(model: Any, tokenizer: Any, out_dir: str | Path, meta: dict[str, 
     try:
         model.save_pretrained(tmp, safe_serialization=True, **({"state_dict": state_dict} if state_dict else {}))
         tokenizer.save_pretrained(tmp)
-        record = {"format": TRAIN_FORMAT, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **meta}
+        files = sorted({p.name for p in tmp.iterdir()} | {TRAIN_META})
+        record = {**meta, "format": TRAIN_FORMAT, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "files": files}
         (tmp / TRAIN_META).write_text(json.dumps(record, indent=2, default=str))
         check_output_folder(out)  # it may have been filled while training
         if out.exists():
@@ -257,7 +289,9 @@ def save_model(model: Any, tokenizer: Any, out_dir: str | Path, meta: dict[str, 
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     finally:
-        if old is not None:
+        # The old model is deleted only if it holds nothing but what its marker lists (a file put
+        # there after the last check keeps the whole old folder, aside, rather than be deleted).
+        if old is not None and not _foreign_files(old):
             shutil.rmtree(old, ignore_errors=True)
     return out
 

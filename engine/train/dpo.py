@@ -116,13 +116,14 @@ def run_backends(store: Any, run_ids: Sequence[str | None]) -> dict[str, str]:
 class DPOTrainConfig(TrainConfig):
     """DPO settings. Data: pairs of `kinds` whose final label (engine.store.review: `labels` rule
     "settled" or "majority") is in `statuses` (approved and edited by default; `include_pending` adds
-    unsettled ones), optionally only with Q gap >= min_gap."""
+    undecided ones, never unsettled ones: `keep_labelled`), optionally only with Q gap >= min_gap."""
 
     learning_rate: float = field(default=1e-6, metadata={"help": "learning rate"})
     beta: float = field(default=0.1, metadata={"help": "DPO beta"})
     loss_type: str = "sigmoid"
     statuses: tuple[str, ...] = field(default=("approved", "edited"), metadata={"help": "curation statuses to use"})
-    include_pending: bool = field(default=False, metadata={"help": "also train on pending (uncurated) rows"})
+    include_pending: bool = field(default=False, metadata={
+        "help": "also train on undecided rows (pending, never reviewed); unsettled ones never"})
     labels: str = field(default="settled", metadata={
         "help": "final-label rule for reviewed pairs: settled (maintainer or unanimous) or majority",
         "choices": LABEL_RULES})
@@ -148,10 +149,6 @@ class DPOTrainConfig(TrainConfig):
         if bad or not self.kinds:
             raise ConfigError(f"DPOTrainConfig.kinds: expected step and/or trajectory, got {self.kinds!r}")
 
-    @property
-    def selected_statuses(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys((*self.statuses, *(("pending",) if self.include_pending else ()))))
-
 
 # ------------------------------------------------------------------ data
 
@@ -174,9 +171,11 @@ def labelled_pairs(store: Store, config: DPOTrainConfig,
 
 def keep_labelled(store: Store, kind: str, items: Sequence[Any], statuses: Sequence[str], include_pending: bool,
                   rule: str) -> tuple[list[Any], dict[str, FinalLabel]]:
-    """`items` whose final label is in `statuses` (or that have none, with `include_pending`)."""
+    """`items` whose final label is in `statuses`, and with `include_pending` those nobody decided
+    anything about (`FinalLabel.undecided`); an unsettled item (reviewers disagree, too few or stale
+    reviews) never. The one selection every trainer and loop uses (engine/store/review.py)."""
     finals = store.final_labels(kind, [i.id for i in items], rule=rule)
-    kept = [i for i in items if finals[i.id].label in statuses or (include_pending and finals[i.id].label is None)]
+    kept = [i for i in items if finals[i.id].label in statuses or (include_pending and finals[i.id].undecided)]
     return kept, {i.id: finals[i.id] for i in kept if finals[i.id].label is not None}
 
 

@@ -56,8 +56,8 @@ SFT_FORMATS = ("steps", "chat")
 
 @dataclass(frozen=True)
 class SFTTrainConfig(TrainConfig):
-    """SFT settings. Data: samples of `kinds` whose status is in `statuses` (+ pending with
-    `include_pending`). `revision_share`: the fraction of revision trajectories in the mix with
+    """SFT settings. Data: samples of `kinds` whose final label is in `statuses` (+ undecided ones with
+    `include_pending`: `dpo.keep_labelled`). `revision_share`: the fraction of revision trajectories in the mix with
     good ones (Agent-R; None = use all as selected)."""
 
     learning_rate: float = field(default=2e-5, metadata={"help": "learning rate"})
@@ -65,7 +65,8 @@ class SFTTrainConfig(TrainConfig):
                                                    "choices": SFT_FORMATS})
     kinds: tuple[str, ...] = field(default=("revision", "good"), metadata={"help": "sample kinds"})
     statuses: tuple[str, ...] = field(default=("approved", "edited"), metadata={"help": "curation statuses to use"})
-    include_pending: bool = field(default=False, metadata={"help": "also train on pending (uncurated) rows"})
+    include_pending: bool = field(default=False, metadata={
+        "help": "also train on undecided rows (pending, never reviewed); unsettled ones never"})
     labels: str = field(default="settled", metadata={
         "help": "final-label rule for reviewed samples: settled (maintainer or unanimous) or majority",
         "choices": LABEL_RULES})
@@ -84,9 +85,6 @@ class SFTTrainConfig(TrainConfig):
         if self.revision_share is not None and not 0 < self.revision_share <= 1:
             raise ConfigError(f"SFTTrainConfig.revision_share: must be in (0, 1], got {self.revision_share!r}")
 
-    @property
-    def selected_statuses(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys((*self.statuses, *(("pending",) if self.include_pending else ()))))
 
 
 def rft_config(**overrides: Any) -> SFTTrainConfig:

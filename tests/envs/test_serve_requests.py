@@ -9,6 +9,7 @@ import json
 import runpy
 import socket
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -25,16 +26,25 @@ FIRST = "Your goal: reach position 4\ncommands: left, right, wait\nYou are at 0.
 def server(monkeypatch):
     """A server with instances 0 and 1, both reset (so `"id": true` or 1.9 would find instance 1)."""
     monkeypatch.setattr(serve, "MAX_BODY", CORPUS["MAX_BODY"])
-    monkeypatch.setattr(serve, "BODY_TIMEOUT_S", CORPUS["BODY_TIMEOUT_S"])
+    yield from _serving(idle_timeout_s=10.0)
+
+
+def _serving(idle_timeout_s: float):
     service = EnvService(LineEnv, "line", max_envs=8)
     for i in (0, 1):
         assert service.handle("POST", "/create", {}, {})["id"] == i
         service.handle("POST", "/reset", {}, {"id": i, "data_idx": 3})
-    srv = make_server(service)
+    srv = make_server(service, request_timeout_s=CORPUS["REQUEST_TIMEOUT_S"], idle_timeout_s=idle_timeout_s)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     yield srv.server_address[1], service
     srv.shutdown()
     srv.server_close()
+
+
+@pytest.fixture
+def idle_server():
+    """The same server closing keep-alive connections idle for 0.5 s."""
+    yield from _serving(idle_timeout_s=0.5)
 
 
 def read_response(f) -> tuple[int, dict[str, str], bytes]:
@@ -88,3 +98,57 @@ def test_valid_requests_still_work_on_one_keep_alive_connection(server):
             answer = json.loads(body)
             assert (answer["observation"] if isinstance(answer, dict) and want and "observation" in answer
                     else answer) == (want if want else {"closed": True})
+
+
+def _trickle(sock: socket.socket, data: bytes, gap_s: float) -> threading.Thread:
+    """Send `data` one byte every `gap_s` seconds from a thread (each gap far under the deadline)."""
+    def send() -> None:
+        try:
+            for i in range(len(data)):
+                sock.sendall(data[i:i + 1])
+                time.sleep(gap_s)
+        except OSError:  # the server answered and closed: the rest is not wanted
+            pass
+    thread = threading.Thread(target=send, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize("part", ["body", "headers"])
+def test_a_request_trickled_a_byte_at_a_time_is_cut_off_at_the_whole_request_deadline(server, part):
+    port, service = server
+    body = b'{"id": 1, "action": "right"}' + b" " * 12
+    raw = CORPUS["step"](body)
+    head, payload = raw[:len(raw) - len(body)], raw[len(raw) - len(body):]
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock, sock.makefile("rb") as f:
+        start = time.monotonic()
+        if part == "body":  # headers at once, then 40 bytes over 2 s
+            sock.sendall(head)
+            _trickle(sock, payload, 0.05)
+        else:  # the headers themselves, over 4 s
+            _trickle(sock, raw, 0.05)
+        status, headers, answer = read_response(f)
+        took = time.monotonic() - start
+    assert status == 408 and headers.get("connection") == "close", answer
+    assert "within 0.5 s" in json.loads(answer)["error"]
+    assert took < 1.5, f"answered after {took:.1f} s: the deadline is per read, not per request"
+    assert service._instances[1].observation == FIRST, "the trickled step ran"
+
+
+def test_an_idle_keep_alive_connection_is_closed(idle_server):
+    port, _ = idle_server
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock, sock.makefile("rb") as f:
+        sock.sendall(CORPUS["request"]("GET", "/observation?id=1"))
+        status, _, body = read_response(f)
+        assert status == 200 and json.loads(body) == FIRST
+        start = time.monotonic()
+        try:
+            rest = f.read()
+        except TimeoutError:
+            pytest.fail("an idle keep-alive connection stayed open")
+        assert rest == b"" and time.monotonic() - start < 2
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:  # one that never sends a byte
+        try:
+            assert sock.recv(1) == b""
+        except TimeoutError:
+            pytest.fail("a connection that sent nothing stayed open")

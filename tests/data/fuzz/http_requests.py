@@ -4,7 +4,7 @@ Each case: the bytes a client sends on a fresh connection, the status the server
 a JSON {"error": ...}) and whether it must then close the connection (its body was not read whole;
 the bytes left over must never be parsed as a request). The server under test holds instances 0 and
 1 (both reset); a hidden `POST /close` for instance 0 travels inside several bodies and must never
-run. MAX_BODY and BODY_TIMEOUT_S are the limits the server is started with (small, so the corpus
+run. MAX_BODY and REQUEST_TIMEOUT_S are the limits the server is started with (small, so the corpus
 stays small). Loaded with runpy by tests/envs/test_serve_requests.py; reusable by any HTTP fuzzer.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 MAX_BODY = 4096
-BODY_TIMEOUT_S = 0.5
+REQUEST_TIMEOUT_S = 0.5
 
 HIDDEN = b'POST /close HTTP/1.1\r\nHost: t\r\nContent-Length: 9\r\n\r\n{"id": 0}'
 
@@ -54,6 +54,19 @@ REQUESTS = [
          411, True),
     Case("body-shorter-than-length", request("POST", "/step", b'{"id": 0}', ("Content-Length: 50",), length=False),
          408, True),
+    # header lines a lenient parser misreads (it drops the field, then reads the body as a request)
+    Case("space-before-colon-length", request("POST", "/step", HIDDEN, (f"Content-Length : {len(HIDDEN)}",),
+                                              length=False), 400, True),
+    Case("tab-before-colon-length", request("POST", "/step", HIDDEN, (f"Content-Length\t: {len(HIDDEN)}",),
+                                            length=False), 400, True),
+    Case("space-before-colon-chunked", request("POST", "/step", CHUNKED, ("Transfer-Encoding : chunked",),
+                                               length=False), 400, True),
+    Case("length-after-a-bad-line", request("POST", "/step", HIDDEN, ("X Y: 1", f"Content-Length: {len(HIDDEN)}"),
+                                            length=False), 400, True),
+    Case("header-name-not-a-token", request("POST", "/step", HIDDEN, ("X(A): 1",)), 400, True),
+    Case("folded-header", request("POST", "/step", HIDDEN, ("X-A: 1", " Content-Length: 0"), length=False),
+         400, True),
+    Case("nul-in-header-value", request("GET", "/", headers=("X-A: a\x00b",)), 400, True),
     Case("garbage-request-line", b"HELLO\r\n\r\n" + HIDDEN, 400, True),
     Case("unknown-method", request("PUT", "/step", b'{"id": 0}'), 405, True),
     Case("request-line-too-long", b"GET /" + b"a" * 70_000 + b" HTTP/1.1\r\nHost: t\r\n\r\n", 414, True),
