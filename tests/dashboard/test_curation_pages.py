@@ -547,3 +547,41 @@ def test_the_curators_name_is_kept_for_the_session_across_pages(db) -> None:
     pair_id = at.query_params["pair"]
     at.button(key="pp_reject").click().run()
     assert stored_pair(path, pair_id).updated_by == "frank"
+
+
+def test_the_revisions_judge_defaults_to_the_runs_own_model(db) -> None:
+    """Not the newest trained model: Agent-R's judge is the policy that searched (issue 31 C)."""
+    from engine.store import ModelRecord
+
+    path, runs = db
+    with Store(path) as store:
+        store.save_model(ModelRecord(path="/models/dpo-newest", name="dpo-newest", kind="dpo", parent="tiny",
+                                     job_id=None, data_ids=[], config={}, metrics={}))
+        searched_with = store.run(runs["main"]).model
+    at = open_page(TRAJECTORIES, run=runs["main"])
+    assert at.text_input(key="rb_model").value == searched_with != "/models/dpo-newest"
+
+
+def test_a_revisions_build_that_made_nothing_says_why_with_its_counts(db) -> None:
+    from dash_fixtures import Judge
+    from doubles import ScriptedGenerator
+
+    from engine.config import SearchConfig
+    from engine.envs.registry import env_factory
+    from engine.search.runner import new_run
+    from engine.stages import run_revisions
+    from engine.train.worker import StoreReporter
+
+    path, _ = db
+    with Store(path) as store:  # line-env commands on TextCraft: no leaf is a success
+        run_id, _ = new_run(store, "textcraft", env_factory("textcraft")().tasks("train")[:1], ScriptedGenerator(),
+                            SearchConfig(simulations=3, k=2, depth_limit=2), "no-wins")
+        job = store.create_job("revisions", {"run": run_id, "model": "judge-double"}, "cpu", name="revisions")
+        store.claim_next_job("cpu")
+        run_revisions(store, job.config, StoreReporter(store, job.id), judge=Judge())
+        store.finish_job(job.id, "succeeded", output_path=run_id)
+    at = open_page(TRAJECTORIES, run=run_id)
+    assert not at.exception, at.exception
+    why = "\n".join(w.value for w in at.warning).replace("\\", "")
+    assert "no revision trajectories: none of the 1 trees has a success leaf" in why, why
+    assert any("success leaves 0" in c.value.replace("\\", "") for c in at.caption)
