@@ -141,14 +141,16 @@ def score_text(stat: dict) -> str:
 
 
 def interval_bars(name: str, labels: Sequence[str], stats: Sequence[dict]) -> go.Bar:
-    """One bar trace: height = each mean (at least MIN_BAR, so a zero shows), its value as text
-    above it, error bars = its bootstrap interval."""
+    """One bar trace: height = each mean (at least MIN_BAR, so a zero shows), error bars = its
+    bootstrap interval, its value as text under the bar, in its axis label (text at the bar's top would
+    sit on the error bar)."""
     means = [s["mean"] for s in stats]
     shown = [max(m, MIN_BAR) for m in means]
+    values = [score_text(s) for s in stats]
     return go.Bar(
-        x=[html.escape(str(x)) for x in labels], y=shown, name=html.escape(str(name)),
-        text=[html.escape(score_text(s)) for s in stats], textposition="outside", cliponaxis=False,
-        customdata=means, hovertemplate="%{x}: %{customdata:.3f}<extra>%{fullData.name}</extra>",
+        x=[f"{html.escape(str(x))}<br><b>{html.escape(v)}</b>" for x, v in zip(labels, values, strict=True)],
+        y=shown, name=html.escape(str(name)), text=[html.escape(v) for v in values], textposition="none",
+        customdata=means, hovertemplate="%{text}: %{customdata:.3f}<extra>%{fullData.name}</extra>",
         error_y={"type": "data", "symmetric": False,
                  "array": [max(0.0, s.get("high", m) - y) for s, m, y in zip(stats, means, shown, strict=True)],
                  "arrayminus": [max(0.0, y - s.get("low", m)) for s, m, y in zip(stats, means, shown, strict=True)]},

@@ -214,8 +214,8 @@ else:
     base = by_id[base_id]
     base_key = compare.group_key(base)
     alike = {e["id"] for e in chosen if compare.group_key(e) == base_key}
-    labels = {e["id"]: f"{model_label(e['model'])} · {e['mode']} · {e['id'][:6]}"
-              + ("" if e["id"] in alike else " · other settings") for e in chosen}
+    names = {e["id"]: f"{model_label(e['model'])} · {e['mode']} · {e['id'][:6]}" for e in chosen}
+    labels = {i: name + ("" if i in alike else " · other settings") for i, name in names.items()}
     # By default the baseline and the newest evaluation of each (model, mode) under the baseline's settings:
     # only like with like. The key names the newest evaluation and the baseline: a keyed multiselect keeps its
     # picks when its default changes, so an evaluation that lands while the page is open would stay out.
@@ -229,7 +229,7 @@ else:
     shown = [e for e in chosen if e["id"] in picked] or [base]
     for ev in shown:
         if diffs := compare.differences(base, ev):
-            st.warning(md(f"Not comparable with the baseline {labels[base_id]}: {labels[ev['id']]} differs in "
+            st.warning(md(f"Not comparable with the baseline {names[base_id]}: {names[ev['id']]} differs in "
                           + "; ".join(diffs)) + " — evaluate it with the baseline's settings (the form above "
                        "starts from them).")
     rows = [{"label": labels[e["id"]], "mode": e["mode"], **{k: e["metrics"].get(k) for k, _ in figures.EVAL_METRICS}}

@@ -127,7 +127,7 @@ def test_bars_carry_their_values_and_a_zero_bar_is_visible() -> None:
     rows = [{"label": "base", "mode": "greedy", "success": {"mean": 0.375, "low": 0.125, "high": 0.75, "n": 8}},
             {"label": "trained", "mode": "greedy", "success": {"mean": 0.0, "low": 0.0, "high": 0.0, "n": 8}}]
     (bar,) = eval_figure(rows, "success").data
-    assert list(bar.text) == ["3/8", "0/8"] and bar.textposition == "outside"
+    assert list(bar.text) == ["3/8", "0/8"] and [x.rsplit("<br>", 1)[1] for x in bar.x] == ["<b>3/8</b>", "<b>0/8</b>"]
     assert bar.y[1] >= MIN_BAR and list(bar.customdata) == [0.375, 0.0]
 
 
