@@ -162,6 +162,9 @@ def check_eval_form() -> tuple[dict[str, str], dict[str, Any]]:
                              {"mode": mode, **{k: list(v) if isinstance(v, tuple) else v for k, v in settings.items()}})
     fm.check_target(problems, spec, lambda: eval_tasks(config), config["model"])
     problems.update(fm.check_settings(EvalConfig, values))
+    if values.get("constrained") is True and config["model"].startswith("openai:") and "model" not in problems:
+        problems["constrained"] = ("constrained decoding needs an hf: or vllm: model (an HTTP server decodes "
+                                   "unconstrained): untick it, and compare with a baseline evaluated the same way")
     return problems, config
 
 

@@ -148,3 +148,20 @@ def test_the_loop_view_plots_each_iterations_rates_and_flags_other_settings(db: 
     chart = next(c for c in at.get("plotly_chart") if "rate" in c.proto.spec and "loop rate" in c.proto.spec)
     for name in ("success rate", "progress rate", "loop rate", "iteration 1"):
         assert name in chart.proto.spec
+
+
+def test_the_forms_constrained_default_is_refused_for_an_http_model_at_its_field(db: Path) -> None:
+    """The demo's settings decode under the grammar, which an openai: server does not: told before queuing."""
+    from canned_http import canned_server
+
+    with Store(db) as store:
+        store.create_job("probe", {"steps": 1}, "cpu", name="seed")
+    with canned_server(lambda method, path, body: (200, b'{"data": []}')) as url:
+        at = open_page()
+        at.text_input(key="ev_model").set_value(f"openai:{url}/v1#m")
+        next(b for b in at.button if b.label == "Launch the evaluation").click()
+        at.run()
+    assert not at.exception, at.exception
+    assert len(at.error) == 1 and "constrained decoding needs an hf: or vllm: model" in at.error[0].value.replace("\\", "")
+    with Store(db, readonly=True) as store:
+        assert [j.kind for j in store.jobs()] == ["probe"]
