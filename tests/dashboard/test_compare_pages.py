@@ -165,3 +165,20 @@ def test_the_forms_constrained_default_is_refused_for_an_http_model_at_its_field
     assert len(at.error) == 1 and "constrained decoding needs an hf: or vllm: model" in at.error[0].value.replace("\\", "")
     with Store(db, readonly=True) as store:
         assert [j.kind for j in store.jobs()] == ["probe"]
+
+
+def test_next_iteration_of_a_loop_recorded_without_settings_is_evaluated_like_its_base(db: Path) -> None:
+    """The demo records its loop without a config: Next iteration evaluated on the whole test split with
+    EvalConfig()'s defaults (2/109 beside 3/8). It now takes its base evaluation's split, tasks and settings."""
+    from engine.submit import next_iteration_config
+    from engine.train.iterate import IterateConfig
+
+    base = evaluate(db, "/models/base", DEFAULT_EVAL)
+    with Store(db) as store:
+        store.save_iteration("loop-demo", 0, "agentq", {"model": "/models/base", "eval": {"eval_id": base}})
+        store.save_iteration("loop-demo", 1, "agentq", {"run_id": "r", "model": "/models/trained", "pairs": 3})
+        cfg = next_iteration_config(store, "loop-demo")
+    assert (cfg["eval_split"], cfg["eval_tasks"]) == ("train", "goal-1,goal-2,goal-3,goal-4")
+    assert cfg["eval"] == {"mode": "greedy", "max_steps": 10, "max_tokens": 160, "constrained": True}
+    assert IterateConfig.from_dict(cfg).eval_config() == DEFAULT_EVAL
+    assert cfg["model"] == "/models/trained" and cfg["first_iteration"] == 2
