@@ -14,7 +14,7 @@ from dashboard import auth
 from dashboard import forms as fm
 from dashboard import jobs_panel as jp
 from dashboard.text import md
-from engine.store import RunInfo, Store
+from engine.store import JobInfo, RunInfo, Store
 
 PAIR_HELP = {"alpha": "eq. 10 weight of the MCTS value Q~ against the critic's Q^ (default: the run's)",
              "theta": "minimum Q gap between chosen and rejected, strict",
@@ -103,12 +103,29 @@ def pairs_builder(db: str, run: RunInfo | None) -> None:
         jp.job_panel(db, job, "pb_job", follow=True)
 
 
+def build_outcome(job: JobInfo) -> None:
+    """Under a finished revisions job: why it made no revision trajectory with a judged first error, with
+    the counts (engine.datasets.revisions.why_little, recorded in the job's progress)."""
+    counts, note = job.progress.get("counts"), job.progress.get("note")
+    if job.state != "succeeded" or not isinstance(counts, dict):
+        return
+    if note:
+        st.warning(md(note))  # quotes the judge's name
+    st.caption(md(" · ".join(f"{k.replace('_', ' ')} {v}" for k, v in counts.items())))
+
+
 def revisions_builder(db: str, run: RunInfo | None, default_model: str = "tiny") -> None:
-    """The 'Build revisions' form for `run` (judge model and RevisionConfig) and its newest job, live."""
+    """The 'Build revisions' form for `run` (judge model and RevisionConfig) and its newest job, live.
+    The judge defaults to the model the run was searched with (its own judge in Agent-R), else
+    `default_model`; choosing another run resets the field to that run's model."""
     from engine.datasets.revisions import RevisionConfig
 
     form = "rb_build"
     _poll(db)
+    if run is not None and st.session_state.get("rb_model_run") != run.id:
+        st.session_state.pop("rb_model", None)
+        st.session_state["rb_model_run"] = run.id
+    judge = run.model if run is not None and run.model else default_model
     empty = run is not None and _count(db, "samples", run.id) == 0
     with st.expander("Build revisions for this run", expanded=bool(fm.form_errors(form)) or empty):
         if run is None:
@@ -117,8 +134,9 @@ def revisions_builder(db: str, run: RunInfo | None, default_model: str = "tiny")
             with st.form(form, border=False):
                 st.markdown(f"Run **{md(run.name)}** · {md(run.id)}: first errors judged by a model, spliced "
                             "revision trajectories, good trajectories and recovery prefixes (docs/algorithms.md §4).")
-                model = st.text_input("Judge model", value=default_model, key="rb_model",
-                                      help="tiny | PATH | hf:PATH | openai:URL#MODEL | vllm:PATH")
+                model = st.text_input("Judge model", value=judge, key="rb_model",
+                                      help="tiny | PATH | hf:PATH | openai:URL#MODEL | vllm:PATH (default: the model "
+                                           "this run was searched with)")
                 fm.field_error(form, "model")
                 values = fm.settings_inputs(RevisionConfig, form, "rb_", columns=3, helps=REVISION_HELP)
                 go = st.form_submit_button("Build revisions", type="primary")
@@ -131,4 +149,4 @@ def revisions_builder(db: str, run: RunInfo | None, default_model: str = "tiny")
                 st.rerun()
         _outcome(form)
     if run is not None and (job := jp.latest_job(db, ("revisions",), run.id)) is not None:
-        jp.job_panel(db, job, "rb_job", follow=True)
+        jp.job_panel(db, job, "rb_job", extra=build_outcome, follow=True)

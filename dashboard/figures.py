@@ -127,24 +127,60 @@ EVAL_METRICS = (("success", "success rate"), ("progress", "progress rate"), ("lo
                 ("recovery", "recovery score"))
 
 
+MIN_BAR = 0.012  # a bar's least drawn height (a score of 0 is a sliver with its "0/8", not nothing)
+
+
+def score_text(stat: dict) -> str:
+    """A bar's value: 'k/n' when the mean is a whole count of the n tasks (one episode each), else '0.375'."""
+    mean, n = stat.get("mean"), stat.get("n")
+    if not isinstance(mean, int | float) or math.isnan(mean):
+        return "—"
+    if isinstance(n, int) and n > 0 and abs(mean * n - round(mean * n)) < 1e-9:
+        return f"{round(mean * n)}/{n}"
+    return f"{mean:.3f}"
+
+
+def interval_bars(name: str, labels: Sequence[str], stats: Sequence[dict]) -> go.Bar:
+    """One bar trace: height = each mean (at least MIN_BAR, so a zero shows), error bars = its
+    bootstrap interval, its value as text under the bar, in its axis label (text at the bar's top would
+    sit on the error bar)."""
+    means = [s["mean"] for s in stats]
+    shown = [max(m, MIN_BAR) for m in means]
+    values = [score_text(s) for s in stats]
+    return go.Bar(
+        x=[f"{html.escape(str(x))}<br><b>{html.escape(v)}</b>" for x, v in zip(labels, values, strict=True)],
+        y=shown, name=html.escape(str(name)), text=[html.escape(v) for v in values], textposition="none",
+        customdata=means, hovertemplate="%{text}: %{customdata:.3f}<extra>%{fullData.name}</extra>",
+        error_y={"type": "data", "symmetric": False,
+                 "array": [max(0.0, s.get("high", m) - y) for s, m, y in zip(stats, means, shown, strict=True)],
+                 "arrayminus": [max(0.0, y - s.get("low", m)) for s, m, y in zip(stats, means, shown, strict=True)]},
+    )
+
+
 def eval_figure(rows: Sequence[dict], metric: str) -> go.Figure:
     """One bar per evaluation (x = its label), height = the metric's mean, error bars = its
     bootstrap interval. `rows`: {"label", "mode", metric: {"mean", "low", "high"}}."""
     fig = go.Figure()
     for mode in dict.fromkeys(r["mode"] for r in rows):
         sel = [r for r in rows if r["mode"] == mode and isinstance(r.get(metric), dict)]
-        if not sel:
-            continue
-        means = [r[metric]["mean"] for r in sel]
-        fig.add_trace(go.Bar(
-            x=[html.escape(str(r["label"])) for r in sel], y=means, name=html.escape(str(mode)),
-            error_y={"type": "data", "symmetric": False,
-                     "array": [r[metric].get("high", m) - m for r, m in zip(sel, means, strict=True)],
-                     "arrayminus": [m - r[metric].get("low", m) for r, m in zip(sel, means, strict=True)]},
-        ))
+        if sel:
+            fig.add_trace(interval_bars(mode, [r["label"] for r in sel], [r[metric] for r in sel]))
     label = dict(EVAL_METRICS).get(metric, metric)
-    fig.update_layout(barmode="group", yaxis={"title": label, "range": [0, 1.05]}, height=340,
+    fig.update_layout(barmode="group", yaxis={"title": label, "range": [0, 1.12]}, height=340,
                       legend={"title": "mode"}, margin={"l": 50, "r": 10, "t": 20, "b": 80})
+    return fig
+
+
+def loop_figure(rows: Sequence[dict]) -> go.Figure:
+    """Success, progress and loop rate per iteration (x = "base", "iteration 1", ...), each with its
+    interval. `rows`: {"label", "success" / "progress" / "loop_rate": {"mean", "low", "high"}}."""
+    fig = go.Figure()
+    for key, name in EVAL_METRICS[:3]:
+        sel = [r for r in rows if isinstance(r.get(key), dict)]
+        if sel:
+            fig.add_trace(interval_bars(name, [r["label"] for r in sel], [r[key] for r in sel]))
+    fig.update_layout(barmode="group", yaxis={"title": "rate", "range": [0, 1.12]}, height=340,
+                      legend={"title": "metric"}, margin={"l": 50, "r": 10, "t": 20, "b": 60})
     return fig
 
 

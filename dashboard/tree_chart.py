@@ -42,7 +42,13 @@ MEASURES: dict[str, str] = {  # label shown in the UI -> key
     "Q (eq. 10)": "q",
     "Q~ (MCTS mean)": "q_mcts",
     "Q^ (critic)": "q_critic",
+    "Outcome": "outcome",  # success / failure / open / format error: the node's own end, no estimate
 }
+# WHY an outcome colouring and grey for N = 0: Q~ of a node never visited is no estimate (the engine keeps 0
+# there for selection), and drawn on the value scale it showed an unvisited success leaf dark red, as a failure.
+OUTCOMES = {"success": "success", "failure": "failure", "depth_limit": "failure", "stopped": "failure",
+            "format_error": "format error"}  # terminal status -> outcome; anything else is "open"
+OUTCOME_COLORS = {"success": "#2e7d32", "failure": "#c62828", "open": "#90a4ae", "format error": "#8e24aa"}
 # Marker shape per kind (terminal status, or "hidden": a node standing for a hidden subtree).
 STAR = ("M0,-1L0.2245,-0.309L0.9511,-0.309L0.3633,0.118L0.5878,0.809L0,0.382L-0.5878,0.809"
         "L-0.3633,0.118L-0.9511,-0.309L-0.2245,-0.309Z")
@@ -61,7 +67,8 @@ MAX_COUNT_LABELS = 100  # "+n" labels drawn beside the hidden subtrees that hide
 LEGEND = (
     "circle: open or inner node · star: success · x: failure · diamond: format error · "
     "square: depth limit · triangle: stopped (STATUS ≠ CONTINUE) · hexagon: has hidden descendants "
-    "(+count; click it to draw its subtree) · size: visits N · grey: no value (Q^ of the root) · "
+    "(+count; click it to draw its subtree) · size: visits N · grey: no value (Q^ of the root; Q~ and Q of a "
+    "node not visited yet, N = 0: shown as —) · "
     "blue line: best path (eq. 10) · orange: the selected node and its path · magenta ring: search match · "
     "wheel: zoom, drag: pan, double-click: full view"
 )
@@ -78,7 +85,7 @@ HOVER_ONLY = ["depth", "N", "terminal", "hidden"]  # in `tree_rows` for tests an
 
 
 def _fmt(value: float) -> str:
-    return "–" if math.isnan(value) else f"{value:.2f}"
+    return "—" if math.isnan(value) else f"{value:.2f}"
 
 
 def tree_rows(
@@ -103,8 +110,11 @@ def tree_rows(
     q_mcts = shape.q_mcts(ids)
     q_critic = np.asarray(shape.q_critic, dtype=np.float64)[ids]
     q = shape.value(alpha, ids)
-    values = {"q": q, "q_mcts": q_mcts, "q_critic": q_critic}[measure]
     visits = np.asarray(shape.N, dtype=np.float64)[ids]
+    unvisited = visits == 0
+    q_mcts = np.where(unvisited, np.nan, q_mcts)  # no estimate before a visit: "—" and grey, not 0 (red)
+    q = np.where(unvisited, np.nan, q)
+    values = {"q": q, "q_mcts": q_mcts, "q_critic": q_critic, "outcome": np.full(len(ids), np.nan)}[measure]
     small, extra = (6.0, 13.0) if len(ids) <= 2000 else (4.5, 9.0)  # diameter, px: big trees smaller
     diameter = small + extra * np.sqrt(visits / max(1.0, float(visits.max(initial=0.0))))
     id_list = ids.tolist()
@@ -117,7 +127,7 @@ def tree_rows(
     count_label = np.full(len(ids), "", dtype=object)
     count_label[counted] = [f"+{h}" for h in hidden[counted].tolist()]
     on_best = np.isin(ids, np.asarray([0, *best_path], dtype=np.int64))
-    return pd.DataFrame({
+    rows = pd.DataFrame({
         "id": ids.astype(np.int64),
         "x": x, "y": y, "px": x[par], "py": y[par],
         "value": np.where(np.isnan(values), None, values),  # null: drawn grey
@@ -136,6 +146,9 @@ def tree_rows(
             (shape.depth[v] for v in id_list), (shape.N[v] for v in id_list), q_mcts.tolist(),
             q_critic.tolist(), q.tolist(), terminal, hidden.tolist())],
     })
+    if measure == "outcome":
+        rows["outcome"] = [OUTCOMES.get(t, "open") for t in terminal]
+    return rows
 
 
 def _facts(depth: int, visits: int, q_mcts: float, q_critic: float, q: float, terminal: str, hidden: int) -> str:
@@ -186,6 +199,13 @@ def tree_spec(measure: str = "q", height: int = 640) -> dict[str, Any]:
     The layers of `SUBSETS` and `SELECTION` draw the named dataset of their name; the page adds them
     (`"datasets"`), which Streamlit sends beside the spec, not in it."""
     label = next(k for k, v in MEASURES.items() if v == measure)
+    color: dict[str, Any] = {"condition": {"test": "datum.value === null", "value": NO_VALUE_COLOR},
+                             "field": "value", "type": "quantitative", "title": label,
+                             "scale": {"scheme": "redyellowgreen", "domain": [0, 1]},
+                             "legend": {"gradientLength": 200, "gradientThickness": 12}}
+    if measure == "outcome":
+        color = {"field": "outcome", "type": "nominal", "title": label,
+                 "scale": {"domain": list(OUTCOME_COLORS), "range": list(OUTCOME_COLORS.values())}}
     x = {"field": "x", "type": "quantitative", "axis": None, "scale": {"zero": False, "nice": False, "padding": 12}}
     y = {"field": "y", "type": "quantitative", "axis": None, "scale": {"zero": False, "nice": False, "padding": 12}}
     edge = {"x": x, "y": y, "x2": {"field": "px"}, "y2": {"field": "py"}}
@@ -217,10 +237,7 @@ def tree_spec(measure: str = "q", height: int = 640) -> dict[str, Any]:
                       "cursor": "pointer"},
              "encoding": {
                  "x": x, "y": y,
-                 "color": {"condition": {"test": "datum.value === null", "value": NO_VALUE_COLOR},
-                           "field": "value", "type": "quantitative", "title": label,
-                           "scale": {"scheme": "redyellowgreen", "domain": [0, 1]},
-                           "legend": {"gradientLength": 200, "gradientThickness": 12}},
+                 "color": color,
                  "size": {"field": "area", "type": "quantitative", "scale": None},
                  "shape": {"field": "kind", "type": "nominal", "legend": None,
                            "scale": {"domain": list(SHAPES), "range": list(SHAPES.values())}},

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -175,12 +175,11 @@ def stage_evaluate(store: Any, run_id: str, generator: Any, model: str, tasks: l
                    log: Callable[[str], None]) -> str:
     """Greedy on the held-out demo tasks, plus the run's recovery prefixes (Agent-R's recovery score)."""
     from engine.envs.registry import env_factory
-    from engine.evaluate import EvalConfig, evaluate_and_store, format_metrics, recovery_starts
+    from engine.evaluate import DEFAULT_EVAL, evaluate_and_store, format_metrics, recovery_starts
 
     make_env = env_factory("textcraft")
     recovery = recovery_starts(store.samples(run_id=run_id, kind="recovery"))
-    config = EvalConfig(mode="greedy", max_steps=settings.eval_max_steps, max_tokens=settings.search.max_tokens,
-                        constrained=settings.search.constrained)  # the decoding the search used
+    config = replace(DEFAULT_EVAL, max_steps=settings.eval_max_steps)  # the dashboard form's default too
     result = evaluate_and_store(store, generator, "textcraft", "test", tasks, config, recovery=recovery, model=model,
                                 make_env=make_env)
     log(f"evaluation {result.eval_id} of {model} on test {settings.eval_tasks}:\n{format_metrics(result.metrics)}")

@@ -115,6 +115,13 @@ class EvalConfig:
         return self.seeds[:1] if self.mode == "greedy" else self.seeds
 
 
+DEFAULT_EVAL = EvalConfig(mode="greedy", max_steps=10, max_tokens=160, constrained=True)
+"""The evaluation `orchard demo` runs and the dashboard's launch form starts from (with no baseline to
+copy): greedy, under the grammar the demo's search decodes with, 10 steps of at most 160 tokens. One
+definition, so two evaluations made with one click each are comparable. `EvalConfig()`'s own field
+defaults (the CLI's and a job config's) are unchanged."""
+
+
 @dataclass(frozen=True)
 class Start:
     """Where an episode starts: a task, optionally after a prefix (recovery): the env commands to

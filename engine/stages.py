@@ -423,7 +423,7 @@ def run_revisions(store: Any, config: dict[str, Any], reporter: Any, who: str | 
     (docs/algorithms.md §4); unit: one tree. Rows are saved per chunk of `REVISION_CHUNK` trees
     as they are judged (the Trajectories page fills while it runs); the last save prunes the
     uncurated rows of an earlier build that this one no longer makes."""
-    from engine.datasets.revisions import RevisionBuild, build_revisions
+    from engine.datasets.revisions import RevisionBuild, build_counts, build_revisions, why_little
     from engine.llm.registry import load_generator
 
     run_id = store.find_run(config["run"])
@@ -452,6 +452,11 @@ def run_revisions(store: Any, config: dict[str, Any], reporter: Any, who: str | 
              f"samples: {report}; db {store.path}"]
     hint = None if total.good else rollout_only_hint(refs, 1.0)
     lines += [hint] if hint else []
+    counts = build_counts(refs, config_, total)
+    note = why_little(counts, config_)
+    lines += [note] if note else []
+    units.extra.update(counts=counts, note=note)  # the Trajectories page says why a build made nothing
+    units.finish()
     return StageResult(run_id, lines)
 
 

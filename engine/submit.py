@@ -125,11 +125,32 @@ def next_iteration_config(store: Any, loop_id: str) -> dict[str, Any]:
     if not records:
         raise ConfigError(f"loop {loop_id!r}: no iterations recorded")
     base = next((r.get("config") for r in records if isinstance(r.get("config"), dict)), None) or {}
+    base = {**_evaluated_as(store, records), **base}
     last = max(records, key=lambda r: r["idx"])
     model = next((str(r["model"]) for r in sorted(records, key=lambda r: -r["idx"]) if r.get("model")),
                  base.get("model", "tiny"))
     return {**base, "method": last.get("method", base.get("method", "agentq")), "model": model, "iterations": 1,
             "evaluate_base": False, "name": loop_id, "first_iteration": int(last["idx"]) + 1}
+
+
+def _evaluated_as(store: Any, records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The held-out split, tasks and EvalConfig overrides of the loop's first stored evaluation. WHY: a
+    loop recorded without its settings (the demo's) would otherwise be evaluated on the whole test split
+    with `EvalConfig()`'s defaults, and its new model read beside a base evaluated otherwise."""
+    from dataclasses import asdict
+
+    from engine.evaluate import EvalConfig
+
+    ids = [(r.get("eval") or {}).get("eval_id") for r in sorted(records, key=lambda r: r["idx"])]
+    by_id = {e["id"]: e for e in store.evaluations()}
+    first = next((by_id[i] for i in ids if i in by_id), None)
+    if first is None:
+        return {}
+    defaults = asdict(EvalConfig())
+    changed = {k: v for k, v in first["config"].items()
+               if k in defaults and k != "mode" and v != (list(defaults[k]) if isinstance(defaults[k], tuple) else defaults[k])}
+    return {"eval_split": first["split"], "eval_tasks": ",".join(first["task_ids"]),
+            "eval": {"mode": first["mode"], **changed}}
 
 
 def submit_iterate(store: Any, iterate: dict[str, Any], device: str | None = None) -> str:

@@ -298,3 +298,19 @@ def test_successes_found_in_rollouts_join_the_good_set() -> None:
     (good,) = build.good
     assert good.kind == "good" and good.source["simulation"] == 0 and build.revision == []
     assert [t.text for t in good.turns][-1] == "ACTION: right" and good.turns[-1].observation is None
+
+
+def test_why_little_names_the_first_missing_ingredient_with_its_counts() -> None:
+    from engine.datasets.revisions import why_little
+
+    config = RevisionConfig()
+    base = {"trees": 4, "leaves": 9, "success_leaves": 0, "trees_with_success": 0, "leaf_pairs": 0, "judgements": 0,
+            "garbled": 0, "judged_errors": 0, "revision": 0, "good": 0, "recovery": 0}
+    assert "none of the 4 trees has a success leaf" in str(why_little(base, config))
+    some = {**base, "success_leaves": 2, "trees_with_success": 1, "good": 2}
+    assert "no failure leaf below them" in str(why_little(some, config)) and "7 other terminal leaves" in str(
+        why_little(some, config))
+    judged = {**some, "leaf_pairs": 3, "judgements": 6, "garbled": 1, "revision": 3}
+    assert "no judged first error" in str(why_little(judged, config)) and "6 judgements, 1 unreadable" in str(
+        why_little(judged, config))
+    assert why_little({**judged, "judged_errors": 1}, config) is None

@@ -21,7 +21,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from dashboard import auth, data, figures, loop
+from dashboard import auth, compare, data, figures, loop
 from dashboard import forms as fm
 from dashboard import jobs_panel as jp
 from dashboard.text import md
@@ -45,6 +45,35 @@ def read(path: str, version: data.Version) -> tuple[list[dict[str, Any]], list[d
         return store.evaluations(), store.iterations()
 
 
+@st.cache_data(show_spinner=False, max_entries=8)
+def read_episodes(path: str, version: data.Version, ids: tuple[str, ...]) -> dict[str, list[dict[str, Any]]]:
+    """The stored episodes of evaluations `ids` (for paired differences), read only for those."""
+    with Store(path, readonly=True) as store:
+        return {e["id"]: e["episodes"] for e in store.evaluations(with_episodes=True) if e["id"] in ids}
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def task_spec(env_spec: str, split: str, task_ids: tuple[str, ...]) -> str:
+    """The form's Tasks text that selects exactly `task_ids`: "" (the whole split), START:STOP, or ids."""
+    from engine.envs.base import close_env
+    from engine.envs.registry import env_factory
+
+    try:
+        env = env_factory(env_spec)()
+        try:
+            ids = [t.id for t in env.tasks(split)]
+        finally:
+            close_env(env)
+    except fm.submit_errors():
+        return ",".join(task_ids)
+    if list(task_ids) == ids:
+        return ""
+    start = ids.index(task_ids[0]) if task_ids and task_ids[0] in ids else -1
+    if start >= 0 and ids[start:start + len(task_ids)] == list(task_ids):
+        return f"{start}:{start + len(task_ids)}"
+    return ",".join(task_ids)
+
+
 def model_label(model: str) -> str:
     """A short name: 'tiny', or the model folder's name."""
     return model if model == "tiny" or "/" not in model else Path(model).name
@@ -63,6 +92,36 @@ if problem:
 # --- launch an evaluation ---------------------------------------------------------------------------------
 
 newest = loop.newest_model(db)
+evaluations, iterations = read(db, data.db_version(path)) if data.has_data(path) else ([], [])
+by_id = {e["id"]: e for e in evaluations}
+
+
+def compared(evals: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The evaluations of the env and split the comparison below shows (its pickers' values, or their
+    defaults on a first visit)."""
+    envs_seen = sorted({e["env"] for e in evals})
+    env = state.get("ev_env") if state.get("ev_env") in envs_seen else (envs_seen or [None])[0]
+    splits = sorted({e["split"] for e in evals if e["env"] == env})
+    split = state.get("ev_split") if state.get("ev_split") in splits else "test" if "test" in splits else (
+        splits or [None])[0]
+    return [e for e in evals if e["env"] == env and e["split"] == split]
+
+
+# The form starts from the chosen baseline's settings (so what it launches is comparable with it), or the
+# demo's (engine.evaluate.DEFAULT_EVAL). Its keyed widgets keep what was typed, so a new baseline resets them.
+chosen = compared(evaluations)
+if state.get("ev_baseline") not in {e["id"] for e in chosen}:
+    state.pop("ev_baseline", None)
+baseline_id = state.get("ev_baseline") or compare.default_baseline(chosen, iterations)
+baseline = by_id.get(baseline_id or "")
+form_keys = ["ev_env_new", "ev_env_arg", "ev_split_new", "ev_tasks", "ev_mode",
+             *(f"ev_set_{f}" for f in EvalConfig.__dataclass_fields__ if f != "mode")]
+if state.get("ev_form_base", "") != baseline_id:
+    for key in form_keys:
+        state.pop(key, None)
+    state["ev_form_base"] = baseline_id
+defaults = compare.form_defaults(baseline)
+base_env, _, base_arg = (baseline["env"] if baseline else "textcraft").partition(":")
 with st.expander("Launch an evaluation", expanded=bool(fm.form_errors(FORM))), st.form(FORM, border=False):
     left, mid, right = st.columns(3)
     model = left.text_input("Model", value=newest, key="ev_model",
@@ -70,20 +129,25 @@ with st.expander("Launch an evaluation", expanded=bool(fm.form_errors(FORM))), s
     with left:
         fm.field_error(FORM, "model")
     envs = known_envs()
-    env_name = mid.selectbox("Environment", envs, index=envs.index("textcraft") if "textcraft" in envs else 0,
-                             key="ev_env_new")
-    env_arg = mid.text_input("Env argument", key="ev_env_arg", placeholder="(none)")
+    env_name = mid.selectbox("Environment", envs, index=envs.index(base_env) if base_env in envs else
+                             envs.index("textcraft") if "textcraft" in envs else 0, key="ev_env_new")
+    env_arg = mid.text_input("Env argument", value=base_arg, key="ev_env_arg", placeholder="(none)")
     with mid:
         fm.field_error(FORM, "env")
-    split = right.selectbox("Split", ["test", "train"], key="ev_split_new")
+    split = right.selectbox("Split", ["test", "train"], index=1 if baseline and baseline["split"] == "train" else 0,
+                            key="ev_split_new")
     tasks = right.text_input("Tasks", key="ev_tasks", placeholder="(empty: the whole split)",
+                             value=task_spec(baseline["env"], baseline["split"], tuple(baseline["task_ids"]))
+                             if baseline else "",
                              help="Index range START:STOP[:STEP] into the split, or ids a,b,c.")
     with right:
         fm.field_error(FORM, "tasks")
-    mode = st.radio("Mode", list(MODES), horizontal=True, key="ev_mode",
+    mode = st.radio("Mode", list(MODES), horizontal=True, key="ev_mode", index=list(MODES).index(defaults["mode"]),
                     captions=[MODE_HELP[m] for m in MODES])
-    st.markdown("**Settings** (the MCTS budget: mcts simulations, mcts k)")
-    values = fm.settings_inputs(EvalConfig, FORM, "ev_set_", skip=("mode",))
+    st.markdown("**Settings** (the MCTS budget: mcts simulations, mcts k); they start from "
+                + (f"the baseline's below ({md(model_label(baseline['model']))} · {md(baseline['id'][:6])})"
+                   if baseline else "the demo's"))
+    values = fm.settings_inputs(EvalConfig, FORM, "ev_set_", skip=("mode",), defaults=defaults)
     launch = st.form_submit_button("Launch the evaluation", type="primary")
 
 
@@ -98,6 +162,9 @@ def check_eval_form() -> tuple[dict[str, str], dict[str, Any]]:
                              {"mode": mode, **{k: list(v) if isinstance(v, tuple) else v for k, v in settings.items()}})
     fm.check_target(problems, spec, lambda: eval_tasks(config), config["model"])
     problems.update(fm.check_settings(EvalConfig, values))
+    if values.get("constrained") is True and config["model"].startswith("openai:") and "model" not in problems:
+        problems["constrained"] = ("constrained decoding needs an hf: or vllm: model (an HTTP server decodes "
+                                   "unconstrained): untick it, and compare with a baseline evaluated the same way")
     return problems, config
 
 
@@ -130,7 +197,6 @@ if data.has_data(path) and (job := jp.latest_job(db, ("eval", "iterate"))) is no
 
 # --- compare models ---------------------------------------------------------------------------------------
 
-evaluations, iterations = read(db, data.db_version(path)) if data.has_data(path) else ([], [])
 if not evaluations:
     st.info("No evaluations yet: launch one above (or `orchard eval --model tiny --tasks test --mode greedy`, "
             "or `orchard iterate`).")
@@ -145,33 +211,64 @@ else:
     metric = right.selectbox("Metric", [k for k, _ in figures.EVAL_METRICS], key="ev_metric",
                              format_func=lambda k: dict(figures.EVAL_METRICS)[k])
     chosen = [e for e in evaluations if e["env"] == env and e["split"] == split_seen]
-    labels = {e["id"]: f"{model_label(e['model'])} · {e['mode']} · {e['id'][:6]}" for e in chosen}
-    # The newest evaluation of each (model, mode) by default: one column per model, side by side. The key
-    # names the newest evaluation: a keyed multiselect keeps its picks when its default changes, so an
-    # evaluation that lands while the page is open would otherwise stay out of the comparison.
+    ids = [e["id"] for e in chosen]
+    default_base = compare.default_baseline(chosen, iterations)
+    base_id = st.selectbox(
+        "Baseline", ids, index=ids.index(baseline_id) if baseline_id in ids else ids.index(default_base or ids[0]),
+        key="ev_baseline", format_func=lambda i: f"{model_label(by_id[i]['model'])} · {by_id[i]['mode']} · {i[:6]}",
+        help="What the others are compared with (paired over the same tasks); a new evaluation launched above "
+             "starts from its settings. Default: the loop's base evaluation, else the oldest.")
+    base = by_id[base_id]
+    base_key = compare.group_key(base)
+    alike = {e["id"] for e in chosen if compare.group_key(e) == base_key}
+    names = {e["id"]: f"{model_label(e['model'])} · {e['mode']} · {e['id'][:6]}" for e in chosen}
+    labels = {i: name + ("" if i in alike else " · other settings") for i, name in names.items()}
+    # By default the baseline and the newest evaluation of each (model, mode) under the baseline's settings:
+    # only like with like. The key names the newest evaluation and the baseline: a keyed multiselect keeps its
+    # picks when its default changes, so an evaluation that lands while the page is open would stay out.
     newest_each: dict[tuple[str, str], str] = {}
     for ev in chosen:
-        newest_each[(ev["model"], ev["mode"])] = ev["id"]
-    picked = st.multiselect("Evaluations side by side", list(labels), default=list(newest_each.values())[-4:],
-                            format_func=lambda i: labels[i], key=f"ev_pick_{chosen[-1]['id']}")
-    shown = [e for e in chosen if e["id"] in picked] or chosen
+        if ev["id"] in alike and ev["id"] != base_id:
+            newest_each[(ev["model"], ev["mode"])] = ev["id"]
+    picked = st.multiselect("Evaluations side by side", list(labels),
+                            default=[base_id, *list(newest_each.values())[-3:]],
+                            format_func=lambda i: labels[i], key=f"ev_pick_{chosen[-1]['id']}_{base_id}")
+    shown = [e for e in chosen if e["id"] in picked] or [base]
+    for ev in shown:
+        if diffs := compare.differences(base, ev):
+            st.warning(md(f"Not comparable with the baseline {names[base_id]}: {names[ev['id']]} differs in "
+                          + "; ".join(diffs)) + " — evaluate it with the baseline's settings (the form above "
+                       "starts from them).")
     rows = [{"label": labels[e["id"]], "mode": e["mode"], **{k: e["metrics"].get(k) for k, _ in figures.EVAL_METRICS}}
             for e in shown]
     if any(isinstance(r.get(metric), dict) for r in rows):
         st.plotly_chart(figures.eval_figure(rows, metric), key="ev_chart", config={"displayModeBar": False})
     else:
         st.caption(f"No evaluation here measured {dict(figures.EVAL_METRICS)[metric]}.")
+    episodes = read_episodes(db, data.db_version(path), tuple(e["id"] for e in shown))
+
+    def against_base(e: dict[str, Any]) -> str:
+        if e["id"] == base_id:
+            return "baseline"
+        diff = compare.diff_text(compare.paired({**base, "episodes": episodes.get(base_id)},
+                                                {**e, "episodes": episodes.get(e["id"])}, metric))
+        return diff if e["id"] in alike or diff.startswith("no ") else f"{diff}; other settings (see above)"
+
+    metric_label = dict(figures.EVAL_METRICS)[metric]
     side = pd.DataFrame({labels[e["id"]]: {label: interval(e["metrics"].get(key)) for key, label in figures.EVAL_METRICS}
-                         | {"tasks": str(len(e["task_ids"])), "episodes": str(e["metrics"].get("episodes"))}
+                         | {f"{metric_label} − baseline (paired)": against_base(e), "tasks": str(len(e["task_ids"])),
+                            "episodes": str(e["metrics"].get("episodes"))}
                          for e in shown})
     st.dataframe(side, key="ev_side")
     st.caption("Each figure: mean [low, high] of a bootstrap interval resampling tasks; overlapping intervals are "
-               "no evidence of a difference.")
+               "no evidence of a difference. The difference from the baseline is paired: per task, then a "
+               "bootstrap over the same resampled tasks (an interval holding 0 is no evidence of a difference).")
     with st.expander("Every evaluation"):
         st.dataframe(pd.DataFrame([{
             "id": e["id"], "model": model_label(e["model"]), "mode": e["mode"], "tasks": len(e["task_ids"]),
             "episodes": e["metrics"].get("episodes"),
             **{label: interval(e["metrics"].get(key)) for key, label in figures.EVAL_METRICS},
+            "baseline's settings": "yes" if e["id"] in alike else "; ".join(compare.differences(base, e)),
             "created": pd.Timestamp(e["created_at"], unit="s").floor("s"), "path": e["model"],
         } for e in reversed(chosen)]), hide_index=True, key="ev_table")
 
@@ -214,12 +311,30 @@ if loops:
     its = sorted(loops[loop_id], key=lambda r: r["idx"])
     with Store(db, readonly=True) as store:
         pc = {r["run_id"]: store.pair_counts(run_id=r["run_id"]) for r in its if r.get("run_id")}
-    st.dataframe(stage_rows(its, pc), hide_index=True, key="ev_loop_stages")
-    scored = [{"label": f"iteration {r['idx']}" if r["idx"] else "base", "mode": "held-out",
+    stages = stage_rows(its, pc)
+    # Each iteration's evaluation beside the base's: named differences, else the paired difference in success.
+    evals = {r["idx"]: by_id.get((r.get("eval") or {}).get("eval_id") or "") for r in its}
+    first = evals.get(0) or next((e for e in evals.values() if e), None)
+    if first is not None:
+        found = read_episodes(db, data.db_version(path), tuple(e["id"] for e in evals.values() if e))
+        vs_base = []
+        for r in its:
+            found_eval = evals.get(r["idx"])
+            if found_eval is None or found_eval["id"] == first["id"]:
+                vs_base.append("baseline" if found_eval is not None else "—")
+                continue
+            if diffs := compare.differences(first, found_eval):
+                name = f"iteration {r['idx']}" if r["idx"] else "base"
+                st.warning(md(f"Not comparable: {name} was evaluated under other settings than the first "
+                              f"evaluation: " + "; ".join(diffs)))
+            vs_base.append(compare.diff_text(compare.paired({**first, "episodes": found.get(first["id"])},
+                                                            {**found_eval, "episodes": found.get(found_eval["id"])}, "success")))
+        stages["success − baseline (paired)"] = vs_base
+    st.dataframe(stages, hide_index=True, key="ev_loop_stages")
+    scored = [{"label": f"iteration {r['idx']}" if r["idx"] else "base",
                **{k: (r.get("eval") or {}).get(k) for k, _ in figures.EVAL_METRICS}} for r in its]
-    if any(isinstance(r.get(metric if evaluations else "success"), dict) for r in scored):
-        st.plotly_chart(figures.eval_figure(scored, metric if evaluations else "success"), key="ev_loop_chart",
-                        config={"displayModeBar": False})
+    if any(isinstance(r.get(k), dict) for r in scored for k in ("success", "progress", "loop_rate")):
+        st.plotly_chart(figures.loop_figure(scored), key="ev_loop_chart", config={"displayModeBar": False})
     if st.button("Next iteration", key="ev_next", type="primary",
                  help="One more iteration of this loop, with its newest model (an iterate job)."):
         from engine.submit import next_iteration_config, submit_iterate

@@ -43,6 +43,7 @@ CONFLICT = "pp_conflict"  # pair id -> why a write was refused as stale
 ERROR = "pp_error"  # (pair id, why an edit or write was refused)
 FLASH = "pp_flash"  # one-line outcome of the last action
 PAGE = "pp_page"
+WALK = "pp_walk"  # (queue key, pair ids): the queue page in the order the curator found it
 
 path = data.db_path()
 db = str(path)
@@ -85,18 +86,33 @@ def _write(pair_id: str, action: Callable[[Store, str], Pair], done: str) -> Pai
     return pair
 
 
-def _advance(pair_id: str, f: data.Filters, order: str, page: int, index: int | None) -> None:
-    """After a decision on `pair_id`: show the pair that followed it in the queue. If the decision
-    took it out of the queue (e.g. a "pending" filter), that is the one now at its place."""
+def walk_order(key: str, ids: Sequence[str]) -> list[str]:
+    """The queue page in the order the curator found it. WHY: a swap or an edit re-sorts the queue (tree
+    order sorts by the chosen and rejected nodes, gap order by the gap), and "next" by position would then
+    skip the pair that moved up into the changed one's place. So the walk keeps its order while the
+    filters, order and page stay; pairs that left the queue drop out, new ones join at the end."""
+    walk = state.get(WALK)
+    if not walk or walk[0] != key:
+        out = list(ids)
+    else:
+        present, known = set(ids), set(walk[1])
+        out = [i for i in walk[1] if i in present] + [i for i in ids if i not in known]
+    state[WALK] = (key, out)
+    return out
+
+
+def _advance(pair_id: str, f: data.Filters, order: str, page: int, walk: Sequence[str]) -> None:
+    """After a decision on `pair_id`: show the pair that followed it in the walk (`walk_order`) and is
+    still in the queue; if the decision took it out of the queue (e.g. a "pending" filter), the next
+    one takes its place."""
     with Store(db, readonly=True) as store:
         kw = data.as_kwargs(f)
         rows = [p.id for p in store.pairs(limit=PAGE_SIZE, offset=page * PAGE_SIZE, order=order, **kw)]
-        if pair_id in rows:
-            at = rows.index(pair_id) + 1
-        else:
-            at = 0 if index is None else index
-        if at < len(rows):
-            _go(rows[at])
+        # the walk after it, then what moved into this page since (e.g. up from the next one)
+        after = [*walk[walk.index(pair_id) + 1:], *(i for i in rows if i not in set(walk))] if pair_id in walk else rows
+        target = next((i for i in after if i in set(rows)), None)
+        if target is not None:
+            _go(target)
             return
         following = store.pairs(limit=1, offset=(page + 1) * PAGE_SIZE, order=order, **kw)
     if following:
@@ -357,7 +373,8 @@ if error and error[0] != pair_id:  # about no pair in particular, or one that is
 
 # --- the queue ----------------------------------------------------------------------------------------------
 
-index = ids.index(pair_id) if pair_id in ids else None
+walk = walk_order(repr((f, order, page)), ids)
+index = walk.index(pair_id) if pair_id in walk else None
 with st.expander(f"Queue: page {page + 1} of {pages}", expanded=True):
     if rows:
         table = pd.DataFrame([{
@@ -423,16 +440,16 @@ if stale is not None:
                   args=(pair.id, pair.version))
 
 if index is not None:
-    prev_target: tuple[int, str | None] | None = (page, ids[index - 1]) if index > 0 else None
+    prev_target: tuple[int, str | None] | None = (page, walk[index - 1]) if index > 0 else None
     if index == 0 and page > 0:
         before = data.pair_page(db, f, order, PAGE_SIZE, (page - 1) * PAGE_SIZE, version)
         prev_target = (page - 1, before[-1].id if before else None)
-    next_target: tuple[int, str | None] | None = (page, ids[index + 1]) if index + 1 < len(ids) else None
+    next_target: tuple[int, str | None] | None = (page, walk[index + 1]) if index + 1 < len(walk) else None
     if next_target is None and page + 1 < pages:
         next_target = (page + 1, None)
 else:  # a pair outside the queue (a link): Next goes to the queue's first pair
     prev_target, next_target = None, (page, ids[0]) if ids else None
-then = (f, order, page, index)
+then = (f, order, page, walk)
 
 st.subheader(f"Pair {index + 1 + page * PAGE_SIZE if index is not None else '—'} of {total}")
 nav = st.columns(4)

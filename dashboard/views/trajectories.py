@@ -21,7 +21,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from dashboard import auth, builders, data, figures, loop
+from dashboard import auth, builders, data, figures
 from dashboard.text import md
 from engine.actions import FormatError, parse
 from engine.datasets.samples import Sample, to_messages
@@ -222,7 +222,7 @@ st.caption("Agent-R revision trajectories: the bad path up to its first error t'
            "then the good path (loss). Build them below, or with `orchard revisions build RUN --model JUDGE`.")
 for note in notes:
     st.warning(note)
-builders.revisions_builder(db, next((r for r in runs if r.id == run_id), None), loop.newest_model(db))
+builders.revisions_builder(db, next((r for r in runs if r.id == run_id), None))  # the judge: the run's own model
 
 f = data.filters(kind=KIND, run_id=run_id, task_id=task_id, status=statuses)
 counts = data.sample_counts(db, f, version)

@@ -165,9 +165,9 @@ def _row(n: Node, alpha: float) -> dict[str, object]:
         "node": n.id,
         "command": figures.short_command(n, 80),
         "N": n.N,
-        "Q~": round(n.Q_mcts, 3),
+        "Q~": round(n.Q_mcts, 3) if n.N else None,  # no estimate before a visit
         "Q^": None if n.Q_critic is None else round(n.Q_critic, 3),
-        "Q": round(n.value(alpha), 3),
+        "Q": round(n.value(alpha), 3) if n.N else None,
         "terminal": n.terminal or "",
     }
 
@@ -183,7 +183,9 @@ with st.sidebar:
     st.selectbox("Task", list(tree_of_task), key="te_task", on_change=_pick_task)
     measure_label = st.radio(
         "Colour by", list(tree_chart.MEASURES), key="te_measure",
-        help=f"Q~: MCTS mean reward (eq. 8) · Q^: critic score · Q: eq. 10 with this run's alpha = {alpha}",
+        help=f"Q~: MCTS mean reward (eq. 8) · Q^: critic score · Q: eq. 10 with this run's alpha = {alpha} "
+             "(grey where a node has no visit yet) · Outcome: the node's own end (success, failure, format error) "
+             "or open",
     )
     search = st.text_input("Search actions", key="te_search", placeholder="e.g. craft stick")
 
@@ -325,10 +327,10 @@ def inspector(tree: TreeShape, node_id: int, best: list[int], inspect_col: Any, 
         terminal = node.terminal if node.terminal in TERMINALS else ("unknown" if node.terminal else "—")
         c = st.columns(3)  # three a row: a 6-digit visit count still fits beside the plot
         c[0].metric("N (visits)", node.N)
-        c[1].metric("Q~ (MCTS)", f"{node.Q_mcts:.3f}")
+        c[1].metric("Q~ (MCTS)", f"{node.Q_mcts:.3f}" if node.N else "—")
         c[2].metric("Q^ (critic)", "—" if node.Q_critic is None else f"{node.Q_critic:.3f}")
         c = st.columns(3)
-        c[0].metric("Q (eq. 10)", f"{node.value(alpha):.3f}")
+        c[0].metric("Q (eq. 10)", f"{node.value(alpha):.3f}" if node.N else "—")
         c[1].metric("reward", "—" if node.reward is None else f"{node.reward:g}")
         c[2].metric("progress", "—" if node.progress is None else f"{node.progress:.2f}")
         c = st.columns(3)

@@ -294,3 +294,38 @@ def build_revisions(refs: Sequence[TreeRef], judge: Generator, config: RevisionC
         out.good.extend(trajectory_sample(ref, leaf, "good") for leaf in good_leaves(ref, config))
         out.good.extend(rollout_samples(ref, "good"))  # successes that happened in rollouts
     return out
+
+
+def build_counts(refs: Sequence[TreeRef], config: RevisionConfig, built: RevisionBuild) -> dict[str, int]:
+    """What a build found on its way (for saying why it made little or nothing): trees, terminal leaves,
+    success leaves (reward above alpha_good) and the trees holding one, leaf pairs, judged first errors."""
+    leaves = [(i, n) for i, ref in enumerate(refs) for n in ref.tree.nodes if n.terminal is not None and n.parent]
+    good = [(i, v) for i, ref in enumerate(refs) for v in good_leaves(ref, config)]
+    return {"trees": len(refs), "leaves": len(leaves), "success_leaves": len(good),
+            "trees_with_success": len({i for i, _ in good}), "leaf_pairs": built.pairs,
+            "judgements": built.judge_requests, "garbled": built.garbled,
+            "judged_errors": sum(1 for s in built.revision if s.source["error_found"]),
+            "revision": len(built.revision), "good": len(built.good), "recovery": len(built.recovery)}
+
+
+def why_little(counts: dict[str, int], config: RevisionConfig) -> str | None:
+    """One line saying why a build made no revision trajectory with a judged first error (None when it
+    made one), with the counts behind it."""
+    c = counts
+    if c["judged_errors"]:
+        return None
+    if not c["trees"]:
+        return "nothing built: the run has no trees"
+    if not c["success_leaves"]:
+        return (f"no revision trajectories: none of the {c['trees']} trees has a success leaf (a terminal leaf with "
+                f"reward above alpha_good {config.alpha_good}; {c['leaves']} terminal leaves in all), so no failure "
+                "can be paired with a success; search more, or with a model that solves some tasks"
+                + (f"; {c['good']} good trajectories from rollouts" if c["good"] else ""))
+    if not c["leaf_pairs"]:
+        return (f"no revision trajectories: {c['success_leaves']} success leaves in {c['trees_with_success']} of "
+                f"{c['trees']} trees, but no failure leaf below them with a reward more than beta_gap "
+                f"{config.beta_gap} lower ({c['leaves'] - c['success_leaves']} other terminal leaves); "
+                f"{c['good']} good trajectories")
+    return (f"no judged first error: the judge read the bad paths of {c['leaf_pairs']} leaf pairs "
+            f"({c['judgements']} judgements, {c['garbled']} unreadable) and called no step Bad; "
+            f"{c['revision']} revision trajectories without a judged transition point, {c['good']} good trajectories")

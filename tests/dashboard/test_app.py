@@ -243,3 +243,17 @@ def test_a_folder_or_a_damaged_database_is_explained_on_every_page(monkeypatch, 
             assert not at.exception, (path, page)
             assert at.error and "cannot be opened" in at.error[0].value, (path, page)
             assert any(says in c.value for c in at.code), (path, page)
+
+
+def test_colour_by_outcome_draws_each_nodes_own_end(db) -> None:
+    path, runs = db
+    tree = trees(path, runs["main"])["goal-4"]
+    at = open_tree(run=runs["main"], task="goal-4")
+    at.radio(key="te_measure").set_value("Outcome").run()
+    assert not at.exception
+    spec, rows, _ = tree_chart_of(at)
+    nodes = next(layer for layer in spec["layer"] if layer.get("name") == "nodes")
+    assert nodes["encoding"]["color"]["field"] == "outcome"
+    want = {"success": "success", "failure": "failure", "depth_limit": "failure", "stopped": "failure",
+            "format_error": "format error", None: "open"}
+    assert rows.set_index("id")["outcome"].to_dict() == {n.id: want[n.terminal] for n in tree.nodes}

@@ -4,6 +4,7 @@ private copy of the fixture store per test (the pages write curation decisions).
 from __future__ import annotations
 
 from dataclasses import replace
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -500,3 +501,87 @@ def test_imported_rows_show_before_any_search_run(tmp_path: Path, monkeypatch) -
         assert not at.error and not any("No runs yet" in i.value for i in at.info), page
     for page in (PAIRS, TRAJECTORIES):
         assert any("No runs yet" in i.value for i in open_page(page).info), page
+
+
+def test_swap_then_approve_and_next_goes_to_the_pair_that_followed_it_not_past_it(db) -> None:
+    """Tree order sorts by (node, chosen node, rejected node): a swap moves the pair down the queue. The
+    next pair is the one that followed it when the curator came to it, which a swap moved up (issue 31 B)."""
+    path, runs = db
+    at = open_page(PAIRS, who="erin", run=runs["main"])
+    at.selectbox(key="pp_kind").select("Step pairs").run()
+    with Store(path) as store:
+        queue_ids = [p.id for p in store.pairs(run_id=runs["main"], kind="step")]
+        before = {p.id: p for p in store.pairs(run_id=runs["main"], kind="step")}
+    # a pair whose swap puts it after the pair that follows it (same branching node, chosen < rejected)
+    i = next(i for i, (a, b) in enumerate(pairwise(queue_ids)) if
+             (before[a].tree_id, before[a].node_id) == (before[b].tree_id, before[b].node_id)
+             and before[a].rejected_node > before[b].chosen_node)
+    swapped, neighbour = queue_ids[i], queue_ids[i + 1]
+    at.query_params["pair"] = swapped
+    at.run()
+    at.button(key="pp_swap").click().run()
+    assert at.query_params["pair"] == swapped  # the cursor stays on the swapped pair
+    with Store(path) as store:
+        moved = [p.id for p in store.pairs(run_id=runs["main"], kind="step")]
+    assert moved.index(swapped) > moved.index(neighbour)  # what made "next" skip the neighbour
+    at.button(key="pp_approve_next").click().run()
+    assert not at.exception
+    assert stored_pair(path, swapped).status == "approved"
+    assert at.query_params["pair"] == neighbour and stored_pair(path, neighbour).status == "pending"
+    at.button(key="pp_approve_next").click().run()
+    assert stored_pair(path, neighbour).status == "approved"
+    assert at.query_params["pair"] == queue_ids[i + 2]  # and on past the swapped pair, not back to it
+    at.button(key="pp_prev").click().run()
+    assert at.query_params["pair"] == neighbour
+
+
+def test_the_curators_name_is_kept_for_the_session_across_pages(db) -> None:
+    """The name typed once is recorded on every later decision, after visits to pages without the field."""
+    path, runs = db
+    at = open_page(PAIRS, who="frank", run=runs["main"])
+    at.switch_page("views/evaluation.py").run()
+    assert "who" not in [t.key for t in at.text_input]
+    at.switch_page(TRAJECTORIES).run()
+    assert at.text_input(key="who").value == "frank"
+    at.switch_page(PAIRS).run()
+    pair_id = at.query_params["pair"]
+    at.button(key="pp_reject").click().run()
+    assert stored_pair(path, pair_id).updated_by == "frank"
+
+
+def test_the_revisions_judge_defaults_to_the_runs_own_model(db) -> None:
+    """Not the newest trained model: Agent-R's judge is the policy that searched (issue 31 C)."""
+    from engine.store import ModelRecord
+
+    path, runs = db
+    with Store(path) as store:
+        store.save_model(ModelRecord(path="/models/dpo-newest", name="dpo-newest", kind="dpo", parent="tiny",
+                                     job_id=None, data_ids=[], config={}, metrics={}))
+        searched_with = store.run(runs["main"]).model
+    at = open_page(TRAJECTORIES, run=runs["main"])
+    assert at.text_input(key="rb_model").value == searched_with != "/models/dpo-newest"
+
+
+def test_a_revisions_build_that_made_nothing_says_why_with_its_counts(db) -> None:
+    from dash_fixtures import Judge
+    from doubles import ScriptedGenerator
+
+    from engine.config import SearchConfig
+    from engine.envs.registry import env_factory
+    from engine.search.runner import new_run
+    from engine.stages import run_revisions
+    from engine.train.worker import StoreReporter
+
+    path, _ = db
+    with Store(path) as store:  # line-env commands on TextCraft: no leaf is a success
+        run_id, _ = new_run(store, "textcraft", env_factory("textcraft")().tasks("train")[:1], ScriptedGenerator(),
+                            SearchConfig(simulations=3, k=2, depth_limit=2), "no-wins")
+        job = store.create_job("revisions", {"run": run_id, "model": "judge-double"}, "cpu", name="revisions")
+        store.claim_next_job("cpu")
+        run_revisions(store, job.config, StoreReporter(store, job.id), judge=Judge())
+        store.finish_job(job.id, "succeeded", output_path=run_id)
+    at = open_page(TRAJECTORIES, run=run_id)
+    assert not at.exception, at.exception
+    why = "\n".join(w.value for w in at.warning).replace("\\", "")
+    assert "no revision trajectories: none of the 1 trees has a success leaf" in why, why
+    assert any("success leaves 0" in c.value.replace("\\", "") for c in at.caption)

@@ -367,7 +367,7 @@ def test_launch_an_evaluation_and_compare_models_side_by_side(db: Path, model: s
     with Store(db) as store:
         job = store.jobs()[-1]
         assert job.kind == "eval" and job.config["eval"] == {"mode": "greedy", "max_steps": 2, "max_tokens": 8,
-                                                             "bootstrap": 50}
+                                                             "bootstrap": 50, "constrained": True}  # the demo's
         done = JobRunner(store).wait(job.id, timeout=240)
         assert done.state == "succeeded", Path(done.log_path).read_text()[-2000:]
         from engine.envs.registry import env_factory
@@ -380,8 +380,14 @@ def test_launch_an_evaluation_and_compare_models_side_by_side(db: Path, model: s
     at.run()
     assert not at.exception, at.exception
     side = next(d.value for d in at.dataframe if "success rate" in d.value.index)
+    assert len(side.columns) == 1 and "greedy" in side.columns[0]  # only the baseline's settings by default
+    picker = next(m for m in at.multiselect if m.label == "Evaluations side by side")
+    picker.set_value(list(picker.options))
+    at.run()
+    side = next(d.value for d in at.dataframe if "success rate" in d.value.index)
     assert len(side.columns) == 2 and any("greedy" in c for c in side.columns) and any("sampled" in c for c in side.columns)
     assert all("[" in v for v in side.loc["success rate"])  # every figure with its interval
+    assert "mode greedy vs sampled" in "\n".join(w.value for w in at.warning).replace("\\", "")
 
 
 @pytest.mark.parametrize(("fill", "words"), [

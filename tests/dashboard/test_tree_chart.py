@@ -49,9 +49,9 @@ def test_rows_carry_engine_values(tree: SearchTree, measure: str) -> None:
     ids = rows["id"].tolist()
     assert ids == lay.ids.tolist() and sorted(ids) == list(range(len(tree.nodes)))
     assert np.allclose(rows["x"], lay.x) and np.allclose(rows["y"], -lay.y)
-    expected = {
-        "q": lambda n: n.value(alpha),
-        "q_mcts": lambda n: n.Q_mcts,
+    expected = {  # Q~ and Q of a node not visited yet: no value (grey), not the engine's 0
+        "q": lambda n: n.value(alpha) if n.N else math.nan,
+        "q_mcts": lambda n: n.Q_mcts if n.N else math.nan,
         "q_critic": lambda n: math.nan if n.Q_critic is None else n.Q_critic,
     }[measure]
     got = [math.nan if v is None else v for v in rows["value"]]
@@ -66,8 +66,9 @@ def test_rows_carry_engine_values(tree: SearchTree, measure: str) -> None:
     assert list(rows["N"]) == visits and list(rows["depth"]) == [tree.nodes[i].depth for i in ids]
     for i, facts in zip(ids, rows["facts"]):  # the hover line of each node's numbers
         n = tree.nodes[i]
-        q_critic = "–" if n.Q_critic is None else f"{n.Q_critic:.2f}"
-        assert facts.startswith(f"depth {n.depth} · N {n.N} · Q~ {n.Q_mcts:.2f} · Q^ {q_critic} · Q {n.value(alpha):.2f}")
+        q_critic = "—" if n.Q_critic is None else f"{n.Q_critic:.2f}"
+        q_mcts, q = (f"{n.Q_mcts:.2f}", f"{n.value(alpha):.2f}") if n.N else ("—", "—")
+        assert facts.startswith(f"depth {n.depth} · N {n.N} · Q~ {q_mcts} · Q^ {q_critic} · Q {q}")
         assert facts.endswith(f" · {n.terminal}") == bool(n.terminal)
 
 
@@ -146,3 +147,29 @@ def test_a_click_names_a_node_and_anything_else_names_none() -> None:
     for state in (None, {}, {tree_chart.PICK: []}, {tree_chart.PICK: {}}, {tree_chart.PICK: ["7"]}, {tree_chart.PICK: [{"id": "7"}]}, {tree_chart.PICK: [{"id": True}]},
                   {tree_chart.ZOOM: {"x": [0, 1]}}):
         assert tree_chart.picked_node(state) is None, state
+
+
+def test_an_unvisited_success_leaf_is_grey_on_q_and_green_by_outcome_never_a_failure() -> None:
+    """N = 0: Q~ is no estimate (the engine keeps 0), so it is drawn grey with "—", not dark red; coloured
+    by outcome, the leaf is a success (issue 31 D)."""
+    tree = SearchTree.new(TaskSpec(id="t", goal="g"), "start")
+    visited = tree.add_child(tree.root, observation="o", terminal="failure", reward=0.0)
+    leaf = tree.add_child(tree.root, observation="o", terminal="success", reward=1.0)
+    tree.add_child(tree.root, observation="o", terminal="format_error")
+    tree.backpropagate([visited.id], 0.0)
+    assert leaf.N == 0 and leaf.Q_mcts == 0.0
+    for measure in ("q", "q_mcts"):
+        rows = tree_chart.tree_rows(tree, layout_tree(tree), measure).set_index("id")
+        assert rows.loc[leaf.id, "value"] is None and rows.loc[visited.id, "value"] == 0.0
+        assert " · Q~ — · " in rows.loc[leaf.id, "facts"]
+        nodes = next(layer for layer in tree_chart.tree_spec(measure)["layer"] if layer.get("name") == "nodes")
+        assert nodes["encoding"]["color"]["condition"] == {"test": "datum.value === null",
+                                                           "value": tree_chart.NO_VALUE_COLOR}
+    main, _ = tree_chart.chart_data(tree_chart.tree_rows(tree, layout_tree(tree), "outcome"))
+    assert main.set_index("id")["outcome"].to_dict() == {0: "open", visited.id: "failure", leaf.id: "success",
+                                                         3: "format error"}
+    spec = tree_chart.tree_spec("outcome")
+    alt.Chart.from_dict({**spec, "data": {"values": []}})
+    color = next(layer for layer in spec["layer"] if layer.get("name") == "nodes")["encoding"]["color"]
+    assert color["field"] == "outcome" and dict(zip(color["scale"]["domain"], color["scale"]["range"]))[
+        "success"] == "#2e7d32"
