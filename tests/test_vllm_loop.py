@@ -143,7 +143,7 @@ def test_iterate_with_a_vllm_spec_searches_trains_and_reloads(fake_vllm, models,
     train = {"max_steps": 2, "batch_size": 4, "learning_rate": 1e-3, "device": "cpu", "precision": "fp32",
              "num_threads": 1}
     config = IterateConfig(
-        method="agentq", model=f"vllm:{base}", env="line", iterations=1, tasks_per_iteration=3,
+        method="agentq", model=f"vllm:{base}", env="line", iterations=1, tasks_per_iteration=3, include_pending=True,
         eval_split="train", eval_tasks="0:2", output_root=str(tmp_path / "loop"), name="loop-vllm",
         search={"simulations": 6, "k": 3, "depth_limit": 4, "max_tokens": 32}, dpo=train,
         eval={"mode": "sampled", "seeds": [0], "max_steps": 4, "bootstrap": 100},

@@ -28,6 +28,7 @@ from dashboard.text import md
 from engine.envs.registry import known_envs
 from engine.evaluate import MODES, EvalConfig
 from engine.store import Store
+from engine.train.iterate import METHODS
 
 FORM = "ev_new"
 MODE_HELP = {"greedy": "one episode per task, temperature 0", "sampled": "one episode per task and seed, sampled",
@@ -281,6 +282,17 @@ for it in iterations:
     loops.setdefault(it["loop_id"], []).append(it)
 
 
+def curation_cell(gate: dict[str, Any] | None, counts: dict[str, int]) -> str:
+    """What an iteration trained on, by curation state (its recorded gate), else the run's pair counts."""
+    if isinstance(gate, dict):
+        used = gate.get("final", 0) + gate.get("uncurated_used", 0)
+        return (f"trained on {used}: {gate.get('final', 0)} curated + {gate.get('uncurated_used', 0)} uncurated; "
+                f"{gate.get('uncurated_left_out', 0)} uncurated left out")
+    if counts:
+        return f"{counts.get('approved', 0)} approved · {counts.get('pending', 0)} pending"
+    return "—"
+
+
 def stage_rows(records: list[dict[str, Any]], pair_counts: dict[str, dict[str, int]]) -> pd.DataFrame:
     """One row per iteration, one column per stage, each cell its status."""
     rows = []
@@ -296,8 +308,7 @@ def stage_rows(records: list[dict[str, Any]], pair_counts: dict[str, dict[str, i
             "iteration": str(r["idx"]),
             "search": f"✓ run {r.get('run_id')} · {r.get('solved_in_search', 0)} solved" if r.get("run_id") else "—",
             "data": f"✓ {data_n} rows" if data_n else "✗ none",
-            "curation": (f"{counts.get('approved', 0)} approved · {counts.get('pending', 0)} pending (loop trains on "
-                         "pending)") if counts else "—",
+            "curation": curation_cell(r.get("curation"), counts),
             "train": "✓" if r.get("train") else f"skipped: {r['skipped']}" if r.get("skipped") else "✗",
             "evaluate": interval((r.get("eval") or {}).get("success")) if r.get("eval") else "—",
             "model": model_label(str(r.get("model", ""))),
@@ -335,6 +346,18 @@ if loops:
                **{k: (r.get("eval") or {}).get(k) for k, _ in figures.EVAL_METRICS}} for r in its]
     if any(isinstance(r.get(k), dict) for r in scored for k in ("success", "progress", "loop_rate")):
         st.plotly_chart(figures.loop_figure(scored), key="ev_loop_chart", config={"displayModeBar": False})
+    last_gate = next((r["curation"] for r in reversed(its) if isinstance(r.get("curation"), dict)), None)
+    was_pending = bool(next((r["config"].get("include_pending") for r in reversed(its)
+                             if isinstance(r.get("config"), dict)), False))
+    next_pending = st.checkbox(
+        "Next iteration: include uncurated rows", value=was_pending, key="ev_next_pending",
+        help="By default the loop trains only on rows curated on the Data pages (approved / edited). Checked, it "
+             "also trains on rows nobody has reviewed; rejected and disputed rows never.")
+    if last_gate:
+        st.caption(f"Last iteration: {last_gate.get('final', 0)} curated rows, "
+                   f"{last_gate.get('uncurated_used', 0) + last_gate.get('uncurated_left_out', 0)} uncurated "
+                   f"({'included' if last_gate.get('uncurated_used') else 'left out'}). The next iteration "
+                   f"{'includes' if next_pending else 'leaves out'} the uncurated rows of its own search.")
     if st.button("Next iteration", key="ev_next", type="primary",
                  help="One more iteration of this loop, with its newest model (an iterate job)."):
         from engine.submit import next_iteration_config, submit_iterate
@@ -342,7 +365,7 @@ if loops:
         try:
             auth.require(db, "launch_jobs")  # a login (and a maintainer) where one is needed
             with Store(db) as store:
-                cfg = next_iteration_config(store, loop_id)
+                cfg = {**next_iteration_config(store, loop_id), "include_pending": next_pending}
                 job_id = submit_iterate(store, cfg)
             state["ev_flash"] = (f"Queued job {job_id}: iteration {cfg['first_iteration']} of loop {md(loop_id)} "
                                  f"from {md(model_label(cfg['model']))}.")
@@ -354,8 +377,10 @@ else:
                "trains and evaluates (an iterate job; `orchard iterate` does the same).")
     with st.form("ev_loop_new", border=True):
         left, mid, right = st.columns(3)
-        method = left.selectbox("Method", ["agentq", "agentr"], key="ev_loop_method",
-                                help="agentq: step pairs + DPO; agentr: revisions + SFT")
+        method = left.selectbox("Method", list(METHODS), key="ev_loop_method",
+                                help="exit: expert iteration, SFT on each solved tree's shortest success (the "
+                                     "default); agentq: step pairs + DPO; agentr: revisions + SFT; visits: SFT "
+                                     "toward the search's visit counts")
         loop_model = mid.text_input("Model", value=newest, key="ev_loop_model")
         fm.field_error("ev_loop_new", "model")
         loop_env = right.selectbox("Environment", envs, index=envs.index("textcraft") if "textcraft" in envs else 0,
@@ -364,6 +389,10 @@ else:
         fm.field_error("ev_loop_new", "tasks_per_iteration")
         eval_tasks_spec = mid.text_input("Held-out tasks", key="ev_loop_eval", placeholder="(empty: the test split)")
         fm.field_error("ev_loop_new", "eval_tasks")
+        loop_pending = st.checkbox("Include uncurated rows", key="ev_loop_pending",
+                                   help="Nobody curates while an iteration runs: checked, the loop trains on the "
+                                        "rows its search produced that nobody has reviewed; unchecked, only on "
+                                        "curated ones (so an iteration with none trains nothing and says so).")
         start = st.form_submit_button("Start the loop", type="primary")
     if start and (refused := fm.refused(db)) is not None:  # before any probe (forms.refused)
         fm.set_errors("ev_loop_new", {})
@@ -375,7 +404,7 @@ else:
 
         cfg = {"method": method, "model": loop_model.strip() or "tiny", "env": loop_env, "iterations": 1,
                "tasks_per_iteration": int(per_it), "eval_tasks": eval_tasks_spec.strip(),
-               "name": f"{method}-{time.strftime('%Y%m%d-%H%M%S')}"}
+               "include_pending": bool(loop_pending), "name": f"{method}-{time.strftime('%Y%m%d-%H%M%S')}"}
         problems = {}
         try:
             check_model(cfg["model"])

@@ -437,6 +437,39 @@ def test_loop_view_shows_each_stage_and_next_iteration_continues_the_loop_with_i
     assert cfg["evaluate_base"] is False and cfg["model"] == "tiny" and cfg["search"] == {"simulations": 1}
 
 
+def test_next_iteration_asks_whether_to_train_on_uncurated_rows_and_shows_the_last_counts(db: Path) -> None:
+    """The loop's curation gate in the Loop view: the last iteration's counts by curation state, and the
+    choice (default: the loop's own) carried into the next iteration's job."""
+    with Store(db) as store:
+        base = {"method": "exit", "model": "tiny", "env": "textcraft", "iterations": 1, "tasks_per_iteration": 2,
+                "name": "loop-g", "search": {"simulations": 1}, "include_pending": False}
+        store.save_iteration("loop-g", 1, "exit", {
+            "run_id": "r1", "solved_in_search": 2, "samples": 0, "model": "tiny", "config": base,
+            "curation": {"final": 0, "uncurated_used": 0, "uncurated_left_out": 7},
+            "skipped": "no curated search rows: 7 uncurated rows left out"})
+    at = _eval_page(db)
+    assert not at.exception, at.exception
+    stages = next(d.value for d in at.dataframe if "curation" in d.value)
+    assert stages.iloc[-1]["curation"] == "trained on 0: 0 curated + 0 uncurated; 7 uncurated left out"
+    assert "Last iteration: 0 curated rows, 7 uncurated (left out)" in "\n".join(c.value for c in at.caption)
+    assert at.checkbox(key="ev_next_pending").value is False  # the loop's own choice
+    at.checkbox(key="ev_next_pending").check()
+    at.run()
+    at.button(key="ev_next").click()
+    at.run()
+    assert not at.error, errors(at)
+    with Store(db) as store:
+        job = store.jobs()[-1]
+        JobRunner(store).cancel(job.id, grace_s=30)
+    assert job.config["iterate"]["include_pending"] is True and job.config["iterate"]["method"] == "exit"
+
+
+def test_a_new_loop_defaults_to_expert_iteration(db: Path) -> None:
+    at = _eval_page(db)
+    assert at.selectbox(key="ev_loop_method").value == "exit"
+    assert at.checkbox(key="ev_loop_pending").value is False
+
+
 def test_start_a_loop_refuses_a_bad_held_out_selection_and_queues_nothing(db: Path) -> None:
     at = _eval_page(db)
     at.text_input(key="ev_loop_eval").set_value("0:99999")
