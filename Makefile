@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test install lint clean
+.PHONY: run test test-slow install lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -34,8 +34,13 @@ run: $(STAMP)
 	$(BIN)/streamlit run dashboard/app.py --server.address $(ADDRESS) --server.port $(PORT) --server.headless true \
 		$(foreach h,$(HOSTS),--server.allowedHosts $(h))
 
+# The default run (<= 5 min on 2 cores); the slow tests (real browsers, the demo, model builds,
+# subprocess jobs) are the second command, which CI runs too.
 test: $(STAMP)
-	$(BIN)/python -m pytest -n 2 -q
+	$(BIN)/python -m pytest -n 2 -q -m "not slow"
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -n 2 -q -m slow
 
 # ruff, then mypy (settings and the packages it checks: pyproject.toml [tool.mypy]).
 lint: $(STAMP)

@@ -43,6 +43,7 @@ def _one_line_error(out, *needles):
         assert n in lines[0], lines[0]
 
 
+@pytest.mark.slow
 def test_bad_inputs_are_one_line_errors_and_write_nothing(tmp_path):
     db = tmp_path / "o.db"
     _one_line_error(_orchard("search", "--env", "nosuch", "--db", str(db)), "unknown env", "nosuch")
@@ -68,6 +69,7 @@ def _line_run(db):
     return run_id
 
 
+@pytest.mark.slow
 def test_more_bad_inputs_from_a_review_are_one_line_errors_and_write_nothing(tmp_path):
     db = tmp_path / "o.db"
     _one_line_error(_orchard("search", "--tasks", "0:1", "--model", "openai:http://127.0.0.1:9/v1", "--db", str(db)),

@@ -44,6 +44,7 @@ def _expert_answers(tasks: int = 40, noise: float = 0.3) -> list[tuple[object, s
     return out
 
 
+@pytest.mark.slow
 def test_textcraft_pattern_takes_every_correct_expert_command_on_every_task() -> None:
     env, checked = TextCraftEnv(), 0
     for split in ("train", "test"):
@@ -110,6 +111,7 @@ def tokenizer():
     return AutoTokenizer.from_pretrained(SHIPPED)
 
 
+@pytest.mark.slow
 def test_masks_allow_every_token_of_every_expert_answer_and_eos_only_at_the_end(tokenizer) -> None:
     """Constrained decoding never forbids what the policy was trained to write."""
     from engine.llm.hf_constrain import TokenMasker
@@ -127,6 +129,7 @@ def test_masks_allow_every_token_of_every_expert_answer_and_eos_only_at_the_end(
         assert masker.mask(grammar, text).sum() == 1  # after STATUS: only the end
 
 
+@pytest.mark.slow
 def test_constrained_samples_stay_in_the_grammar_and_keep_raw_logprobs() -> None:
     from engine.llm.hf import HFGenerator
 
@@ -155,6 +158,7 @@ def test_constrained_samples_stay_in_the_grammar_and_keep_raw_logprobs() -> None
     assert finished >= 6
 
 
+@pytest.mark.slow
 def test_a_constrained_search_stores_no_unreadable_node(tmp_path: Path) -> None:
     from engine.llm.hf import HFGenerator
     from engine.search.runner import new_run
@@ -181,6 +185,7 @@ def test_http_servers_refuse_a_grammar_rather_than_ignore_it() -> None:
         gen.sample([req])
 
 
+@pytest.mark.slow
 def test_a_constrained_evaluation_has_no_format_error_but_at_the_token_limit() -> None:
     from engine.evaluate import EvalConfig, evaluate
     from engine.llm.hf import HFGenerator

@@ -144,6 +144,7 @@ def test_bad_configs_are_refused_or_fail_in_the_worker(store: Store, tmp_path: P
     _intact(store.path)
 
 
+@pytest.mark.slow
 def test_a_real_dpo_job_reports_progress_is_cancelled_and_the_next_one_trains(store: Store, tmp_path: Path) -> None:
     from doubles import action_text
     from tiny_model_fixture import build_tiny_model
@@ -224,6 +225,7 @@ TINY_TRAIN = {"max_steps": 1, "batch_size": 2, "learning_rate": 1e-3, "device": 
               "num_threads": 1}
 
 
+@pytest.mark.slow
 def test_relative_paths_of_a_job_resolve_where_it_was_submitted(store: Store, tmp_path: Path, monkeypatch) -> None:
     """`orchard train sft --model ./mymodel` typed in another folder: the worker (in the repository
     root) must train that folder's model, into that folder's --out."""
@@ -259,6 +261,7 @@ def test_resolve_job_paths_makes_every_path_absolute_and_keeps_specs() -> None:
     assert resolve_job_paths("dpo", {"model": "/abs/m", "output": None}, cwd) == {"model": "/abs/m", "output": None}
 
 
+@pytest.mark.slow
 def test_a_hung_worker_is_failed_by_its_stale_heartbeat_and_its_device_freed(store: Store, monkeypatch) -> None:
     monkeypatch.setenv("ORCHARD_JOB_HEARTBEAT_S", "0.2")
     runner = JobRunner(store, heartbeat_timeout_s=2.0)
@@ -284,6 +287,7 @@ def test_a_hung_worker_is_failed_by_its_stale_heartbeat_and_its_device_freed(sto
     assert JobRunner(store).wait(waiting.id, timeout=60).state == "succeeded"  # the device was freed
 
 
+@pytest.mark.slow
 def test_a_job_silent_for_longer_than_the_heartbeat_timeout_is_not_hung(store: Store, monkeypatch) -> None:
     """The heartbeat thread beats while a phase reports nothing (a model loading, an evaluation)."""
     monkeypatch.setenv("ORCHARD_JOB_HEARTBEAT_S", "0.2")
@@ -293,6 +297,7 @@ def test_a_job_silent_for_longer_than_the_heartbeat_timeout_is_not_hung(store: S
     assert done.state == "succeeded", done.error
 
 
+@pytest.mark.slow
 def test_cancelling_a_running_eval_job_ends_well_under_the_grace_period(store: Store, tmp_path: Path) -> None:
     """Evaluation never asks `should_stop`: SIGTERM must stop it at once, not after 30 s and a SIGKILL."""
     from tiny_model_fixture import build_tiny_model

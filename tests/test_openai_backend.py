@@ -43,6 +43,7 @@ def server(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         yield srv
 
 
+@pytest.mark.slow
 def test_server_ignores_n_and_client_collects_n(server: SimpleNamespace) -> None:
     posts: list[str] = []
     gen = OpenAIGenerator(server.base_url, server.model, max_concurrency=4, **FAST)

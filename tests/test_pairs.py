@@ -100,6 +100,7 @@ def brute_force(tree: SearchTree, exact, alpha: Fraction, theta: Fraction) -> se
 
 @settings(max_examples=300, deadline=None)
 @given(random_trees(), st.sampled_from(ALPHAS), st.sampled_from(THETAS))
+@pytest.mark.slow
 def test_step_pairs_match_brute_force(data, alpha, theta):
     tree, exact = data
     pairs = step_pairs(TreeRef(tree, "run1", 7, DESC), PairsConfig(alpha=float(alpha), theta=float(theta)))

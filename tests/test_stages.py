@@ -33,6 +33,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_search_then_pairs_then_revisions_as_jobs(tmp_path: Path, model: str) -> None:
     with Store(tmp_path / "orchard.db") as store:
         runner = JobRunner(store)
@@ -65,6 +66,7 @@ class StopAfter(MemoryReporter):
         return bool(self.progress_rows) and (self.progress_rows[-1].get("step") or 0) >= self.after
 
 
+@pytest.mark.slow
 def test_a_cancelled_search_stops_at_the_next_simulation_and_a_resume_job_finishes_it(tmp_path: Path,
                                                                                         model: str) -> None:
     with Store(tmp_path / "orchard.db") as store:
@@ -122,6 +124,7 @@ def test_config_fields_read_every_search_setting_with_its_help() -> None:
     assert by_name["alpha"][1].startswith("eq. 10 weight")
 
 
+@pytest.mark.slow
 def test_a_refine_job_reports_personas_and_writes_its_file(tmp_path: Path, model: str) -> None:
     from engine.submit import submit_refine
 
@@ -139,6 +142,7 @@ def test_a_refine_job_reports_personas_and_writes_its_file(tmp_path: Path, model
         assert len(store.jobs()) == 1
 
 
+@pytest.mark.slow
 def test_an_eval_job_reports_its_steps_and_a_cancel_stops_it_at_the_next_model_call(tmp_path: Path,
                                                                                   model: str) -> None:
     from engine.stages import CountedGenerator, _Units

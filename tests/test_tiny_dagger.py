@@ -91,6 +91,7 @@ def test_states_on_the_experts_path_are_not_added() -> None:
     assert dagger_rows(ExpertActor(CFG, tasks), CFG, 0, log=lambda _: None) == []
 
 
+@pytest.mark.slow
 def test_a_build_with_dagger_rounds_is_deterministic_and_records_them(tmp_path: Path) -> None:
     cfg = replace(SMALL, steps=40, dagger_rounds=1, dagger_steps=10, max_tasks=8, dagger_max_steps=3)
     a = ensure_tiny_model(tmp_path / "a", seed=0, config=cfg, log=lambda _: None)

@@ -96,6 +96,7 @@ def test_actor_targets_are_the_expert_steps_never_its_mistakes() -> None:
     assert all(f"ACTION: {m}" in last_prompt for m in mistakes)
 
 
+@pytest.mark.slow
 def test_build_is_deterministic_and_cached(small_model: Path, tmp_path: Path) -> None:
     again = ensure_tiny_model(tmp_path / "again", seed=0, config=SMALL, log=lambda _: None)
     a, b = load_file(small_model / "model.safetensors"), load_file(again / "model.safetensors")
@@ -151,6 +152,7 @@ def test_validation_tasks_are_held_out_of_the_rows() -> None:
     assert not seen & val and len(seen) == len(TextCraftEnv().tasks("train")) - len(val)
 
 
+@pytest.mark.slow
 def test_the_default_recipe_keeps_its_actor_rows() -> None:
     """Regression: the first recipe dropped rows over 512 tokens, i.e. 39% of the actor steps and
     every step after the 8th, so the model had never seen the long prompts of late steps. Now only

@@ -72,6 +72,7 @@ def test_train_foreground_registers_model_and_job(tmp_path: Path, model: Path, c
     assert job.id in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_train_as_a_job_and_cancel(tmp_path: Path, model: Path, capsys) -> None:
     db = tmp_path / "o.db"
     _db_with_pairs(db)

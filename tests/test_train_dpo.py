@@ -106,6 +106,7 @@ def test_rows_are_what_the_generator_scored(model_dir: Path, replay) -> None:
         assert r == pytest.approx(p.logprob_rejected, abs=2e-4)
 
 
+@pytest.mark.slow
 def test_stored_reference_gives_the_same_training_as_an_explicit_reference_pass(model_dir: Path, replay) -> None:
     pairs, tokens = replay
     live = train_dpo(model_dir, pairs, _cfg(ref_source="live"), None)

@@ -36,6 +36,7 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.parametrize("method", ["agentq", "agentr", "exit", "visits"])
+@pytest.mark.slow
 def test_a_loop_records_runs_models_and_scores(tmp_path: Path, model: Path, method: str) -> None:
     loaded: list[Path] = []
 

@@ -13,7 +13,8 @@ from test_browser import ARGS, CHROMIUM, dashboard_server, settle
 from engine.evaluate import EvalConfig, evaluate_and_store
 from engine.store import Store
 
-pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="needs /usr/bin/chromium (apt-get install chromium)")
+pytestmark = [pytest.mark.skipif(not CHROMIUM.exists(), reason="needs /usr/bin/chromium (apt-get install chromium)"),
+              pytest.mark.slow]  # a real browser: `make test-slow`
 
 
 def test_selecting_an_evaluation_under_other_settings_shows_the_banner(tmp_path: Path) -> None:

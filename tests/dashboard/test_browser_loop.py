@@ -17,7 +17,8 @@ from test_browser import ARGS, CHROMIUM, DOMAINS, MARKER_COUNT, PLOT, dashboard_
 
 from engine.store import Store
 
-pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="needs /usr/bin/chromium (apt-get install chromium)")
+pytestmark = [pytest.mark.skipif(not CHROMIUM.exists(), reason="needs /usr/bin/chromium (apt-get install chromium)"),
+              pytest.mark.slow]  # a real browser: `make test-slow`
 SUCCEEDED = re.compile(r"state\s+succeeded")
 
 

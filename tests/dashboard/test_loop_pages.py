@@ -73,6 +73,7 @@ def search_run(path: Path, model: str, name: str = "seeded") -> str:
         return done.output_path
 
 
+@pytest.mark.slow
 def test_new_search_form_on_an_empty_database_queues_a_search_job_that_runs(db: Path, model: str) -> None:
     at = open_page()
     assert not at.exception, at.exception
@@ -216,6 +217,7 @@ def test_new_search_on_ray_without_ray_installed_says_how_to_install_it(db: Path
     assert not db.exists()
 
 
+@pytest.mark.slow
 def test_resume_an_interrupted_run_from_the_runs_page(db: Path, model: str) -> None:
     from engine.stages import Cancelled, run_search
     from engine.train.common import MemoryReporter
@@ -291,6 +293,7 @@ def test_resume_on_ray_queues_the_address_and_a_bad_one_is_told_at_its_field(db:
     assert job.config == {"resume": run_id, "ray": head}
 
 
+@pytest.mark.slow
 def test_pairs_page_builds_pairs_for_its_run_and_refuses_a_bad_theta(db: Path, model: str) -> None:
     run_id = search_run(db, model)
     at = open_page(PAIRS, run=run_id)
@@ -316,6 +319,7 @@ def test_pairs_page_builds_pairs_for_its_run_and_refuses_a_bad_theta(db: Path, m
     assert f"{total} pairs match the filters" in "\n".join(c.value for c in at.caption)
 
 
+@pytest.mark.slow
 def test_trajectories_page_builds_revisions_with_a_judge_and_refuses_bad_input(db: Path, model: str) -> None:
     run_id = search_run(db, model)
     at = open_page(TRAJECTORIES, run=run_id)
@@ -353,6 +357,7 @@ def _eval_page(db: Path) -> AppTest:
     return open_page(EVALUATION)
 
 
+@pytest.mark.slow
 def test_launch_an_evaluation_and_compare_models_side_by_side(db: Path, model: str) -> None:
     at = _eval_page(db)
     assert not at.exception, at.exception

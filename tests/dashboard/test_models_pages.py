@@ -48,6 +48,7 @@ def texts(at: AppTest) -> str:
     return "\n".join(str(p) for p in parts)
 
 
+@pytest.mark.slow
 def test_launch_a_dpo_job_with_one_click_and_follow_it_to_its_model(db, tmp_path: Path) -> None:
     from tiny_model_fixture import build_tiny_model
 

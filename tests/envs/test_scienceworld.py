@@ -47,6 +47,7 @@ def test_gold_paths_reach_reward_one(env: sw.ScienceWorldEnv) -> None:
         assert step.info["score"] == 100
 
 
+@pytest.mark.slow
 def test_replay_is_deterministic_and_envs_share_the_pool(env: sw.ScienceWorldEnv) -> None:
     gold = env.expert("boil-0")[:6]
     env.reset("boil-0")

@@ -22,6 +22,7 @@ def env() -> TextWorldEnv:
     return env_factory(ENV_SPEC)()
 
 
+@pytest.mark.slow
 def test_games_are_cached_and_listed(env: TextWorldEnv) -> None:
     tasks = env.tasks("train")
     assert [t.id for t in tasks] == ["train-0", "train-1"]
@@ -61,6 +62,7 @@ def test_unknown_command_changes_nothing(env: TextWorldEnv) -> None:
 
 
 @pytest.mark.parametrize("restore", ["replay", "copy"])
+@pytest.mark.slow
 def test_the_env_contract_holds(restore: str) -> None:
     """check_env on the walkthroughs: determinism, replay == copy snapshot, step after the win, close."""
     checked = check_env(env_factory(f"{ENV_SPEC}&restore={restore}")(), max_steps=40)

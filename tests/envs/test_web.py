@@ -136,6 +136,7 @@ def run_expert(env, meta: dict, task_id: str, limit: int = 30):
     raise AssertionError(f"the expert did not finish: {obs}")
 
 
+@pytest.mark.slow
 def test_expert_books_sample_tasks_in_the_real_browser(env):
     for task in (booking.tasks("train")[7], booking.tasks("test")[3]):
         step = run_expert(env, task.meta, task.id)
@@ -214,6 +215,7 @@ def _expert_commands(task) -> list[str]:
 
 
 @pytest.mark.parametrize("cls", [WebEnv, ReplayWebEnv])
+@pytest.mark.slow
 def test_the_env_contract_holds_in_the_real_browser(env, cls):
     """check_env on expert bookings: determinism, replay == snapshot (URL, form values, scroll, site
     session), no aliasing, the step after the confirmation, close."""
@@ -223,6 +225,7 @@ def test_the_env_contract_holds_in_the_real_browser(env, cls):
     assert ("snapshot-not-aliased" in checked) == (cls is WebEnv)
 
 
+@pytest.mark.slow
 def test_close_releases_the_page_and_the_last_one_stops_the_browser(env):
     task = booking.tasks()[0]
     env.reset(task.id)
@@ -274,6 +277,7 @@ def hostile_step(env, hostile_site):
     listed.close()
 
 
+@pytest.mark.slow
 def test_hostile_page_is_bounded_text(hostile_site, hostile_step):
     assert hostile_site[1] > 5_000_000
     step = hostile_step[0]
@@ -364,6 +368,7 @@ def test_hostile_observation_and_screenshot_are_shown_as_text_and_image(env, hos
     assert shot.startswith(JPEG) and len(at.get("image")) == 1
 
 
+@pytest.mark.slow
 def test_mcts_run_stores_dom_observations_and_the_final_screenshot(tmp_path):
     """A sure policy (its K samples agree, so the tree is a chain) searched deep enough to reach the
     confirmation page; then a noisy policy with a small budget (the tree branches)."""
@@ -396,6 +401,7 @@ def test_mcts_run_stores_dom_observations_and_the_final_screenshot(tmp_path):
         assert all(store.node_screenshot(small_id, n.id) is None for n in small_tree.nodes if n.terminal is None)
 
 
+@pytest.mark.slow
 def test_serve_env_web_answers_every_request_from_the_browser_thread():
     """`orchard serve-env web`: Playwright's browser belongs to the thread that started it, and each
     connection is served in a new thread; requests on two connections (and on a third, after the
