@@ -1,14 +1,15 @@
 """`orchard demo` / `make run`: the embedded default's whole loop, offline, on 2 CPU cores.
 
 Loads (or builds) the tiny model, then: MCTS with it as actor AND critic on the demo's train tasks ->
-step pairs (eq. 10, theta) and RFT rows -> revision trajectories (first errors judged by the model,
-spliced) -> a short DPO job on the step pairs -> greedy evaluation of the base and the trained model
-on the same held-out tasks. Everything is stored (run, pairs, samples, job with its loss curve,
+step pairs (eq. 10, theta), RFT and expert-iteration rows -> revision trajectories (first errors
+judged by the model, spliced) -> a short SFT job on the expert-iteration rows (the loop's default
+recipe) -> greedy evaluation of the base and the trained model on the same held-out tasks, with the
+paired difference and the plain statement that 8 tasks cannot show a gain. Everything is stored (run, pairs, samples, job with its loss curve,
 model, two evaluations, a two-record loop), so every dashboard page has content on first open.
 Prints each stage's time.
 
 WHY plain calls: each stage calls the same domain function the CLI does (`new_run`, `build_pairs`,
-`build_revisions`, `train_dpo`, `evaluate_and_store`), so the demo shows what the commands do, and a
+`build_revisions`, `train_sft`, `evaluate_and_store`), so the demo shows what the commands do, and a
 stage can later be submitted as a job without a second copy of its logic.
 """
 
@@ -34,14 +35,16 @@ class DemoSettings:
         simulations=12, k=4, depth_limit=3, rollout_temperature=1.0, max_tokens=160, backup="progress",
         constrained=True))
     theta: float = 0.1
-    train_steps: int = 12  # DPO optimizer steps
+    train_epochs: float = 3.0  # passes over the expert-iteration rows (the loop bench's setting, chosen on val)
+    train_steps: int = 24  # optimizer steps at most (the steps follow the rows, capped for the time budget)
     batch_size: int = 8
-    learning_rate: float = 5e-5
+    learning_rate: float = 1e-4
     eval_tasks: str = "0:8"  # held-out (test) tasks, the same for both models
     eval_max_steps: int = 10
 
     def __post_init__(self) -> None:
         checks = {"tasks": bool(self.tasks.strip()), "theta": self.theta >= 0, "train_steps": self.train_steps >= 1,
+                  "train_epochs": self.train_epochs > 0,
                   "batch_size": self.batch_size >= 1, "learning_rate": self.learning_rate > 0,
                   "eval_tasks": bool(self.eval_tasks.strip()), "eval_max_steps": self.eval_max_steps >= 1}
         for name, ok in checks.items():
@@ -60,6 +63,7 @@ class DemoResult:
     judged: int = 0
     good: int = 0
     model: str | None = None
+    trained_rows: int = 0
     eval_ids: list[str] = field(default_factory=list)
     times: dict[str, float] = field(default_factory=dict)
 
@@ -125,29 +129,40 @@ def stage_revisions(store: Any, run_id: str, judge: Any, log: Callable[[str], No
     return len(built.revision), judged, len(built.good)
 
 
-def stage_train(store: Any, run_id: str, base: Path, settings: DemoSettings, log: Callable[[str], None]) -> str | None:
-    """A short DPO job on the run's step pairs, recorded as a job (with its loss curve) and a model."""
-    from engine.store import ModelRecord
-    from engine.train.dpo import DPOTrainConfig, select_pairs, train_dpo
+def stage_train(store: Any, run_id: str, base: Path, settings: DemoSettings,
+                log: Callable[[str], None]) -> tuple[str | None, int]:
+    """The loop's default recipe, expert iteration (docs/algorithms.md §3.5): SFT on each solved tree's
+    shortest successful trajectory, recorded as a job (with its loss curve) and a model. Nobody has
+    curated the demo's rows: it includes them, and says so. Returns (model folder, rows trained)."""
+    from dataclasses import replace
 
-    config = DPOTrainConfig.for_cpu(learning_rate=settings.learning_rate, max_steps=settings.train_steps,
-                                    batch_size=settings.batch_size, include_pending=True, num_threads=2)
-    pairs = select_pairs(store, config, [run_id])
-    if not pairs:
-        log("train: no step pairs in this run; nothing to train")
-        return None
-    name = f"dpo-{store.run(run_id).name}"
+    from engine.datasets.samples import to_step_rows
+    from engine.store import ModelRecord
+    from engine.train.presets import planned_steps
+    from engine.train.sft import SFTTrainConfig, labelled_samples, train_sft
+
+    config = SFTTrainConfig.for_cpu(learning_rate=settings.learning_rate, epochs=settings.train_epochs,
+                                    batch_size=settings.batch_size, kinds=("exit",), include_pending=True,
+                                    num_threads=2)
+    samples, _ = labelled_samples(store, config, [run_id])
+    if not samples:
+        log("train: no solved tree in this run, so no expert-iteration rows; nothing to train")
+        return None, 0
+    rows = sum(len(to_step_rows(s)) for s in samples)
+    if planned_steps(rows, config) > settings.train_steps:  # the cap of the demo's time budget
+        config = replace(config, max_steps=settings.train_steps)
+    name = f"exit-{store.run(run_id).name}"
     out = Path(store.path).parent / "models" / "trained" / name
-    job = store.create_job("dpo", {"model": str(base), "output": str(out), "runs": [run_id],
+    job = store.create_job("sft", {"model": str(base), "output": str(out), "runs": [run_id],
                                    "train": config.to_dict()}, "cpu", name=name)
-    tokens = store.node_token_counts([(p.tree_id, n) for p in pairs for n in (p.chosen_node, p.rejected_node)])
-    result = train_dpo(base, pairs, config, out, _Quiet(store, job.id), node_tokens=tokens, parent=str(base))
+    result = train_sft(base, samples, config, out, _Quiet(store, job.id), kind="exit", parent=str(base))
     store.finish_job(job.id, "succeeded", output_path=str(result.output), expect=("queued",))
-    store.save_model(ModelRecord(path=str(result.output), name=name, kind="dpo", parent=str(base), job_id=job.id,
+    store.save_model(ModelRecord(path=str(result.output), name=name, kind="exit", parent=str(base), job_id=job.id,
                                  data_ids=list(result.data_ids), config=config.to_dict(), metrics=result.metrics))
-    log(f"train: DPO on {len(pairs)} step pairs, {result.metrics.get('steps')} steps, "
+    log(f"train: expert iteration, SFT on {len(samples)} uncurated shortest successful trajectories "
+        f"({result.metrics.get('rows')} step rows), {result.metrics.get('steps')} steps, "
         f"loss {result.metrics.get('train_loss'):.4f} -> {result.output}")
-    return str(result.output)
+    return str(result.output), len(samples)
 
 
 class _Quiet:
@@ -214,18 +229,40 @@ def run_demo(db: str | Path | None = None, log: Callable[[str], None] = print,
             "revisions", lambda: stage_revisions(store, run_id, generator, log))
         result.eval_ids.append(timed("evaluate base", lambda: stage_evaluate(
             store, run_id, generator, str(base), eval_tasks, settings, log)))
-        result.model = timed("train", lambda: stage_train(store, run_id, base, settings, log))
+        result.model, result.trained_rows = timed("train", lambda: stage_train(store, run_id, base, settings, log))
         if result.model:
             trained_path = result.model
             trained = load_generator(trained_path, log=log)
             result.eval_ids.append(timed("evaluate trained", lambda: stage_evaluate(
                 store, run_id, trained, trained_path, eval_tasks, settings, log)))
+            log(too_few(store, result.eval_ids))
         _save_loop(store, run_id, base, result)
         log(f"stored in {store.path}")
     log(f"time total: {sum(times.values()):.1f}s (cpu {sum(cpu.values()):.1f}s)")
     log(f"next: .venv/bin/orchard runs; .venv/bin/orchard export tree {run_id} --task {train_tasks[0].id}; "
         "the dashboard shows every stage")
     return result
+
+
+def too_few(store: Any, eval_ids: list[str]) -> str:
+    """The plain words on what the demo's two evaluations can and cannot show: the paired difference
+    over its few held-out tasks, and that it is too small a sample to call a gain."""
+    from engine.evaluate import paired_bootstrap_diff
+
+    found = {e["id"]: e for e in store.evaluations(with_episodes=True)}
+    by_task = []
+    for eval_id in eval_ids[:2]:
+        scores: dict[str, list[float]] = {}
+        for ep in found[eval_id]["episodes"]:
+            if not ep.get("recovery"):
+                scores.setdefault(ep["task_id"], []).append(1.0 if ep["success"] else 0.0)
+        by_task.append(scores)
+    n = len(by_task[0])
+    before, after = (round(sum(max(v) for v in arm.values())) for arm in by_task)
+    diff = paired_bootstrap_diff(by_task[0], by_task[1])
+    return (f"base {before}/{n}, trained {after}/{n} on {n} held-out tasks: paired difference {diff['mean']:+.3f} "
+            f"[{diff['low']:+.3f}, {diff['high']:+.3f}]. {n} tasks are too few for this to show a gain or a loss; "
+            "bench/loop_gain.py measures the loop on all 109 test tasks (README, \"Learning from search\").")
 
 
 def _save_loop(store: Any, run_id: str, base: Path, result: DemoResult) -> None:
@@ -237,9 +274,10 @@ def _save_loop(store: Any, run_id: str, base: Path, result: DemoResult) -> None:
         return {"eval_id": eval_id, **{k: m[k] for k in ("success", "progress", "loop_rate")}}
 
     loop_id = f"loop-{store.run(run_id).name}"
-    store.save_iteration(loop_id, 0, "agentq", {"model": str(base), "eval": scores(result.eval_ids[0])})
+    store.save_iteration(loop_id, 0, "exit", {"model": str(base), "eval": scores(result.eval_ids[0])})
     run = store.run(run_id)
-    record: dict[str, Any] = {"run_id": run_id, "parent": str(base), "pairs": result.pairs,
+    record: dict[str, Any] = {"run_id": run_id, "parent": str(base), "samples": result.trained_rows,
+                              "curation": {"final": 0, "uncurated_used": result.trained_rows, "uncurated_left_out": 0},
                               "solved_in_search": run.solved, "tasks": [task for _, task in store.tree_ids(run_id)],
                               "model": result.model or str(base), "seconds": sum(result.times.values())}
     if result.model:  # what the Loop view shows as the train stage: the model's own record
@@ -247,5 +285,5 @@ def _save_loop(store: Any, run_id: str, base: Path, result: DemoResult) -> None:
     if result.model and len(result.eval_ids) > 1:
         record["eval"] = scores(result.eval_ids[1])
     else:
-        record["skipped"] = "no step pairs (nothing trained)"
-    store.save_iteration(loop_id, 1, "agentq", record)
+        record["skipped"] = "no successful trajectory in the trees (nothing trained)"
+    store.save_iteration(loop_id, 1, "exit", record)

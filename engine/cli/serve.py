@@ -54,6 +54,6 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     d.add_argument("--tasks", help="train tasks searched (default: the demo's, e.g. 0:8)")
     d.add_argument("--simulations", type=int, help="MCTS simulations per task")
-    d.add_argument("--train-steps", dest="train_steps", type=int, help="DPO optimizer steps")
+    d.add_argument("--train-steps", dest="train_steps", type=int, help="SFT optimizer steps at most")
     d.add_argument("--eval-tasks", dest="eval_tasks", help="held-out tasks both models are evaluated on (e.g. 0:8)")
     d.set_defaults(func=cmd_demo)
