@@ -131,6 +131,9 @@ def tree_rows(
         "id": ids.astype(np.int64),
         "x": x, "y": y, "px": x[par], "py": y[par],
         "value": np.where(np.isnan(values), None, values),  # null: drawn grey
+        # The colour's field: never null, as Vega-Lite drops a mark whose continuous field is null or NaN
+        # (an unvisited node would vanish from the tree); the colour condition on `value` paints it grey.
+        "shade": np.where(np.isnan(values), 0.0, values),
         "area": diameter ** 2,
         "ring": _ring(diameter),
         "kind": kind,
@@ -200,7 +203,7 @@ def tree_spec(measure: str = "q", height: int = 640) -> dict[str, Any]:
     (`"datasets"`), which Streamlit sends beside the spec, not in it."""
     label = next(k for k, v in MEASURES.items() if v == measure)
     color: dict[str, Any] = {"condition": {"test": "datum.value === null", "value": NO_VALUE_COLOR},
-                             "field": "value", "type": "quantitative", "title": label,
+                             "field": "shade", "type": "quantitative", "title": label,
                              "scale": {"scheme": "redyellowgreen", "domain": [0, 1]},
                              "legend": {"gradientLength": 200, "gradientThickness": 12}}
     if measure == "outcome":

@@ -153,6 +153,12 @@ def test_the_loop_driven_from_the_pages(empty_server, tmp_path: Path) -> None:
             page.goto(f"{url}/training")
             expect(page.get_by_role("heading", name="Training", exact=True)).to_be_visible(timeout=30_000)
             settle(page)  # the defaults: step pairs -> DPO, CPU quick, from tiny, every run
+            # The plan before Launch: the approved pairs, their steps, and (so few rows) a confirmation first.
+            expect(page.get_by_text(f"Would train on {APPROVED} pairs → {APPROVED} rows", exact=False)).to_be_visible(
+                timeout=30_000)
+            expect(page.get_by_role("button", name="Launch", exact=True)).to_be_disabled()
+            page.get_by_text(f"Train on {APPROVED} rows anyway").click()
+            settle(page)
             page.get_by_role("button", name="Launch", exact=True).click()
             expect(page.get_by_text(re.compile(r"Launched job \w+ \(dpo"))).to_be_visible(timeout=30_000)
             expect(page.get_by_text(succeeded("dpo")).first).to_be_visible(timeout=240_000)

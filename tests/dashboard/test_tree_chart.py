@@ -58,6 +58,12 @@ def test_rows_carry_engine_values(tree: SearchTree, measure: str) -> None:
     assert np.allclose(got, [expected(tree.nodes[i]) for i in ids], equal_nan=True)
     if measure == "q_critic":
         assert rows["value"][ids.index(0)] is None  # the root has no critic score: drawn grey
+    # Every field the node marks encode is a number: Vega-Lite drops a mark whose continuous field is null,
+    # so a node without a value would vanish from the tree (grey comes from the colour's condition instead).
+    encoding = next(layer for layer in tree_chart.tree_spec(measure)["layer"] if layer.get("name") == "nodes")["encoding"]
+    for channel in ("x", "y", "color", "size"):
+        field = encoding[channel]["field"]
+        assert all(v is not None and not math.isnan(v) for v in rows[field]), (channel, field)
     assert list(rows["kind"]) == [tree.nodes[i].terminal or "open" for i in ids]
     assert set(rows["kind"]) <= set(tree_chart.SHAPES)
     visits = [tree.nodes[i].N for i in ids]
