@@ -236,7 +236,7 @@ def run_demo(db: str | Path | None = None, log: Callable[[str], None] = print,
             result.eval_ids.append(timed("evaluate trained", lambda: stage_evaluate(
                 store, run_id, trained, trained_path, eval_tasks, settings, log)))
             log(too_few(store, result.eval_ids))
-        _save_loop(store, run_id, base, result)
+        _save_loop(store, run_id, base, result, settings)
         log(f"stored in {store.path}")
     log(f"time total: {sum(times.values()):.1f}s (cpu {sum(cpu.values()):.1f}s)")
     log(f"next: .venv/bin/orchard runs; .venv/bin/orchard export tree {run_id} --task {train_tasks[0].id}; "
@@ -265,7 +265,18 @@ def too_few(store: Any, eval_ids: list[str]) -> str:
             "bench/loop_gain.py measures the loop on all 109 test tasks (README, \"Learning from search\").")
 
 
-def _save_loop(store: Any, run_id: str, base: Path, result: DemoResult) -> None:
+def loop_config(base: Path, settings: DemoSettings) -> dict[str, Any]:
+    """The demo's recipe as an IterateConfig table: what the Loop view's Next iteration continues with
+    (the demo's search and SFT settings; uncurated rows only if the user ticks the box)."""
+    from dataclasses import asdict
+
+    return {"method": "exit", "model": str(base), "env": "textcraft", "tasks_per_iteration": len(
+        demo_tasks(settings)[0]), "include_pending": False, "search": asdict(settings.search),
+        "sft": {"learning_rate": settings.learning_rate, "epochs": settings.train_epochs,
+                "batch_size": settings.batch_size, "device": "cpu", "precision": "fp32", "num_threads": 2}}
+
+
+def _save_loop(store: Any, run_id: str, base: Path, result: DemoResult, settings: DemoSettings = DEMO) -> None:
     """The demo as a one-iteration loop (base, trained), for the evaluation page's loop table."""
     evals = {e["id"]: e["metrics"] for e in store.evaluations()}
 
@@ -277,6 +288,7 @@ def _save_loop(store: Any, run_id: str, base: Path, result: DemoResult) -> None:
     store.save_iteration(loop_id, 0, "exit", {"model": str(base), "eval": scores(result.eval_ids[0])})
     run = store.run(run_id)
     record: dict[str, Any] = {"run_id": run_id, "parent": str(base), "samples": result.trained_rows,
+                              "config": loop_config(base, settings),
                               "curation": {"final": 0, "uncurated_used": result.trained_rows, "uncurated_left_out": 0},
                               "solved_in_search": run.solved, "tasks": [task for _, task in store.tree_ids(run_id)],
                               "model": result.model or str(base), "seconds": sum(result.times.values())}

@@ -35,6 +35,13 @@ def test_a_demo_run_stores_every_stage_of_the_loop(tmp_path: Path) -> None:
         assert loop[1]["solved_in_search"] == store.run(result.run_id).solved >= 1
         assert loop[1]["model"] == result.model and loop[1]["train"] == store.model_record(result.model).metrics
         assert [loop[0]["eval"]["eval_id"], loop[1]["eval"]["eval_id"]] == [e["id"] for e in evaluations]
+        # Next iteration continues with the demo's own recipe and its held-out evaluation, not the defaults.
+        from engine.submit import next_iteration_config
+        from engine.train.iterate import IterateConfig
+
+        nxt = IterateConfig.from_dict(next_iteration_config(store, loop[1]["loop_id"]))
+        assert nxt.method == "exit" and nxt.search_config().constrained and nxt.model == result.model
+        assert nxt.eval_config().constrained and nxt.eval_config().max_steps == DEMO.eval_max_steps
         # The trees hold a success leaf and the revisions a judged first error (what the pages show).
         success_leaves = [n for tid, _ in store.tree_ids(result.run_id) for n in store.load_tree(tid).nodes
                           if n.terminal is not None and (n.reward or 0) >= DEMO.search.success_threshold]
