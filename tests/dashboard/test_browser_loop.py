@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from test_browser import ARGS, CHROMIUM, DOMAINS, MARKER_COUNT, PLOT, dashboard_server, settle
 
-from engine.store import Store
+from engine.store import Store, StoreError
 
 pytestmark = [pytest.mark.skipif(not CHROMIUM.exists(), reason="needs /usr/bin/chromium (apt-get install chromium)"),
               pytest.mark.slow]  # a real browser: `make test-slow`
@@ -80,8 +80,11 @@ def test_the_loop_driven_from_the_pages(empty_server, tmp_path: Path) -> None:
             for _ in range(240):  # the run exists once the job's process has loaded the model
                 page.wait_for_timeout(500)
                 if db.exists():
-                    with Store(db, readonly=True) as store:
-                        run_id = next((r.id for r in store.runs() if r.status == "running"), None)
+                    try:
+                        with Store(db, readonly=True) as store:
+                            run_id = next((r.id for r in store.runs() if r.status == "running"), None)
+                    except StoreError:  # the job's process is still creating the store (schema not yet written)
+                        continue
                 if run_id:
                     break
             assert run_id, "the search did not start"
