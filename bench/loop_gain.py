@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> Table:
             table.add(name, ev["metrics"], stored_episodes(store, ev["id"]), r.get("seconds", 0.0), note=_note(store, r))
             names.append(name)
     if len(names) > 1:
-        table.print_diffs([("base", n) for n in names[1:]] + list(itertools.pairwise(names[1:]))[1:])
+        table.print_diffs([("base", n) for n in names[1:]] + list(itertools.pairwise(names[1:])))
     print(f"loop cpu time {time.process_time() - began_cpu:.0f} s in this process")
     table.footer()
     print(f"work folder {work}")
@@ -103,7 +103,7 @@ def _note(store: Store, r: dict) -> str:
     search_s = r.get("search_s") or 0.0
     rows = r.get("samples", r.get("pairs", 0))
     train = r.get("train") or {}
-    return (f"rows {rows} ({train.get('rows', '?')} steps, {train.get('steps', '?')} optimizer steps); "
+    return (f"rows {rows} ({train.get('rows', '?')} step rows, {train.get('steps', '?')} optimizer steps); "
             f"solved in search {run.solved}/{run.trees}; {sims} simulations, {sims / max(search_s, 1e-9):.2f}/s; "
             f"cpu {r.get('cpu_s', 0):.0f} s")
 
