@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.evaluate import EvalConfig, evaluate, paired_bootstrap_diff, repeats
+from engine.evaluate import EvalConfig, by_task, evaluate, paired_bootstrap_diff
 
 METRICS = ("success", "progress", "loop_rate")
 
@@ -76,27 +76,6 @@ def loop_search(args: argparse.Namespace, **extra: Any) -> dict[str, Any]:
     return {"simulations": args.simulations, "k": args.k, "depth_limit": args.depth_limit,
             "max_tokens": args.max_tokens, "backup": args.backup, "critic": True,
             "constrained": args.constrained, **extra}
-
-
-def _get(e: Any, key: str) -> Any:
-    return e[key] if isinstance(e, dict) else getattr(e, key)
-
-
-def by_task(episodes: Sequence[Any], metric: str, loop_max_len: int = 4) -> dict[str, list[float]]:
-    """Per task (label for recovery starts), the episodes' values of `metric`, scored as `summarize`
-    scores them. Episodes are `Episode`s or the stored rows of an evaluation."""
-    def value(e: Any) -> float:
-        if metric == "success":
-            return 1.0 if _get(e, "success") else 0.0
-        if metric == "progress":
-            return float(_get(e, "progress"))
-        commands = _get(e, "commands")
-        return 1.0 if any(repeats(commands, L) for L in range(1, loop_max_len + 1)) else 0.0
-
-    out: dict[str, list[float]] = {}
-    for e in episodes:
-        out.setdefault(_get(e, "label") or _get(e, "task_id"), []).append(value(e))
-    return out
 
 
 def stored_episodes(store: Any, eval_id: str, recovery: bool = False) -> list[dict[str, Any]]:

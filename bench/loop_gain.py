@@ -99,7 +99,7 @@ def _note(store: Store, r: dict) -> str:
     if r["idx"] == 0:
         return ""
     run = store.run(r["run_id"])
-    sims = sum(len(store.load_tree(t).simulations) for t, _ in store.tree_ids(run.id))
+    sims = run.simulations
     search_s = r.get("search_s") or 0.0
     rows = r.get("samples", r.get("pairs", 0))
     train = r.get("train") or {}

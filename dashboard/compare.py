@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import asdict, fields
 from typing import Any
 
-from engine.evaluate import EvalConfig, paired_bootstrap_diff, repeats
+from engine.evaluate import EvalConfig, by_task, paired_bootstrap_diff
 
 # EvalConfig fields that do not change a score (only its interval), or only in one mode.
 NOT_SCORED = ("bootstrap", "confidence")
@@ -76,21 +76,11 @@ def differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
 
 def per_task(evaluation: dict[str, Any], metric: str) -> dict[str, list[float]]:
     """{task (or recovery start): [one value per episode]} of `metric` (success, progress, loop_rate,
-    recovery) from the evaluation's stored episodes (`Store.evaluations(with_episodes=True)`)."""
-    lengths = range(1, int(eval_config(evaluation)["loop_max_len"]) + 1)
+    recovery) from the evaluation's stored episodes (`Store.evaluations(with_episodes=True)`), scored
+    by the engine's `by_task`."""
     recovery = metric == "recovery"
-    out: dict[str, list[float]] = {}
-    for e in evaluation.get("episodes") or []:
-        if bool(e.get("recovery")) != recovery:
-            continue
-        if metric in ("success", "recovery"):
-            value = 1.0 if e.get("success") else 0.0
-        elif metric == "progress":
-            value = float(e.get("progress") or 0.0)
-        else:
-            value = 1.0 if any(repeats(e.get("commands") or [], n) for n in lengths) else 0.0
-        out.setdefault(e.get("label") or e["task_id"], []).append(value)
-    return out
+    episodes = [e for e in evaluation.get("episodes") or [] if bool(e.get("recovery")) == recovery]
+    return by_task(episodes, "success" if recovery else metric, int(eval_config(evaluation)["loop_max_len"]))
 
 
 def paired(baseline: dict[str, Any], other: dict[str, Any], metric: str) -> dict[str, float] | str:

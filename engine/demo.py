@@ -247,19 +247,13 @@ def run_demo(db: str | Path | None = None, log: Callable[[str], None] = print,
 def too_few(store: Any, eval_ids: list[str]) -> str:
     """The plain words on what the demo's two evaluations can and cannot show: the paired difference
     over its few held-out tasks, and that it is too small a sample to call a gain."""
-    from engine.evaluate import paired_bootstrap_diff
+    from engine.evaluate import by_task, paired_bootstrap_diff
 
     found = {e["id"]: e for e in store.evaluations(with_episodes=True)}
-    by_task = []
-    for eval_id in eval_ids[:2]:
-        scores: dict[str, list[float]] = {}
-        for ep in found[eval_id]["episodes"]:
-            if not ep.get("recovery"):
-                scores.setdefault(ep["task_id"], []).append(1.0 if ep["success"] else 0.0)
-        by_task.append(scores)
-    n = len(by_task[0])
-    before, after = (round(sum(max(v) for v in arm.values())) for arm in by_task)
-    diff = paired_bootstrap_diff(by_task[0], by_task[1])
+    arms = [by_task([ep for ep in found[i]["episodes"] if not ep.get("recovery")], "success") for i in eval_ids[:2]]
+    n = len(arms[0])
+    before, after = (round(sum(max(v) for v in arm.values())) for arm in arms)
+    diff = paired_bootstrap_diff(arms[0], arms[1])
     return (f"base {before}/{n}, trained {after}/{n} on {n} held-out tasks: paired difference {diff['mean']:+.3f} "
             f"[{diff['low']:+.3f}, {diff['high']:+.3f}]. {n} tasks are too few for this to show a gain or a loss; "
             "bench/loop_gain.py measures the loop on all 109 test tasks (README, \"Learning from search\").")

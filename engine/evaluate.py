@@ -188,6 +188,28 @@ def _percentiles(stats: list[float], confidence: float) -> tuple[float, float]:
     return stats[int(tail * (n - 1))], stats[round((1 - tail) * (n - 1))]
 
 
+def _get(e: Any, key: str) -> Any:
+    return e[key] if isinstance(e, dict) else getattr(e, key)
+
+
+def by_task(episodes: Sequence[Any], metric: str, loop_max_len: int = 4) -> dict[str, list[float]]:
+    """Per task (label for recovery starts), the episodes' values of `metric` (success, progress,
+    loop_rate), scored as `summarize` scores them: what `paired_bootstrap_diff` takes. Episodes are
+    `Episode`s or the stored rows of an evaluation (the benches, the dashboard and the demo share it)."""
+    def value(e: Any) -> float:
+        if metric == "success":
+            return 1.0 if _get(e, "success") else 0.0
+        if metric == "progress":
+            return float(_get(e, "progress"))
+        commands = _get(e, "commands")
+        return 1.0 if any(repeats(commands, L) for L in range(1, loop_max_len + 1)) else 0.0
+
+    out: dict[str, list[float]] = {}
+    for e in episodes:
+        out.setdefault(_get(e, "label") or _get(e, "task_id"), []).append(value(e))
+    return out
+
+
 def paired_bootstrap_diff(a_by_task: dict[str, list[float]], b_by_task: dict[str, list[float]], n: int = 1000,
                           confidence: float = 0.95, seed: int = 0) -> dict[str, float]:
     """The mean over tasks of (b - a) (per-task means first) and a percentile bootstrap interval that

@@ -30,7 +30,6 @@ from engine.train.presets import (
     TrainPlan,
     device_of,
     job_config,
-    rows_to_train,
     train_plan,
 )
 
@@ -62,7 +61,7 @@ def _launch(data_key: str, preset: str, model: str, runs: list[str], include_pen
     try:
         kind, config = job_config(data_key, preset, model, runs, include_pending, output=output.strip() or None)
         with Store(db) as store:
-            if rows_to_train(store, kind, config) == 0:
+            if train_plan(store, kind, config).items == 0:
                 statuses = "approved, edited" + (" or undecided pending" if include_pending else "")
                 state[ERROR] = (f"Nothing to train on: no {statuses} rows for "
                                 f"“{DATA_CHOICES[data_key].label}” in {'the chosen runs' if runs else 'any run'}. "

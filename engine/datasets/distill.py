@@ -25,7 +25,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from engine.config import ConfigError
-from engine.datasets.samples import Sample, TreeRef, Turn, path_turns, stable_id, tree_task
+from engine.datasets.samples import (
+    Sample,
+    TreeRef,
+    path_turns,
+    rollout_samples,
+    stable_id,
+    trajectory_sample,
+    tree_task,
+)
 
 
 @dataclass(frozen=True)
@@ -44,37 +52,15 @@ class DistillConfig:
                 raise ConfigError(f"DistillConfig.{name}: must be >= 1, got {getattr(self, name)!r}")
 
 
-def successful_trajectories(ref: TreeRef) -> list[tuple[tuple[int, ...], list[Turn]]]:
-    """Every distinct successful trajectory of a tree: (tree path, turns), shortest first (ties by
-    path). A success node's path, or a simulation whose rollout succeeded: its path, then its steps."""
-    tree = ref.tree
-    found: dict[tuple[str, ...], tuple[tuple[int, ...], list[Turn]]] = {}
-    for node in tree.nodes:
-        if node.terminal == "success" and node.parent is not None:
-            path = tuple(n.id for n in tree.path(node))
-            turns = path_turns(tree, path, True, "good")
-            found.setdefault(tuple(t.text for t in turns), (path, turns))
-    for sim in tree.simulations:
-        if not sim.turns:
-            continue
-        turns = path_turns(tree, sim.path, True, "good")
-        turns += [Turn(text=text, observation=obs, loss=True, segment="good") for text, obs in sim.turns]
-        found.setdefault(tuple(t.text for t in turns), (tuple(sim.path), turns))
-    return sorted(found.values(), key=lambda pt: (len(pt[1]), pt[0]))
-
-
 def best_path_samples(ref: TreeRef, config: DistillConfig = DistillConfig(), kind: str = "exit") -> list[Sample]:
-    """Expert-iteration rows of one tree: its `per_tree` shortest successful trajectories."""
-    out = []
-    for path, turns in successful_trajectories(ref)[: config.per_tree]:
-        turns[-1] = replace(turns[-1], observation=None)  # the chat ends on the assistant
-        out.append(Sample(
-            id=stable_id(kind, ref.run_id, ref.tree.task.id, *path, *(t.text for t in turns)),
-            kind=kind, task=tree_task(ref), turns=tuple(turns), run_id=ref.run_id,
-            source={"tree_id": ref.tree_id, "task_id": ref.tree.task.id, "path": list(path),
-                    "steps": len(turns), "terminal": "success", "target": "shortest successful trajectory"},
-        ))
-    return out
+    """Expert-iteration rows of one tree: its `per_tree` shortest successful trajectories (ties by
+    path), built as the RFT rows are (`trajectory_sample` for a success node, `rollout_samples` for a
+    successful rollout, each ending on the assistant)."""
+    wins = [n.id for n in ref.tree.nodes if n.terminal == "success" and n.parent is not None]
+    found = [trajectory_sample(ref, leaf, kind) for leaf in wins] + rollout_samples(ref, kind)
+    found.sort(key=lambda s: (len(s.turns), s.source["path"]))
+    return [replace(s, source={**s.source, "steps": len(s.turns), "target": "shortest successful trajectory"})
+            for s in found[: config.per_tree]]
 
 
 def visit_targets(ref: TreeRef, config: DistillConfig = DistillConfig()) -> list[tuple[int, dict[int, float]]]:

@@ -158,13 +158,14 @@ def loop_tasks(config: IterateConfig, env: Any) -> tuple[list[Any], list[Any]]:
 def curated(store: Store, train_cfg: Any, run_id: str,
             select: Callable[..., tuple[list[Any], dict[str, Any]]]) -> tuple[list[Any], dict[str, Any]]:
     """The rows of `run_id` a loop's trainer may use (the curation gate: final labels, plus rows
-    nobody decided only with `include_pending`), and the counts the loop shows and records."""
-    rows, labels = select(store, train_cfg, [run_id])
+    nobody decided only with `include_pending`), and the counts the loop shows and records. One
+    selection with the undecided rows in: those without a final label are the uncurated ones."""
+    every, labels = select(store, replace(train_cfg, include_pending=True), [run_id])
+    uncurated = len(every) - len(labels)
     if train_cfg.include_pending:
-        uncurated = len(rows) - len(labels)
-        return rows, {"final": len(labels), "uncurated_used": uncurated, "uncurated_left_out": 0}
-    every, every_labels = select(store, replace(train_cfg, include_pending=True), [run_id])
-    return rows, {"final": len(labels), "uncurated_used": 0, "uncurated_left_out": len(every) - len(every_labels)}
+        return every, {"final": len(labels), "uncurated_used": uncurated, "uncurated_left_out": 0}
+    return [r for r in every if r.id in labels], {"final": len(labels), "uncurated_used": 0,
+                                                  "uncurated_left_out": uncurated}
 
 
 def gate_line(i: int, gate: dict[str, Any]) -> str:

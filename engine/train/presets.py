@@ -193,19 +193,3 @@ def train_plan(store: Store, kind: str, config: dict[str, Any]) -> TrainPlan:
         items = len(samples)
         rows = items if train.format == "chat" else sum(len(to_step_rows(s)) for s in samples)
     return TrainPlan(items, rows, train.epochs, train.batch_size * train.grad_accum, planned_steps(rows, train))
-
-
-def rows_to_train(store: Store, kind: str, config: dict[str, Any]) -> int:
-    """How many rows (pairs or samples) the job `config` of `kind` would train on now: a launch
-    with none is refused up front instead of becoming a failed job."""
-    from engine.train.jobs import train_config
-
-    train = train_config(kind, config.get("train") or {})
-    runs = config.get("runs") or None
-    if kind == "dpo":
-        from engine.train.dpo import select_pairs
-
-        return len(select_pairs(store, train, runs))
-    from engine.train.sft import select_samples
-
-    return len(select_samples(store, train, runs))
