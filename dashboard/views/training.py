@@ -117,7 +117,9 @@ include_pending = st.checkbox("Include pending (uncurated) rows", key="tr_pendin
 output = st.text_input("Output folder (empty: a new folder named after the job)", key="tr_out",
                        help="A new or empty folder, or an earlier model's folder (its model is replaced; "
                             "its record is kept). A folder holding other files is refused.")
-plan, why = _plan(data_key, preset, model, run_ids, include_pending)
+cannot = auth.why_not("launch_jobs")
+# The plan checks the model folder: only for a user who may launch (no file probe before the permission check).
+plan, why = _plan(data_key, preset, model, run_ids, include_pending) if cannot is None else (None, "")
 confirmed = True
 if plan is not None:
     noun = "pairs" if DATA_CHOICES[data_key].kind == "dpo" else "samples"
@@ -129,7 +131,6 @@ if plan is not None:
         confirmed = st.checkbox(f"Train on {plan.rows} rows anyway", key="tr_small_ok")
 elif why:
     st.caption(md(why))
-cannot = auth.why_not("launch_jobs")
 if cannot:
     st.caption(md(cannot))
 submitted = st.button("Launch", type="primary", key="tr_launch", disabled=cannot is not None or not confirmed)

@@ -148,3 +148,23 @@ def test_a_maintainers_probe_error_names_the_status_not_the_reply(db, internal) 
     new_evaluation(at, env_arg=f"{url}/internal/admin")
     text = shown(at)
     assert SECRET not in text and "HTTP 500" in text, text
+
+
+@pytest.mark.parametrize("user", [None, "vic"])
+def test_the_training_plan_checks_no_model_folder_for_a_visitor_without_the_right(db, tmp_path: Path, user) -> None:
+    """The Training page's plan (rows, epochs, steps) reads the chosen model folder: it is computed only
+    for a user who may launch, so a visitor learns nothing of which folders exist."""
+    from engine.store import ModelRecord
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    with Store(db) as store:
+        store.save_model(ModelRecord(path=str(folder), name="m", kind="fixture"))
+    at = open_page("views/training.py", user=user)
+    at.selectbox(key="tr_model").set_value(str(folder)).run()
+    text = shown(at)
+    assert "Would train on" not in text and "No plan" not in text, text
+    assert at.button(key="tr_launch").disabled
+    at = open_page("views/training.py", user="mia")  # a maintainer sees the plan
+    assert "Would train on" in shown(at) or "No plan" in shown(at)
