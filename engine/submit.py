@@ -127,8 +127,9 @@ def next_iteration_config(store: Any, loop_id: str) -> dict[str, Any]:
     base = next((r.get("config") for r in records if isinstance(r.get("config"), dict)), None) or {}
     base = {**_evaluated_as(store, records), **base}
     last = max(records, key=lambda r: r["idx"])
-    model = next((str(r["model"]) for r in sorted(records, key=lambda r: -r["idx"]) if r.get("model")),
-                 base.get("model", "tiny"))
+    # the policy the loop continues with: the newest promoted one (a gated-out candidate is not)
+    model = next((str(r.get("policy") or r["model"]) for r in sorted(records, key=lambda r: -r["idx"])
+                  if r.get("policy") or r.get("model")), base.get("model", "tiny"))
     return {**base, "method": last.get("method", base.get("method", "agentq")), "model": model, "iterations": 1,
             "evaluate_base": False, "name": loop_id, "first_iteration": int(last["idx"]) + 1}
 

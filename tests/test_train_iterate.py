@@ -24,7 +24,7 @@ TRAIN = {"max_steps": 2, "batch_size": 4, "learning_rate": 1e-3, "device": "cpu"
 def _config(tmp_path: Path, method: str, model: Path) -> IterateConfig:
     return IterateConfig(
         method=method, model=str(model), env="line", iterations=2, tasks_per_iteration=3, eval_split="train",
-        eval_tasks="0:3", output_root=str(tmp_path / "loop"), name=f"loop-{method}", include_pending=True,
+        eval_tasks="0:3", output_root=str(tmp_path / "loop"), name=f"loop-{method}", include_pending=True, gate_split="",
         search={"simulations": 6, "k": 3, "depth_limit": 4, "max_tokens": 32},
         dpo=TRAIN, sft=TRAIN, eval={"mode": "sampled", "seeds": [0, 1], "max_steps": 4, "bootstrap": 100},
     )
@@ -50,7 +50,11 @@ def test_a_loop_records_runs_models_and_scores(tmp_path: Path, model: Path, meth
         assert [r["idx"] for r in rows] == [0, 1, 2]
         assert rows[0]["model"] == str(model) and rows[0]["eval"]["success"]["n"] == 3
         first, second = rows[1], rows[2]
-        assert first["parent"] == str(model) and second["parent"] == first["model"]  # pi_ref <- current policy
+        assert first["parent"] == str(model) and second["searched_with"] == first["policy"] == first["model"]
+        if method in ("exit", "visits"):  # accumulation: every candidate from the base, on every iteration's rows
+            assert second["parent"] == str(model) and second["samples"] >= first["samples"]
+        else:
+            assert second["parent"] == first["model"]  # pi_ref <- current policy
         assert first["model"] == str((tmp_path / "loop" / "iter-1").resolve())
         for r in (first, second):
             assert store.run(r["run_id"]).model == "scripted" and len(r["tasks"]) == 3
@@ -102,10 +106,10 @@ def test_the_loop_trains_only_on_curated_rows_unless_told_otherwise(tmp_path: Pa
         row = store.samples(run_id=record["run_id"], kind=["exit"])[0]
         store.set_sample_status(row.id, "approved", "ann", row.version)
         train = config.sft_config()
-        rows, gate = curated(store, train, record["run_id"], labelled_samples)
+        rows, gate = curated(store, train, [record["run_id"]], labelled_samples)
         assert [r.id for r in rows] == [row.id] and gate == {"final": 1, "uncurated_used": 0,
                                                              "uncurated_left_out": uncurated - 1}
-        rows, gate = curated(store, replace(train, include_pending=True), record["run_id"], labelled_samples)
+        rows, gate = curated(store, replace(train, include_pending=True), [record["run_id"]], labelled_samples)
         assert len(rows) == uncurated and gate == {"final": 1, "uncurated_used": uncurated - 1, "uncurated_left_out": 0}
 
 

@@ -14,6 +14,12 @@ solved tree's shortest successful trajectory becomes SFT rows (search's own choi
 `engine.datasets.distill`); SFT; evaluate. "visits" trains toward the MCTS visit distribution at
 every well-visited node instead.
 
+Promotion gate (`engine.train.gate`): a trained candidate becomes the next policy only when it beats the
+current one on `gate_split` (val: tasks held out of every search and of the evaluation) by a paired
+interval above 0; otherwise the next iteration searches with the current policy again. With
+`accumulate` (exit / visits), every candidate trains from the loop's base policy on the rows of all
+the loop's iterations so far (ReST-EM), so a gated-out iteration's data is not lost.
+
 Curation gate: a loop trains only on rows with a final label (approved / edited, by the store's
 final-label rule) unless `include_pending` is set, in which case rows nobody has decided are used
 too (rejected and unsettled rows never are). Every iteration records how many rows it trained on and
@@ -68,6 +74,15 @@ class IterateConfig:
     theta: float = 0.1
     include_pending: bool = field(default=False, metadata={
         "help": "also train on rows nobody has curated (by default only approved / edited rows are used)"})
+    gate_split: str = field(default="val", metadata={
+        "help": "tasks held out of search and evaluation on which a trained policy must beat the current one "
+                "before the loop continues with it (an env without this split: every 10th train task); '' promotes "
+                "every trained policy, which can make the loop's policy worse"})
+    gate_confidence: float = field(default=0.8, metadata={
+        "help": "the gate promotes when this paired interval of the success gain lies above 0"})
+    accumulate: bool | None = field(default=None, metadata={
+        "help": "exit / visits: train each candidate from the loop's base policy on the rows of every iteration so "
+                "far (ReST-EM); default on for exit / visits, not offered for agentq / agentr"})
     evaluate_base: bool = True
     revision_shares: tuple[float, ...] = (0.25, 0.5, 0.75)
     output_root: str | None = None
@@ -87,6 +102,8 @@ class IterateConfig:
             "tasks_per_iteration": self.tasks_per_iteration >= 1,
             "theta": self.theta >= 0,
             "revision_shares": bool(self.revision_shares) and all(0 < s <= 1 for s in self.revision_shares),
+            "gate_confidence": 0 < self.gate_confidence < 1,
+            "accumulate": not (self.accumulate and self.method not in DISTILL_METHODS),
         }
         for name, ok in checks.items():
             if not ok:
@@ -96,6 +113,11 @@ class IterateConfig:
         self.sft_config()
         self.eval_config()
         self.distill_config()
+
+    @property
+    def accumulates(self) -> bool:
+        """Whether candidates train from the loop's base on every iteration's rows (see `accumulate`)."""
+        return self.method in DISTILL_METHODS if self.accumulate is None else self.accumulate
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "iterate config") -> IterateConfig:
@@ -141,26 +163,48 @@ def _evaluate(store: Store, model_path: Path, config: IterateConfig, eval_tasks:
             "loop_rate": result.metrics["loop_rate"]}
 
 
+GATE_EVERY = 10  # an env without the gate split: every 10th train task is held out for the gate
+
+
+def gate_tasks(config: IterateConfig, env: Any) -> tuple[str, list[Any]]:
+    """The promotion gate's split name and tasks: `gate_split`, or, for "val" on an env without one,
+    every GATE_EVERY-th task of the train split (held out of the loop's searches like a val split)."""
+    from engine.envs.base import EnvError
+
+    if not config.gate_split:
+        return "", []
+    try:
+        return config.gate_split, list(env.tasks(config.gate_split))
+    except EnvError as e:
+        if config.gate_split != "val":
+            raise ConfigError(f"IterateConfig.gate_split: {e}") from None
+        return config.train_split, list(env.tasks(config.train_split))[GATE_EVERY - 1::GATE_EVERY]
+
+
 def loop_tasks(config: IterateConfig, env: Any) -> tuple[list[Any], list[Any]]:
-    """The loop's train tasks and held-out tasks; a selection the env cannot serve is an error
-    before anything runs (the CLI checks it before it opens the database)."""
+    """The loop's train tasks (without the gate's) and held-out tasks; a selection the env cannot
+    serve is an error before anything runs (the CLI checks it before it opens the database)."""
     from engine.envs.registry import select_tasks
 
-    train_tasks = env.tasks(config.train_split)
+    held = {t.id for t in gate_tasks(config, env)[1]}
+    train_tasks = [t for t in env.tasks(config.train_split) if t.id not in held]
     eval_tasks = select_tasks(env, config.eval_tasks, config.eval_split) if config.eval_tasks else env.tasks(
         config.eval_split)
+    if held & {t.id for t in eval_tasks}:
+        raise ConfigError(f"IterateConfig.gate_split: {config.gate_split!r} shares tasks with the evaluation "
+                          f"({config.eval_split}); the gate must be held out of it")
     if config.tasks_per_iteration > len(train_tasks):
         raise ConfigError(f"tasks_per_iteration {config.tasks_per_iteration} > the {len(train_tasks)} "
-                          f"{config.train_split} tasks")
+                          f"{config.train_split} tasks" + (" held out of the gate" if held else ""))
     return train_tasks, eval_tasks
 
 
-def curated(store: Store, train_cfg: Any, run_id: str,
+def curated(store: Store, train_cfg: Any, runs: list[str],
             select: Callable[..., tuple[list[Any], dict[str, Any]]]) -> tuple[list[Any], dict[str, Any]]:
-    """The rows of `run_id` a loop's trainer may use (the curation gate: final labels, plus rows
+    """The rows of `runs` a loop's trainer may use (the curation gate: final labels, plus rows
     nobody decided only with `include_pending`), and the counts the loop shows and records. One
     selection with the undecided rows in: those without a final label are the uncurated ones."""
-    every, labels = select(store, replace(train_cfg, include_pending=True), [run_id])
+    every, labels = select(store, replace(train_cfg, include_pending=True), runs)
     uncurated = len(every) - len(labels)
     if train_cfg.include_pending:
         return every, {"final": len(labels), "uncurated_used": uncurated, "uncurated_left_out": 0}
@@ -193,6 +237,7 @@ def run_loop(store: Store, config: IterateConfig, reporter: Reporter | None = No
     from engine.store import ModelRecord
     from engine.train.common import resolve_model_path
     from engine.train.dpo import labelled_pairs, run_backends, train_dpo
+    from engine.train.gate import decide
     from engine.train.sft import labelled_samples, mix_revisions, train_sft
 
     reporter = reporter or MemoryReporter()
@@ -216,6 +261,19 @@ def run_loop(store: Store, config: IterateConfig, reporter: Reporter | None = No
                                 log=reporter.log)
     search = config.search_config()
     total = config.iterations
+    gate_split, gates = gate_tasks(config, env)
+    earlier = sorted(store.iterations(loop_id), key=lambda r: r["idx"]) if first > 1 else []
+    base = Path(next((str(r["base"]) for r in earlier if r.get("base")), str(policy)))  # what accumulation trains from
+    loop_runs = [str(r["run_id"]) for r in earlier if r.get("run_id")]
+    current_gate: list[Any] | None = None  # the current policy's gate episodes, scored when first needed
+
+    def gate_episodes(path: Path) -> list[Any]:
+        from engine.evaluate import evaluate_and_store
+
+        result = evaluate_and_store(store, load(path), config.env, gate_split, gates, config.eval_config(),
+                                    model=str(path), job_id=job_id, make_env=make_env)
+        return result.episodes
+
     if config.evaluate_base and first == 1:
         reporter.progress({"phase": "evaluate base", "step": 0, "total": total})
         scores = _evaluate(store, policy, config, eval_tasks, make_env, reporter, job_id, load)
@@ -231,7 +289,10 @@ def run_loop(store: Store, config: IterateConfig, reporter: Reporter | None = No
         run_id, stats = new_run(store, config.env, batch, generator, replace(search, seed=search.seed + i),
                                 f"{loop_id}-it{i}", make_env=make_env)
         refs = tree_refs(store, run_id, description)
-        record: dict[str, Any] = {"run_id": run_id, "parent": str(policy), "tasks": [t.id for t in batch],
+        loop_runs.append(run_id)
+        start = base if config.accumulates else policy  # the candidate trains from here
+        record: dict[str, Any] = {"run_id": run_id, "parent": str(start), "base": str(base),
+                                  "searched_with": str(policy), "tasks": [t.id for t in batch],
                                   "solved_in_search": store.run(run_id).solved, "search_s": stats.wall_s,
                                   "config": asdict(config)}  # what a continuation of the loop runs with
         reporter.progress({"phase": f"iteration {i}: data", "step": i - first, "total": total})
@@ -240,71 +301,85 @@ def run_loop(store: Store, config: IterateConfig, reporter: Reporter | None = No
             built = build_pairs(refs, PairsConfig(alpha=search.alpha, theta=config.theta))
             built.save(store, run_id)
             train_cfg = config.dpo_config()
-            pairs, gate = curated(store, train_cfg, run_id, labelled_pairs)
-            record.update({"pairs": len(pairs), "curation": gate})
+            pairs, curation = curated(store, train_cfg, [run_id], labelled_pairs)
+            record.update({"pairs": len(pairs), "curation": curation})
             if not pairs:
-                record["skipped"] = (skip_reason(gate, "preference pairs") if gate["uncurated_left_out"] else
+                record["skipped"] = (skip_reason(curation, "preference pairs") if curation["uncurated_left_out"] else
                                      "no preference pairs (no node had two explored children differing by theta)")
             else:
-                reporter.log(gate_line(i, gate))
+                reporter.log(gate_line(i, curation))
                 reporter.progress({"phase": f"iteration {i}: dpo", "step": i - first, "total": total})
                 tokens = store.node_token_counts([(p.tree_id, n) for p in pairs for n in (p.chosen_node, p.rejected_node)])
                 del generator
-                result = train_dpo(policy, pairs, train_cfg, out_dir, reporter, node_tokens=tokens, parent=str(policy),
+                result = train_dpo(start, pairs, train_cfg, out_dir, reporter, node_tokens=tokens, parent=str(start),
                                    backends=run_backends(store, [run_id]))
         elif config.method in DISTILL_METHODS:
             rows = distill(refs, config.method, config.distill_config())
             store.save_samples(rows, prune_run=run_id, prune_kinds=(config.method,))
             train_cfg = config.sft_config()
-            samples, gate = curated(store, train_cfg, run_id, labelled_samples)
-            record.update({"samples": len(samples), "curation": gate,
+            samples, curation = curated(store, train_cfg, loop_runs if config.accumulates else [run_id], labelled_samples)
+            record.update({"samples": len(samples), "rows_new": len(rows), "curation": curation,
                            "solved_trees": sum(r.tree.solved() for r in refs)})
             if not samples:
-                record["skipped"] = (skip_reason(gate, "search rows") if gate["uncurated_left_out"] else
+                record["skipped"] = (skip_reason(curation, "search rows") if curation["uncurated_left_out"] else
                                      "no successful trajectory in the trees (no task solved in search)"
                                      if config.method == "exit" else f"no node with {config.distill_config().min_visits}"
                                      " or more visits")
             else:
-                reporter.log(gate_line(i, gate))
+                reporter.log(gate_line(i, curation))
                 reporter.progress({"phase": f"iteration {i}: sft", "step": i - first, "total": total})
                 del generator
-                result = train_sft(policy, samples, train_cfg, out_dir, reporter, kind=config.method,
-                                   parent=str(policy))
+                result = train_sft(start, samples, train_cfg, out_dir, reporter, kind=config.method,
+                                   parent=str(start))
         else:
             built_r = build_revisions(refs, generator, RevisionConfig(seed=config.seed + i))
             store.save_samples(built_r.samples, prune_run=run_id, prune_kinds=("revision", "good", "recovery"))
             train_cfg = config.sft_config()
             share = config.revision_shares[min(i - 1, len(config.revision_shares) - 1)]
-            samples, gate = curated(store, train_cfg, run_id, labelled_samples)
+            samples, curation = curated(store, train_cfg, [run_id], labelled_samples)
             samples = mix_revisions(samples, share, config.seed + i)
-            record.update({"revision_share": share, "samples": len(samples), "curation": gate,
+            record.update({"revision_share": share, "samples": len(samples), "curation": curation,
                            "revisions": sum(s.kind == "revision" for s in samples)})
             if not samples:
                 good = sum(s.kind == "good" for s in built_r.samples)
-                record["skipped"] = (skip_reason(gate, "revision or good trajectories") if gate["uncurated_left_out"]
+                record["skipped"] = (skip_reason(curation, "revision or good trajectories") if curation["uncurated_left_out"]
                                      else "no revision trajectory: no (good, bad) leaf pair in the trees "
                                      f"({good} good trajectories alone would be RFT)" if good else
                                      "no revision or good trajectories (no successful leaf in the trees)")
             else:
-                reporter.log(gate_line(i, gate))
+                reporter.log(gate_line(i, curation))
                 reporter.progress({"phase": f"iteration {i}: sft", "step": i - first, "total": total})
                 del generator
-                result = train_sft(policy, samples, train_cfg, out_dir, reporter, kind="sft", parent=str(policy))
+                result = train_sft(start, samples, train_cfg, out_dir, reporter, kind="sft", parent=str(start))
         if "skipped" not in record:
             if result.stopped or result.output is None:
                 reporter.log(f"iteration {i}: training stopped")
                 break
             store.save_model(ModelRecord(path=str(result.output), name=f"{loop_id}-it{i}", kind=config.method,
-                                         parent=str(policy), job_id=job_id, data_ids=result.data_ids,
+                                         parent=str(start), job_id=job_id, data_ids=result.data_ids,
                                          config=asdict(train_cfg), metrics=result.metrics))
             record["model"] = str(result.output)
             record["train"] = dict(result.metrics)
-            policy = result.output
+            if gates:
+                reporter.progress({"phase": f"iteration {i}: gate", "step": i - first, "total": total})
+                if current_gate is None:
+                    current_gate = gate_episodes(policy)
+                candidate = gate_episodes(result.output)
+                decision = decide(current_gate, candidate, config.gate_confidence,
+                                  bootstrap=config.eval_config().bootstrap, seed=config.seed)
+                record["gate"] = decision.record(gate_split, config.gate_confidence)
+                reporter.log(f"iteration {i}: gate: {decision.why}")
+                if decision.promoted:
+                    policy, current_gate = result.output, candidate
+            else:
+                record["gate"] = {"promoted": True, "why": "no gate (gate_split ''): every trained policy is promoted"}
+                policy = result.output
             reporter.progress({"phase": f"iteration {i}: evaluate", "step": i - first, "total": total})
-            record["eval"] = _evaluate(store, policy, config, eval_tasks, make_env, reporter, job_id, load)
+            record["eval"] = _evaluate(store, result.output, config, eval_tasks, make_env, reporter, job_id, load)
         else:
             record["model"] = str(policy)
             reporter.log(f"iteration {i}: {record['skipped']}; the policy is unchanged")
+        record["policy"] = str(policy)  # what the next iteration searches with (and Next iteration continues)
         record["seconds"] = time.perf_counter() - began
         record["cpu_s"] = time.process_time() - began_cpu  # every thread of this process: the loop's compute
         store.save_iteration(loop_id, i, config.method, record)

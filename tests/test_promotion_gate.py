@@ -1,0 +1,45 @@
+"""The loop's promotion gate on hand-made episodes: a paired interval above 0 promotes, one task does not."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.config import ConfigError
+from engine.train.gate import decide
+from engine.train.iterate import IterateConfig, gate_tasks, loop_tasks
+
+
+def _episodes(solved: set[int], n: int = 43) -> list[dict[str, object]]:
+    return [{"task_id": f"t{i}", "label": "", "success": i in solved, "progress": 0.0, "commands": []}
+            for i in range(n)]
+
+
+def test_one_more_task_of_43_is_not_promoted() -> None:
+    base = set(range(8))
+    d = decide(_episodes(base), _episodes(base | {20}))
+    assert not d.promoted and d.diff["low"] == 0 and "kept the current policy" in d.why
+
+
+def test_three_more_tasks_and_none_lost_are_promoted() -> None:
+    base = set(range(8))
+    d = decide(_episodes(base), _episodes(base | {20, 21, 22}))
+    assert d.promoted and d.diff["low"] > 0 and d.candidate > d.current and d.tasks == 43
+
+
+def test_a_worse_candidate_is_not_promoted() -> None:
+    d = decide(_episodes(set(range(8))), _episodes(set(range(4))))
+    assert not d.promoted and d.diff["mean"] < 0
+
+
+def test_the_gate_is_held_out_of_the_loops_searches() -> None:
+    from engine.envs.textcraft import TextCraftEnv
+
+    env = TextCraftEnv()
+    split, gates = gate_tasks(IterateConfig(), env)
+    train, _ = loop_tasks(IterateConfig(), env)
+    assert split == "val" and len(gates) == 43 and not {t.id for t in gates} & {t.id for t in train}
+    assert gate_tasks(IterateConfig(gate_split=""), env) == ("", [])
+    with pytest.raises(ConfigError, match="shares tasks with the evaluation"):
+        loop_tasks(IterateConfig(eval_split="val"), env)
+    with pytest.raises(ConfigError, match="accumulate"):
+        IterateConfig(method="agentq", accumulate=True)
