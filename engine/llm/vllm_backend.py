@@ -146,11 +146,25 @@ def finish_reason(reason: Any) -> str:
     return mapped
 
 
+def _vllm_classes(exc: BaseException) -> set[str]:
+    """The names of `exc`'s classes that vLLM defines (its module is `vllm` or under it)."""
+    return {c.__name__ for c in type(exc).__mro__ if c.__module__.split(".")[0] == "vllm"}
+
+
 def request_error(exc: BaseException) -> bool:
-    """Is this an error vLLM raises for a bad request or setting (a one-line GeneratorError for the
-    user), rather than a crash? Its validation errors are ValueError in some versions and derive
-    from vLLM's own base class (not ValueError) in others, so both count."""
-    return isinstance(exc, (ValueError, TypeError)) or type(exc).__module__.split(".")[0] == "vllm"
+    """Is this vLLM refusing a request or a setting (a one-line GeneratorError for the user) rather
+    than failing itself? vLLM's own split (0.33, `vllm.exceptions`; its HTTP error responses map
+    them to 4xx / 5xx): `VLLMClientError` (e.g. `VLLMValidationError`, NOT a ValueError) is the
+    request's fault, and so are the raw ValueError / OverflowError its not-yet-migrated validations
+    raise; `VLLMServerError` (`EngineDeadError`, `EngineGenerateError`, `GenerationError`) is the
+    engine's, and propagates with its traceback. A TypeError is never a refused request here: every
+    argument is built by this module, so it means an argument this vLLM does not take."""
+    names = _vllm_classes(exc)
+    if "VLLMServerError" in names:
+        return False
+    if "VLLMClientError" in names:
+        return True
+    return isinstance(exc, (ValueError, OverflowError)) and not isinstance(exc, TypeError)
 
 
 def prompt_logprob_sum(output: Any, start: int) -> float | None:
