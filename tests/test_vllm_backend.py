@@ -357,3 +357,33 @@ def test_a_grammar_goes_to_vllm_as_structured_outputs_and_is_applied(fake_vllm: 
     del sys.modules["vllm"].sampling_params  # an old vLLM without structured outputs: refused, not ignored
     with pytest.raises(GeneratorError, match="no structured outputs"):
         gen.sample([SampleRequest(PROMPT, n=1, params=SamplingParams(grammar=grammar))])
+
+
+def test_constrained_log_probs_are_rescored_without_the_mask(fake_vllm: Path) -> None:
+    """vLLM masks the logits before it computes raw log-probs, so a constrained sample's are
+    renormalised over the allowed tokens; stored as the DPO reference they would be wrong. The
+    backend re-scores those completions teacher-forced (no mask): what `logprobs()` and TRL compute."""
+    from engine.grammar import ActionGrammar
+
+    FakeLLM.script = REPLY.replace("get 1 stick", "get 1 unobtainium")
+    gen = VLLMGenerator(fake_vllm)
+    grammar = ActionGrammar("inventory|get [1-9] stick")
+    (constrained,), (free,) = gen.sample([SampleRequest(PROMPT, params=SamplingParams(grammar=grammar)),
+                                          SampleRequest(PROMPT)])
+    assert constrained.finish_reason == "stop" and grammar.accepts(constrained.text)
+    masked = [step for c in FakeLLM.instances[0].calls if c[0] == "generate" for step in c[2]][0]
+    assert masked.structured_outputs is not None
+    # Teacher-forced over the exact generated ids (a repaired sample need not be the canonical
+    # encoding of its text; `canonical` says which, and only canonical ones stand in for the reference).
+    prompt_ids = gen.encode_prompt(PROMPT)
+    (scored,) = FakeLLM.instances[0].generate([{"prompt_token_ids": prompt_ids + list(constrained.token_ids)}],
+                                              [vllm_double.SamplingParams(**SCORING_KWARGS)])
+    assert constrained.logprob == pytest.approx(prompt_logprob_sum(scored, len(prompt_ids)), abs=1e-5)
+    assert free.logprob == pytest.approx(gen.logprobs([PROMPT], [free.text])[0], abs=1e-5)  # sampled = scored
+    if constrained.canonical:
+        assert constrained.logprob == pytest.approx(gen.logprobs([PROMPT], [constrained.text])[0], abs=1e-5)
+    assert constrained.logprob == pytest.approx(sum(constrained.token_logprobs))
+    # What the engine returned for the constrained sample is not that (the mask's renormalisation).
+    raw_out = FakeLLM.instances[0].generate([{"prompt_token_ids": gen.encode_prompt(PROMPT)}], [masked])[0]
+    engine_sum = sum(step[t].logprob for step, t in zip(raw_out.outputs[0].logprobs, raw_out.outputs[0].token_ids))
+    assert engine_sum > constrained.logprob + 1.0

@@ -21,6 +21,8 @@ also the V1 default) they come from the raw model distribution, not the temperat
 processed one, as the replay buffer needs. `Completion.logprob` sums over all generated ids:
 the EOS when the model ended, and for a stop string the tokens up to the one completing it.
 `logprobs()` scores prompt + completion + EOS (HFGenerator's convention) with `prompt_logprobs=1`.
+A constrained sample's log-probs are re-scored that way (`_unmasked`): vLLM's come after the
+grammar mask, renormalised over the allowed tokens.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import gc
 import inspect
 import logging
 from collections.abc import Callable, Collection, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -292,12 +295,38 @@ class VLLMGenerator:
             params.append(self._sampling_params(r, kwargs))
         out: list[list[Completion]] = [[] for _ in requests]
         if prompts:
-            for r, output in zip(sent, self._generate(prompts, params), strict=True):
+            for r, prompt, output in zip(sent, prompts, self._generate(prompts, params), strict=True):
                 comps = completions_from_output(output, self._decode, self.eos_ids, requests[r].params.stop,
                                                 encode=self._encode_text, eos_id=self.eos_id)
+                if requests[r].params.grammar is not None:
+                    comps = self._unmasked(prompt["prompt_token_ids"], comps)
                 if is_greedy(requests[r].params) and len(comps) == 1:
                     comps = comps * requests[r].n  # greedy: n equal completions (see sampling_kwargs)
                 out[r] = comps
+        return out
+
+    def _unmasked(self, prompt_ids: list[int], comps: list[Completion]) -> list[Completion]:
+        """Constrained completions with their log-probs re-scored teacher-forced, without the mask.
+
+        WHY: vLLM applies the grammar's bitmask to the logits before its sampler computes
+        `raw_logprobs` (0.33: the model runner's apply_grammar_bitmask, then the sampler), so a
+        constrained sample's log-probs are renormalised over the allowed tokens: not the policy's,
+        and not what DPO's reference pass computes. One prompt-scoring pass over the exact ids (the
+        prefix cache holds the prompt) gives the unmasked ones; where it is refused (a sequence at
+        max_model_len) the log-probs are unknown (None), never the masked values."""
+        batch = [{"prompt_token_ids": prompt_ids + list(c.token_ids or ())} for c in comps]
+        try:
+            scored = self._generate(batch, [self._sampling_params(0, SCORING_KWARGS)] * len(batch))
+        except GeneratorError as exc:
+            log.warning("%s: constrained completions could not be re-scored (%s); their log-probs are unknown",
+                        self.name, exc)
+            return [replace(c, logprob=None, token_logprobs=None) for c in comps]
+        out = []
+        for c, o in zip(comps, scored, strict=True):
+            steps = o.prompt_logprobs
+            ids = list(c.token_ids or ())
+            lps = _sampled_logprobs(steps[len(prompt_ids):], ids) if steps is not None and ids else None
+            out.append(replace(c, logprob=float(sum(lps)) if lps is not None else None, token_logprobs=lps))
         return out
 
     def logprobs(self, prompts: Sequence[Prompt], completions: Sequence[str]) -> list[float | None]:
