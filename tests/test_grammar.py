@@ -315,9 +315,9 @@ def test_xgrammar_compiles_every_grammar_as_vllm_does(capfd, tokenizer) -> None:
 
 def test_llguidance_validates_every_grammar_as_vllm_does(tokenizer) -> None:
     llguidance = pytest.importorskip("llguidance", reason="llguidance is not installed (pip install llguidance)")
-    import llguidance.hf
+    ll_hf = pytest.importorskip("llguidance.hf")
 
-    ll_tokenizer = llguidance.hf.from_tokenizer(tokenizer)
+    ll_tokenizer = ll_hf.from_tokenizer(tokenizer)
     for grammar in _every_grammar():
         serialized = llguidance.grammar_from("regex", grammar.regex)
         error, warnings = llguidance.LLMatcher.validate_grammar_with_warnings(serialized, ll_tokenizer)
@@ -329,7 +329,7 @@ def test_xgrammar_and_llguidance_accept_what_the_grammar_accepts(tokenizer) -> N
     the texts `ActionGrammar.accepts` (expert answers, their mutations, hostile model outputs)."""
     xgr = pytest.importorskip("xgrammar", reason="xgrammar is not installed (pip install xgrammar)")
     llguidance = pytest.importorskip("llguidance", reason="llguidance is not installed (pip install llguidance)")
-    import llguidance.hf
+    ll_hf = pytest.importorskip("llguidance.hf")
 
     env = TextCraftEnv()
     answers = _expert_answers(4)
@@ -340,7 +340,7 @@ def test_xgrammar_and_llguidance_accept_what_the_grammar_accepts(tokenizer) -> N
     fuzz = [case.values[0][:2000] for case in model_outputs()]
     compiler = xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=len(tokenizer)),
                                    max_threads=1)
-    ll_tokenizer = llguidance.hf.from_tokenizer(tokenizer)
+    ll_tokenizer = ll_hf.from_tokenizer(tokenizer)
     eos = tokenizer.eos_token_id
     compared = accepted = 0
     for grammar in (task_grammar, ActionGrammar()):

@@ -348,7 +348,7 @@ def test_a_grammar_goes_to_vllm_as_structured_outputs_and_is_applied(fake_vllm: 
     gen = VLLMGenerator(fake_vllm)
     grammar = ActionGrammar("inventory|get [1-9] stick")
     out = gen.sample([SampleRequest(PROMPT, n=2, params=SamplingParams(grammar=grammar)), SampleRequest(PROMPT, n=1)])
-    sent = [c for c in FakeLLM.instances[0].calls if c[0] == "generate"][0][2]
+    sent = next(c for c in FakeLLM.instances[0].calls if c[0] == "generate")[2]
     constrained, free = sent
     assert isinstance(constrained.structured_outputs, vllm_double.StructuredOutputsParams)
     assert constrained.structured_outputs.regex == grammar.regex and free.structured_outputs is None
@@ -371,7 +371,7 @@ def test_constrained_log_probs_are_rescored_without_the_mask(fake_vllm: Path) ->
     (constrained,), (free,) = gen.sample([SampleRequest(PROMPT, params=SamplingParams(grammar=grammar)),
                                           SampleRequest(PROMPT)])
     assert constrained.finish_reason == "stop" and grammar.accepts(constrained.text)
-    masked = [step for c in FakeLLM.instances[0].calls if c[0] == "generate" for step in c[2]][0]
+    masked = next(step for c in FakeLLM.instances[0].calls if c[0] == "generate" for step in c[2])
     assert masked.structured_outputs is not None
     # Teacher-forced over the exact generated ids (a repaired sample need not be the canonical
     # encoding of its text; `canonical` says which, and only canonical ones stand in for the reference).
