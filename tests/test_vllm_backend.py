@@ -195,6 +195,7 @@ def test_sample_and_logprobs_through_one_generate_call(fake_vllm: Path) -> None:
     assert [len(c) for c in out] == [2, 0, 1]
     (kind, prompts, params) = llm.calls[-1]
     assert kind == "generate" and len(prompts) == 2 and [p.n for p in params] == [2, 1]
+    assert params[0].seed is None  # no per-request seed: it turns off vLLM's batched sampling path
     # Prompt ids are the chat template rendered as text, then encoded without added specials.
     text = gen.tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True, tokenize=False)
     assert prompts[0]["prompt_token_ids"] == gen.tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -209,6 +210,14 @@ def test_sample_and_logprobs_through_one_generate_call(fake_vllm: Path) -> None:
     assert scored[0]["prompt_token_ids"][-1] == gen.eos_id and params[0].prompt_logprobs == 1
     assert scores[0] == pytest.approx(c.logprob) and scores[1] is not None and scores[1] < scores[0]
     assert gen.sample([]) == [] and gen.logprobs([], []) == []
+
+
+def test_request_seeds_are_sent_only_when_asked_for(fake_vllm: Path) -> None:
+    gen = VLLMGenerator(fake_vllm, request_seeds=True)
+    gen.sample([SampleRequest(PROMPT, params=SamplingParams(seed=3))])
+    assert FakeLLM.instances[0].calls[-1][2][0].seed == 3
+    assert "request_seeds" not in FakeLLM.instances[0].kwargs  # ours, not an engine argument
+    assert sampling_kwargs(SamplingParams(seed=3), 1, seeded=False)["seed"] is None
 
 
 def test_reload_in_place_resets_prefix_cache(fake_vllm: Path, tmp_path: Path) -> None:

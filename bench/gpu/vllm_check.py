@@ -103,7 +103,7 @@ def main() -> int:
         for i, p in enumerate(prompts)
     ]
     token_prompts = [{"prompt_token_ids": gen.encode_prompt(p)} for p in prompts]
-    raw_params = [vllm.SamplingParams(**sampling_kwargs(r.params, r.n)) for r in reqs]
+    raw_params = [vllm.SamplingParams(**sampling_kwargs(r.params, r.n, seeded=gen.request_seeds)) for r in reqs]
     gen.sample(reqs[:4])  # warm-up (CUDA graphs, allocator)
 
     raw_s = ours_s = math.inf

@@ -53,9 +53,9 @@ def is_greedy(params: SamplingParams) -> bool:
     return params.temperature < GREEDY_BELOW
 
 
-def sampling_kwargs(params: SamplingParams, n: int) -> dict[str, Any]:
+def sampling_kwargs(params: SamplingParams, n: int, seeded: bool = True) -> dict[str, Any]:
     """`vllm.SamplingParams` kwargs for one request; raises ValueError, naming the setting, on
-    settings vLLM rejects.
+    settings vLLM rejects. `seeded=False` leaves the request's seed out (see VLLMGenerator).
 
     Greedy decoding with n > 1 (vLLM refuses it: "n must be 1 when using greedy sampling") asks
     for ONE completion; `VLLMGenerator.sample` hands it out n times. Greedy is deterministic, so
@@ -76,7 +76,7 @@ def sampling_kwargs(params: SamplingParams, n: int) -> dict[str, Any]:
         "top_p": params.top_p,
         "max_tokens": params.max_tokens,
         "stop": list(params.stop) or None,
-        "seed": params.seed,
+        "seed": params.seed if seeded else None,
         "logprobs": 1,  # each step's dict holds the sampled token (and the top-1)
     }
 
@@ -181,7 +181,13 @@ def prompt_logprob_sum(output: Any, start: int) -> float | None:
 
 class VLLMGenerator:
     """A `Generator` over `vllm.LLM` (see the module docstring). `engine_overrides` go to
-    `vllm.LLM` as they are (e.g. `max_model_len`, `enforce_eager`, `dtype`)."""
+    `vllm.LLM` as they are (e.g. `max_model_len`, `enforce_eager`, `dtype`).
+
+    `request_seeds` (off by default): send each request's seed. vLLM 0.33 gives every seeded
+    request its own torch.Generator, drawn one request at a time (sampler's random_sample), and a
+    batch with any such generator leaves FlashInfer's top-p/top-k kernel for the sort-based native
+    path (topk_topp_sampler); MCTS seeds every request. Unseeded, the engine's seed (`seed`) still
+    fixes the run's stream, but a sample then depends on its batch."""
 
     name: str
 
@@ -191,6 +197,7 @@ class VLLMGenerator:
         seed: int = 0,
         gpu_memory_utilization: float = 0.85,
         name: str | None = None,
+        request_seeds: bool = False,
         **engine_overrides: Any,
     ) -> None:
         path = Path(model_dir)
@@ -205,6 +212,7 @@ class VLLMGenerator:
             ) from exc
         self._vllm = vllm
         self._seed = seed
+        self.request_seeds = request_seeds
         self._overrides = {"gpu_memory_utilization": gpu_memory_utilization, **engine_overrides}
         self._engine_arg_names = frozenset(inspect.signature(vllm.EngineArgs).parameters)
         self._llm = vllm.LLM(**engine_kwargs(path, seed, self._engine_arg_names, self._overrides))
@@ -285,7 +293,7 @@ class VLLMGenerator:
             if req.n == 0:
                 continue
             try:
-                kwargs = sampling_kwargs(req.params, req.n)
+                kwargs = sampling_kwargs(req.params, req.n, seeded=self.request_seeds)
             except ValueError as exc:
                 raise GeneratorError(f"{self.name}: request {r}: {exc}") from None
             if req.params.grammar is not None:
