@@ -170,6 +170,10 @@ def main() -> int:
     if dev.startswith("cuda"):
         phase(rows, "dpo 85% held", dev, lambda: held_memory_dpo(model, pairs, dev, 1))
     reloads = {k: reload_check(r["output"], pairs, dev) for k, r in rows.items() if "output" in r}
+    # What a bf16 server (vLLM's dtype auto, HF on CUDA) sees of the fp32 update at lr 1e-6.
+    base, trained = load_weights(model), load_weights(Path(rows["dpo full bf16"]["output"]))
+    rows["dpo full bf16"]["share_changed_as_served_bf16"] = share_changed(
+        {k: w.bfloat16().float() for k, w in base.items()}, {k: w.bfloat16().float() for k, w in trained.items()})
 
     checks = {
         "fp32 log-probs match scoring (<1e-3/token)": rows["hf sampling fp32"]["compared"] > 0
@@ -195,6 +199,10 @@ def main() -> int:
         print(f"  {name:18} {json.dumps(row)}")
     for name, ok in checks.items():
         print(f"  {'PASS' if ok else 'FAIL'}  {name}")
+    served = rows["dpo full bf16"]["share_changed_as_served_bf16"]
+    if served < 0.5:
+        print(f"  WARNING  only {served:.1%} of the weights change once cast to bf16 for serving: the next search "
+              "on a bf16 engine mostly runs the old policy (serve fp32, or train with a larger learning rate)")
     summary = {"device": args.device, "rows": rows, "checks": checks, "ok": all(checks.values()),
                "total_s": round(time.perf_counter() - began, 1)}
     print(json.dumps(summary))
