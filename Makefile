@@ -12,6 +12,9 @@ $(STAMP): pyproject.toml
 	# CPU build of torch first: an unpinned torch would pull a multi-GB CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e ".[dev,envs,ray,postgres]"
+	# vLLM's structured-output engines, for tests/test_grammar.py (every grammar compiled as vLLM does).
+	# --no-deps: xgrammar declares triton (hundreds of MB, GPU kernels only); its other needs are above.
+	$(BIN)/pip install -q --no-deps xgrammar==0.2.8 apache-tvm-ffi==0.1.15.post2 llguidance==1.7.6
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -28,9 +28,13 @@ import regex
 
 from engine.actions import STATUSES
 
+# Every regex here is TEXT escapes only (r"\n", not a newline character): xgrammar refuses a character
+# class holding a literal newline ("Character class should not contain newline"), and vLLM's auto
+# backend would then fall back to guidance for every request (tests/test_grammar_backends.py compiles
+# each grammar with the real xgrammar and llguidance).
 ANY_COMMAND = r"[^\n\x00]*[^\s\x00]"  # one non-blank line (the parser takes an ACTION's first line)
 NUMBER = "[1-9][0-9]?"  # a count (TextCraft counts stay under 100)
-_FREE = "[^\n\\x00]*"  # free text: one line, no NUL (parse refuses NUL bytes)
+_FREE = r"[^\n\x00]*"  # free text: one line, no NUL (parse refuses NUL bytes)
 
 # One line grammar per place in the action: (name, line regex, places that may follow a newline).
 # "plan0" is right after "PLAN:" (at least one numbered line must follow).
@@ -107,9 +111,23 @@ class ActionGrammar:
         return regex.fullmatch(self.regex, text) is not None
 
 
+_SPECIAL = frozenset("\\.^$*+?{}[]|()")
+
+
+def literal(text: str) -> str:
+    """`text` as a regex matching exactly it, escaping only the characters that are special outside
+    a class. Not `re.escape`: it also escapes spaces, `-`, `#`, `&` and `~`, which xgrammar warns
+    about ("Escape sequence '\\ ' is not recognized") once per escape in every request's grammar."""
+    if any(ch in text for ch in "\n\r\x00"):
+        raise ValueError(f"a grammar literal is one line without NUL: {text!r}")
+    return "".join("\\" + ch if ch in _SPECIAL else ch for ch in text)
+
+
 def alternatives(commands: Iterable[str]) -> str:
-    """A command regex for a fixed list of commands (an env's `valid_commands()`)."""
-    return "|".join(re.escape(c) for c in sorted(set(commands), key=lambda c: (-len(c), c)) if c.strip())
+    """A command regex for a fixed list of commands (an env's `valid_commands()`); a command that is
+    not one line (the parser reads an ACTION's first line only) cannot be written, and is left out."""
+    lines = {c for c in commands if c.strip() and not any(ch in c for ch in "\n\r\x00")}
+    return "|".join(literal(c) for c in sorted(lines, key=lambda c: (-len(c), c)))
 
 
 def grammar_for(env: Any, task: Any) -> ActionGrammar:

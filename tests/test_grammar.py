@@ -16,7 +16,7 @@ from engine.actions import FormatError, parse, render
 from engine.config import SearchConfig
 from engine.envs.textcraft import TextCraftEnv
 from engine.envs.textcraft_expert import TextCraftExpert
-from engine.grammar import ActionGrammar, alternatives, grammar_for
+from engine.grammar import ActionGrammar, alternatives, grammar_for, literal
 from engine.llm.base import GeneratorError, SampleRequest, SamplingParams
 from engine.prompts import actor_prompt
 
@@ -272,3 +272,88 @@ def test_free_text_and_any_command_exclude_what_the_parser_refuses() -> None:
     assert not free.accepts(ok.replace("go", "g\x00o"))  # parse refuses NUL bytes
     assert not free.accepts(ok.replace("look", "\t \t"))  # parse reads a blank command as empty
     assert regex.fullmatch(free.regex, ok) and "\x00" not in free.regex  # an engine gets the escape, not a NUL
+
+
+# -- the real structured-output engines vLLM uses (xgrammar, llguidance), on CPU ----------------------
+
+def _every_grammar() -> list[ActionGrammar]:
+    env = TextCraftEnv()
+    return [ActionGrammar()] + [grammar_for(env, task) for split in ("train", "test") for task in env.tasks(split)]
+
+
+def test_grammar_regexes_hold_escapes_not_control_characters() -> None:
+    """A literal newline in a character class is what xgrammar refuses (issue 29, item 6)."""
+    for grammar in _every_grammar()[:50]:
+        assert not any(ch in grammar.regex for ch in "\n\r\x00"), grammar.regex[:200]
+
+
+def test_literal_escapes_only_what_is_special() -> None:
+    names = ["light gray wool", "jack-o'lantern", "a.b (c) [d]|e*f+g?h{i}^$\\"]
+    for name in names:
+        assert regex.fullmatch(literal(name), name) and not regex.fullmatch(literal(name), name + "x")
+    assert literal("light gray wool") == "light gray wool"  # no "\ " for xgrammar to warn about
+    with pytest.raises(ValueError, match="one line"):
+        literal("two\nlines")
+    assert alternatives(["ok", "bad\nline", "nul\x00"]) == "ok"
+
+
+def test_xgrammar_compiles_every_grammar_as_vllm_does(capfd, tokenizer) -> None:
+    """vLLM's validation (`Grammar.from_regex`) on every grammar, and its compile for a real tokenizer
+    (`GrammarCompiler.compile_regex`) on some, with no error and no warning printed."""
+    xgr = pytest.importorskip("xgrammar", reason="xgrammar is not installed (pip install xgrammar)")
+    grammars = _every_grammar()
+    for grammar in grammars:
+        xgr.Grammar.from_regex(grammar.regex)
+    compiler = xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=len(tokenizer)),
+                                   max_threads=1)
+    for grammar in grammars[:3]:
+        compiler.compile_regex(grammar.regex)
+    printed = capfd.readouterr()
+    assert "Warning" not in printed.err + printed.out, (printed.err + printed.out)[:500]
+    assert len(grammars) > 500
+
+
+def test_llguidance_validates_every_grammar_as_vllm_does(tokenizer) -> None:
+    llguidance = pytest.importorskip("llguidance", reason="llguidance is not installed (pip install llguidance)")
+    ll_hf = pytest.importorskip("llguidance.hf")
+
+    ll_tokenizer = ll_hf.from_tokenizer(tokenizer)
+    for grammar in _every_grammar():
+        serialized = llguidance.grammar_from("regex", grammar.regex)
+        error, warnings = llguidance.LLMatcher.validate_grammar_with_warnings(serialized, ll_tokenizer)
+        assert not error and not warnings, (error, warnings, grammar.command[:200])
+
+
+def test_xgrammar_and_llguidance_accept_what_the_grammar_accepts(tokenizer) -> None:
+    """The engines' matchers, fed the shipped tokenizer's ids, end in an accepting state exactly on
+    the texts `ActionGrammar.accepts` (expert answers, their mutations, hostile model outputs)."""
+    xgr = pytest.importorskip("xgrammar", reason="xgrammar is not installed (pip install xgrammar)")
+    llguidance = pytest.importorskip("llguidance", reason="llguidance is not installed (pip install llguidance)")
+    ll_hf = pytest.importorskip("llguidance.hf")
+
+    env = TextCraftEnv()
+    answers = _expert_answers(4)
+    task_grammar = grammar_for(env, answers[0][0])
+    texts = [text for _, text in answers]
+    mutated = [m for text in texts[:12] for m in (text + "\n", text.replace("STATUS: CONTINUE", "STATUS: MAYBE"),
+                                                  text.replace("ACTION: ", "ACTION: get 0 "), text[:-3])]
+    fuzz = [case.values[0][:2000] for case in model_outputs()]
+    compiler = xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=len(tokenizer)),
+                                   max_threads=1)
+    ll_tokenizer = ll_hf.from_tokenizer(tokenizer)
+    eos = tokenizer.eos_token_id
+    compared = accepted = 0
+    for grammar in (task_grammar, ActionGrammar()):
+        compiled = compiler.compile_regex(grammar.regex)
+        serialized = llguidance.grammar_from("regex", grammar.regex)
+        for text in texts + mutated + fuzz:
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+            xm = xgr.GrammarMatcher(compiled)
+            x_ok = all(xm.accept_token(i) for i in ids) and xm.accept_token(eos) and xm.is_terminated()
+            lm = llguidance.LLMatcher(ll_tokenizer, serialized, log_level=0)
+            l_ok = lm.consume_tokens(ids) and lm.is_accepting()
+            want = grammar.accepts(text)
+            assert x_ok == want and l_ok == want, (want, x_ok, l_ok, text[:200])
+            compared += 1
+            accepted += want
+    assert compared > 60 and 10 < accepted < compared

@@ -232,3 +232,51 @@ def _cmdline(proc: Path) -> bytes:
         return (proc / "cmdline").read_bytes()
     except OSError:
         return b""
+
+
+@pytest.fixture
+def four_fake_gpus(monkeypatch: pytest.MonkeyPatch):
+    """torch as on a 4-GPU host, for the device set-up only (nothing is put on a GPU)."""
+    import torch
+
+    current: list[int] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: current.append(d if isinstance(d, int) else torch.device(d).index or 0))
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    yield current
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)  # the fake CUDA state must not outlive the test
+
+
+@pytest.mark.parametrize("kind", ["dpo", "sft"])
+def test_foreground_training_on_a_multi_gpu_host_uses_the_one_device_asked_for(four_fake_gpus, tmp_path, kind) -> None:
+    """transformers alone would pick cuda:0 and count all 4 GPUs (n_gpu=4: TRL's DataParallel error)."""
+    import torch
+    from trl import DPOConfig, SFTConfig
+
+    from engine.train.common import TrainConfig, TrainError, pin_one_device, trl_common_args
+
+    cls = DPOConfig if kind == "dpo" else SFTConfig
+    common = trl_common_args(TrainConfig(device="cuda:2", precision="fp32"), "cuda:2", "fp32", tmp_path)
+    plain = cls(**common)
+    assert plain.n_gpu == 4 and plain.device == torch.device("cuda", 0)  # what TRL would get unpinned
+    args = pin_one_device(cls(**common), "cuda:2")
+    assert args.n_gpu == 1 and args.device == torch.device("cuda", 2) and four_fake_gpus[-1] == 2
+    assert pin_one_device(cls(**common), "cuda").device == torch.device("cuda", 0)
+    assert pin_one_device(cls(**common), "cuda").n_gpu == 1
+    with pytest.raises(TrainError, match="several GPUs.*submit a job"):
+        pin_one_device(cls(**common), "cuda:0,1")
+    with pytest.raises(TrainError, match="sees 4 GPU"):
+        pin_one_device(cls(**common), "cuda:4")
+
+
+def test_one_rank_of_a_distributed_launch_is_left_to_transformers(four_fake_gpus, monkeypatch) -> None:
+    from types import SimpleNamespace
+
+    from engine.train.common import pin_one_device
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    args = SimpleNamespace()  # not even read: transformers sets n_gpu=1 per rank itself
+    assert pin_one_device(args, "cuda:0,1") is args and not vars(args)

@@ -49,10 +49,16 @@ def test_bf16_training_keeps_fp32_master_weights(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_gpu_check_passes_on_cpu() -> None:
-    """bench/gpu/check.sh --cpu: HF sampling log-probs vs teacher forcing, bf16 DPO / LoRA / SFT
-    steps that change the weights and lower the loss (the script exits 1 on a failed check)."""
+def test_gpu_check_passes_on_cpu(tmp_path: Path) -> None:
+    """bench/gpu/check.sh --cpu: HF sampling log-probs vs teacher forcing, constrained sampling, bf16
+    DPO / LoRA / SFT steps that change the weights and lower the loss, reloads (the script exits 1 on
+    a failed check); it says vLLM is not checked, and writes its JSON under $OUT."""
+    import json
+
     out = subprocess.run(["bash", "bench/gpu/check.sh", "--cpu"], check=False, cwd=ROOT, capture_output=True, text=True,
-                         timeout=900, env={**__import__("os").environ, "PYTHON": sys.executable})
+                         timeout=900, env={**__import__("os").environ, "PYTHON": sys.executable, "OUT": str(tmp_path)})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert '"ok": true' in out.stdout.splitlines()[-1]
+    assert '"ok": true' in out.stdout.splitlines()[-1] and "vLLM cannot travel" in out.stdout
+    summary = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert summary["ok"] and {"hf constrained", "dpo full bf16", "sft full bf16"} <= set(summary["rows"])
+    assert summary["checks"]["saved dpo models reload and score"]

@@ -1,19 +1,19 @@
 """VLLMGenerator without vLLM: request building and output mapping on objects shaped like vLLM's
 (`RequestOutput.outputs[i]` with token_ids / logprobs [{token_id: Logprob}] / finish_reason), and
-the whole sample/logprobs/reload plumbing against a stand-in `vllm` module. The GPU check with
+the whole sample/logprobs/reload plumbing against the strict stand-in `vllm` (tests/vllm_double.py:
+vLLM 0.33.0's names, validation, error classes and grammar mask). The GPU check with
 the real engine is bench/gpu/vllm_check.py."""
 
 from __future__ import annotations
 
-import dataclasses
 import subprocess
 import sys
-import types
 from pathlib import Path
 from types import SimpleNamespace as NS
 from typing import Any, ClassVar
 
 import pytest
+import vllm_double
 from tiny_model_fixture import build_tiny_model
 
 from engine.llm.base import GeneratorError, SampleRequest, SamplingParams
@@ -23,6 +23,7 @@ from engine.llm.vllm_backend import (
     completions_from_output,
     engine_kwargs,
     prompt_logprob_sum,
+    request_error,
     sampling_kwargs,
 )
 
@@ -135,109 +136,41 @@ def test_prompt_logprob_sum() -> None:
     assert prompt_logprob_sum(NS(prompt_token_ids=[7, 8], prompt_logprobs=None), start=1) is None
 
 
-# ---------------------------------------------------------------- plumbing against a stand-in vllm
+# ---------------------------------------------------------------- plumbing against the strict stand-in vllm
+
+REPLY = "THOUGHT: I need it.\nACTION: get 1 stick\nEXPLANATION: fetch it\nSTATUS: CONTINUE"
 
 
-class FakeLLM:
-    """Records calls; answers each prompt with `n` completions of fixed ids (+ EOS)."""
+class FakeLLM(vllm_double.LLM):
+    """The strict double (tests/vllm_double.py) scripting one reply; worker RPCs with their real
+    parameters: a wrong name fails here as it would on a GPU (`reload_weights` takes
+    `weights_path` only in current vLLM)."""
 
-    instances: ClassVar[list[FakeLLM]] = []
+    instances: ClassVar[list[vllm_double.LLM]] = []
     fail_rpc: ClassVar[bool] = False
     reload_params: ClassVar[set[str]] = {"weights_path"}  # current vLLM; older: set()
-    eos: ClassVar[int] = -1  # the tiny tokenizer's EOS id, set by the fixture
+    script: ClassVar[str] = REPLY
 
-    def __init__(self, **kwargs: Any) -> None:
-        self.kwargs, self.calls, self.shut = kwargs, [], False
-        self.llm_engine = NS(engine_core=NS(shutdown=self._shutdown))
-        FakeLLM.instances.append(self)
+    def reply(self, prompt_text: str, params: Any, index: int) -> str:
+        return FakeLLM.script
 
-    def _shutdown(self) -> None:
-        self.shut = True
-
-    def generate(self, prompts: list[dict], params: list[Any], use_tqdm: bool) -> list[NS]:
-        self.calls.append(("generate", prompts, params))
-        outs = []
-        for p, sp in zip(prompts, params, strict=True):
-            ids = p["prompt_token_ids"]
-            if getattr(sp, "prompt_logprobs", None):
-                outs.append(
-                    NS(
-                        prompt_token_ids=ids,
-                        prompt_logprobs=[None] + [{t: lp(-0.5)} for t in ids[1:]],
-                        outputs=[],
-                    )
-                )
-            else:
-                comp = [seq(i, [5, 6, FakeLLM.eos], [-1.0, -1.0, -0.25], "stop") for i in range(sp.n)]
-                outs.append(NS(prompt_token_ids=ids, prompt_logprobs=None, outputs=comp))
-        return outs
-
-    def collective_rpc(self, method: str, args: tuple = (), kwargs: dict | None = None) -> list[Any]:
-        """Only the worker methods vLLM has, with their real parameters: a wrong name fails here
-        as it would on a GPU (`reload_weights` takes `weights_path` only in current vLLM)."""
-        self.calls.append(("rpc", method, args, kwargs or {}))
+    def rpc(self, method: str, args: tuple, kwargs: dict[str, Any]) -> Any:
         signatures = {"update_config": ({"overrides"}, 1), "reload_weights": (FakeLLM.reload_params, 0)}
         if method not in signatures:
             raise AttributeError(f"Worker has no method {method!r}")
         names, n_args = signatures[method]
-        if len(args) > max(n_args, 0) or not set(kwargs or {}) <= names:
+        if len(args) > n_args or not set(kwargs) <= names:
             raise TypeError(f"{method}() got unexpected arguments {args} {kwargs}")
         if FakeLLM.fail_rpc:
             raise RuntimeError(f"worker failed in {method}")
-        return [None]
-
-    def reset_prefix_cache(self) -> bool:
-        self.calls.append(("reset_prefix_cache",))
-        return True
-
-
-class VLLMValidationError(Exception):
-    """As in vLLM 0.33: a validation error that is NOT a ValueError."""
-
-
-VLLMValidationError.__module__ = "vllm.exceptions"
-
-# The fields of vllm.SamplingParams (0.33) that a request could set; anything else is a TypeError.
-SAMPLING_FIELDS = {
-    "n", "presence_penalty", "frequency_penalty", "repetition_penalty", "temperature", "top_p",
-    "top_k", "min_p", "seed", "stop", "stop_token_ids", "ignore_eos", "max_tokens", "min_tokens",
-    "logprobs", "prompt_logprobs", "detokenize", "skip_special_tokens", "include_stop_str_in_output",
-    "logit_bias", "allowed_token_ids", "bad_words", "structured_outputs", "extra_args",
-}
-
-
-def fake_sampling_params(**kw: Any) -> NS:
-    """A double that enforces vLLM's documented SamplingParams rules (and its field names)."""
-    unknown = set(kw) - SAMPLING_FIELDS
-    if unknown:
-        raise TypeError(f"SamplingParams.__init__() got an unexpected keyword argument {min(unknown)!r}")
-    sp = NS(**{"n": 1, "temperature": 1.0, "top_p": 1.0, "max_tokens": 16, **kw})
-    if sp.temperature < 0 or sp.temperature > 2:
-        raise VLLMValidationError(f"temperature must be in [0, 2], got {sp.temperature}.")
-    if sp.temperature < 1e-5 and sp.n > 1:
-        raise VLLMValidationError(f"n must be 1 when using greedy sampling, got {sp.n}.")
-    if sp.max_tokens is not None and sp.max_tokens < 1:
-        raise VLLMValidationError(f"max_tokens must be at least 1, got {sp.max_tokens}.")
-    return sp
-
-
-@dataclasses.dataclass
-class FakeEngineArgs:
-    model: str = ""
-    logprobs_mode: str = "raw_logprobs"
+        return None
 
 
 @pytest.fixture
 def fake_vllm(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> Path:
     model_dir = build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
-    from transformers import AutoTokenizer
-
-    FakeLLM.eos = AutoTokenizer.from_pretrained(model_dir).eos_token_id
-    FakeLLM.instances, FakeLLM.fail_rpc, FakeLLM.reload_params = [], False, {"weights_path"}
-    module = types.ModuleType("vllm")
-    module.LLM, module.EngineArgs = FakeLLM, FakeEngineArgs
-    module.SamplingParams = fake_sampling_params
-    monkeypatch.setitem(sys.modules, "vllm", module)
+    FakeLLM.fail_rpc, FakeLLM.reload_params, FakeLLM.script = False, {"weights_path"}, REPLY
+    vllm_double.install(monkeypatch, FakeLLM)
     return model_dir
 
 
@@ -261,26 +194,30 @@ def test_sample_and_logprobs_through_one_generate_call(fake_vllm: Path) -> None:
     out = gen.sample(reqs)
     assert [len(c) for c in out] == [2, 0, 1]
     (kind, prompts, params) = llm.calls[-1]
-    assert (
-        kind == "generate" and len(prompts) == 2 and [p.n for p in params] == [2, 1] and params[0].seed == 3
-    )
+    assert kind == "generate" and len(prompts) == 2 and [p.n for p in params] == [2, 1]
+    assert params[0].seed is None  # no per-request seed: it turns off vLLM's batched sampling path
     # Prompt ids are the chat template rendered as text, then encoded without added specials.
     text = gen.tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True, tokenize=False)
     assert prompts[0]["prompt_token_ids"] == gen.tokenizer(text, add_special_tokens=False)["input_ids"]
     c = out[0][0]
-    assert (
-        c.text == gen.tokenizer.decode([5, 6])
-        and c.logprob == -2.25
-        and c.n_tokens == 3
-        and c.finish_reason == "stop"
-    )
+    n_reply = len(gen.tokenizer(REPLY, add_special_tokens=False)["input_ids"]) + 1  # + EOS
+    assert (c.text, c.n_tokens, c.finish_reason) == (REPLY, n_reply, "stop")
+    assert c.logprob == pytest.approx(sum(c.token_logprobs)) and c.logprob < 0
 
-    scores = gen.logprobs([PROMPT, PROMPT[1:]], ["get 1 stick", ""])
+    # Teacher-forced scoring is the same raw distribution: an unconstrained EOS-ended sample agrees.
+    scores = gen.logprobs([PROMPT, PROMPT[1:]], [REPLY, ""])
     (_, scored, params) = llm.calls[-1]
-    n_completion = len(gen.tokenizer("get 1 stick", add_special_tokens=False)["input_ids"]) + 1  # + EOS
     assert scored[0]["prompt_token_ids"][-1] == gen.eos_id and params[0].prompt_logprobs == 1
-    assert scores == [-0.5 * n_completion, -0.5]
+    assert scores[0] == pytest.approx(c.logprob) and scores[1] is not None and scores[1] < scores[0]
     assert gen.sample([]) == [] and gen.logprobs([], []) == []
+
+
+def test_request_seeds_are_sent_only_when_asked_for(fake_vllm: Path) -> None:
+    gen = VLLMGenerator(fake_vllm, request_seeds=True)
+    gen.sample([SampleRequest(PROMPT, params=SamplingParams(seed=3))])
+    assert FakeLLM.instances[0].calls[-1][2][0].seed == 3
+    assert "request_seeds" not in FakeLLM.instances[0].kwargs  # ours, not an engine argument
+    assert sampling_kwargs(SamplingParams(seed=3), 1, seeded=False)["seed"] is None
 
 
 def test_reload_in_place_resets_prefix_cache(fake_vllm: Path, tmp_path: Path) -> None:
@@ -315,7 +252,7 @@ def test_reload_rebuilds_the_engine_when_in_place_fails_and_says_so(
     assert "REBUILDING" in caplog.text
     old, new = FakeLLM.instances
     assert old.shut and new.kwargs["model"] == str(new_dir) and new.kwargs["max_model_len"] == 256
-    assert gen.sample([SampleRequest(PROMPT)])[0][0].n_tokens == 3 and new.calls[-1][0] == "generate"
+    assert gen.sample([SampleRequest(PROMPT)])[0][0].text == REPLY and new.calls[-1][0] == "generate"
 
 
 def test_greedy_with_several_samples_sends_one_and_repeats_it(fake_vllm: Path) -> None:
@@ -334,22 +271,38 @@ def test_settings_vllm_refuses_are_one_line_generator_errors(fake_vllm: Path) ->
 
 
 def test_validation_errors_from_the_engine_are_generator_errors(fake_vllm: Path) -> None:
-    gen = VLLMGenerator(fake_vllm)
-
-    def too_long(*_a: Any, **_k: Any) -> None:
-        raise VLLMValidationError("The decoder prompt (length 9000) is longer than the maximum model length")
-
-    FakeLLM.instances[0].generate = too_long  # type: ignore[method-assign]
-    with pytest.raises(GeneratorError, match="vLLM refused the request: The decoder prompt") as info:
+    """vLLM's client errors (the prompt-length check raises VLLMValidationError, not a ValueError)
+    are one-line GeneratorErrors; its server errors (a dead engine) and crashes are not."""
+    gen = VLLMGenerator(fake_vllm, max_model_len=8)
+    with pytest.raises(GeneratorError, match=r"vLLM refused the request: The decoder prompt \(length \d+\) is longer"
+                       ) as info:
         gen.sample([SampleRequest(PROMPT)])
     assert "\n" not in str(info.value)
+
+    gen = VLLMGenerator(fake_vllm)
+    FakeLLM.instances[-1].kill()
+    with pytest.raises(vllm_double.EngineDeadError) as dead:  # not "a refused request"
+        gen.sample([SampleRequest(PROMPT)])
+    assert not isinstance(dead.value, GeneratorError)
 
     def crash(*_a: Any, **_k: Any) -> None:
         raise RuntimeError("CUDA error: an illegal memory access")
 
-    FakeLLM.instances[0].generate = crash  # type: ignore[method-assign]
+    FakeLLM.instances[-1].generate = crash  # type: ignore[method-assign]
     with pytest.raises(RuntimeError, match="CUDA error"):  # a crash stays a crash, not a "bad request"
         gen.sample([SampleRequest(PROMPT)])
+
+
+def test_request_error_follows_vllms_client_server_split() -> None:
+    """As vLLM's own error responses (entrypoints/serve/exception_handling): client errors and the
+    raw ValueError / OverflowError it has not migrated are the request's fault; server errors
+    (EngineDeadError, GenerationError) and TypeErrors (an argument this code got wrong) are not."""
+    assert request_error(vllm_double.VLLMValidationError("bad")) and request_error(ValueError("bad"))
+    assert request_error(OverflowError("too big"))
+    assert not request_error(vllm_double.EngineDeadError())
+    assert not request_error(vllm_double.EngineGenerateError("x"))
+    assert not request_error(TypeError("unexpected keyword argument 'seeds'"))
+    assert not request_error(RuntimeError("CUDA error"))
 
 
 def test_every_finish_reason_is_mapped() -> None:
@@ -362,13 +315,31 @@ def test_every_finish_reason_is_mapped() -> None:
         assert completions_from_output(out, decode, {EOS}, ())[0].finish_reason == "error"
 
 
-def test_the_double_enforces_vllms_rules() -> None:
+def test_the_double_refuses_what_vllm_033_refuses(fake_vllm: Path) -> None:
     """The double must fail where vLLM fails, or the tests above could not catch a regression."""
-    with pytest.raises(VLLMValidationError, match="greedy"):
-        fake_sampling_params(n=2, temperature=0.0)
-    with pytest.raises(TypeError, match="unexpected keyword"):
-        fake_sampling_params(banana=1)
-    assert not isinstance(VLLMValidationError("x"), ValueError)
+    sp, so = vllm_double.SamplingParams, vllm_double.StructuredOutputsParams
+    with pytest.raises(vllm_double.VLLMValidationError, match="greedy"):
+        sp(n=2, temperature=0.0)
+    with pytest.raises(TypeError, match="Unexpected keyword argument 'logprob'"):
+        sp(logprob=1)
+    with pytest.raises(vllm_double.VLLMValidationError, match="exactly one"):
+        so(regex="a", choice=["a"])
+    with pytest.raises(TypeError, match="unexpected keyword argument 'pattern'"):
+        so(pattern="a")
+    assert not isinstance(vllm_double.VLLMValidationError("x"), ValueError)
+    with pytest.raises(TypeError, match="EngineArgs.*'gpu_memory_fraction'"):
+        FakeLLM(str(fake_vllm), gpu_memory_fraction=0.5)
+    llm = FakeLLM(str(fake_vllm), enable_sleep_mode=True, max_model_len=64)
+    with pytest.raises(TypeError, match="use_progress"):
+        llm.generate([{"prompt_token_ids": [1]}], sp(), use_progress=False)
+    with pytest.raises(ValueError, match="NUL"):
+        llm.generate([{"prompt_token_ids": [1]}], sp(structured_outputs=so(regex="a\x00")))
+    with pytest.raises(TypeError, match="'level_'"):
+        llm.sleep(level_=1)
+    # Every name the backend sends exists in the pinned version.
+    assert set(sampling_kwargs(SamplingParams(seed=1, stop=("x",)), 2)) <= set(vllm_double.NAMES["SamplingParams"])
+    assert set(SCORING_KWARGS) <= set(vllm_double.NAMES["SamplingParams"])
+    assert set(engine_kwargs("/m", 0, {"logprobs_mode"}, {})) <= set(vllm_double.NAMES["EngineArgs"])
 
 
 def test_constructor_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -379,16 +350,49 @@ def test_constructor_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
         VLLMGenerator(tmp_path)
 
 
-def test_a_grammar_goes_to_vllm_as_structured_outputs(fake_vllm: Path) -> None:
+def test_a_grammar_goes_to_vllm_as_structured_outputs_and_is_applied(fake_vllm: Path) -> None:
     from engine.grammar import ActionGrammar
 
-    sys.modules["vllm"].sampling_params = NS(StructuredOutputsParams=lambda regex: NS(regex=regex))
+    FakeLLM.script = REPLY.replace("get 1 stick", "get 1 unobtainium")  # the model wants to leave the grammar
     gen = VLLMGenerator(fake_vllm)
     grammar = ActionGrammar("inventory|get [1-9] stick")
-    gen.sample([SampleRequest(PROMPT, n=2, params=SamplingParams(grammar=grammar)), SampleRequest(PROMPT, n=1)])
-    constrained, free = FakeLLM.instances[0].calls[-1][2]
-    assert constrained.structured_outputs.regex == grammar.regex
-    assert not hasattr(free, "structured_outputs")
+    out = gen.sample([SampleRequest(PROMPT, n=2, params=SamplingParams(grammar=grammar)), SampleRequest(PROMPT, n=1)])
+    sent = next(c for c in FakeLLM.instances[0].calls if c[0] == "generate")[2]
+    constrained, free = sent
+    assert isinstance(constrained.structured_outputs, vllm_double.StructuredOutputsParams)
+    assert constrained.structured_outputs.regex == grammar.regex and free.structured_outputs is None
+    assert all(grammar.accepts(c.text) for c in out[0]) and "get 1 s" in out[0][0].text
+    assert not grammar.accepts(out[1][0].text) and "unobtainium" in out[1][0].text
     del sys.modules["vllm"].sampling_params  # an old vLLM without structured outputs: refused, not ignored
     with pytest.raises(GeneratorError, match="no structured outputs"):
         gen.sample([SampleRequest(PROMPT, n=1, params=SamplingParams(grammar=grammar))])
+
+
+def test_constrained_log_probs_are_rescored_without_the_mask(fake_vllm: Path) -> None:
+    """vLLM masks the logits before it computes raw log-probs, so a constrained sample's are
+    renormalised over the allowed tokens; stored as the DPO reference they would be wrong. The
+    backend re-scores those completions teacher-forced (no mask): what `logprobs()` and TRL compute."""
+    from engine.grammar import ActionGrammar
+
+    FakeLLM.script = REPLY.replace("get 1 stick", "get 1 unobtainium")
+    gen = VLLMGenerator(fake_vllm)
+    grammar = ActionGrammar("inventory|get [1-9] stick")
+    (constrained,), (free,) = gen.sample([SampleRequest(PROMPT, params=SamplingParams(grammar=grammar)),
+                                          SampleRequest(PROMPT)])
+    assert constrained.finish_reason == "stop" and grammar.accepts(constrained.text)
+    masked = next(step for c in FakeLLM.instances[0].calls if c[0] == "generate" for step in c[2])
+    assert masked.structured_outputs is not None
+    # Teacher-forced over the exact generated ids (a repaired sample need not be the canonical
+    # encoding of its text; `canonical` says which, and only canonical ones stand in for the reference).
+    prompt_ids = gen.encode_prompt(PROMPT)
+    (scored,) = FakeLLM.instances[0].generate([{"prompt_token_ids": prompt_ids + list(constrained.token_ids)}],
+                                              [vllm_double.SamplingParams(**SCORING_KWARGS)])
+    assert constrained.logprob == pytest.approx(prompt_logprob_sum(scored, len(prompt_ids)), abs=1e-5)
+    assert free.logprob == pytest.approx(gen.logprobs([PROMPT], [free.text])[0], abs=1e-5)  # sampled = scored
+    if constrained.canonical:
+        assert constrained.logprob == pytest.approx(gen.logprobs([PROMPT], [constrained.text])[0], abs=1e-5)
+    assert constrained.logprob == pytest.approx(sum(constrained.token_logprobs))
+    # What the engine returned for the constrained sample is not that (the mask's renormalisation).
+    raw_out = FakeLLM.instances[0].generate([{"prompt_token_ids": gen.encode_prompt(PROMPT)}], [masked])[0]
+    engine_sum = sum(step[t].logprob for step, t in zip(raw_out.outputs[0].logprobs, raw_out.outputs[0].token_ids))
+    assert engine_sum > constrained.logprob + 1.0

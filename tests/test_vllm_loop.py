@@ -1,4 +1,4 @@
-"""The loop on vLLM, against a stand-in `vllm` module (tests/test_vllm_backend.py's pattern): one
+"""The loop on vLLM, against the strict stand-in `vllm` (tests/vllm_double.py): one
 engine for the whole loop, each trained policy reloaded into it, the outputs checked to change."""
 
 from __future__ import annotations
@@ -6,15 +6,12 @@ from __future__ import annotations
 import hashlib
 import random
 import re
-import sys
-import types
 from pathlib import Path
-from types import SimpleNamespace as NS
 from typing import Any, ClassVar
 
 import pytest
+import vllm_double
 from doubles import LineEnv, action_text
-from test_vllm_backend import FakeEngineArgs, fake_sampling_params
 from tiny_model_fixture import build_tiny_model
 
 from engine.llm.base import GeneratorError
@@ -28,74 +25,44 @@ def _weights_shift(folder: str) -> float:
     return digest[0] / 2560.0  # what the stand-in's log-probs depend on: the weights it serves
 
 
-class WeightsLLM:
-    """A stand-in `vllm.LLM` whose answers depend on the weights it has loaded: actor prompts get
-    parseable line-env actions, critic prompts a BEST pick, log-probs shifted by the weights."""
+class WeightsLLM(vllm_double.LLM):
+    """The strict stand-in `vllm.LLM` (tests/vllm_double.py) whose answers depend on the weights it
+    has loaded: actor prompts get parseable line-env actions, critic prompts a BEST pick, and the
+    scripted token's logit moves with the weights (so log-probs do)."""
 
-    instances: ClassVar[list[WeightsLLM]] = []
+    instances: ClassVar[list[vllm_double.LLM]] = []
     stale: ClassVar[bool] = False  # reload_weights accepted but the old weights kept
     fail_rpc: ClassVar[bool] = False
 
-    def __init__(self, **kwargs: Any) -> None:
-        from transformers import AutoTokenizer
+    def __init__(self, model: str, **kwargs: Any) -> None:
+        super().__init__(model, **kwargs)
+        self.shift = _weights_shift(model)
 
-        self.kwargs, self.calls = kwargs, []
-        self.tok = AutoTokenizer.from_pretrained(kwargs["model"])
-        self.shift = _weights_shift(kwargs["model"])
-        self.llm_engine = NS(engine_core=NS(shutdown=lambda: None))
-        WeightsLLM.instances.append(self)
+    def reply(self, prompt_text: str, params: Any, index: int) -> str:
+        if "CANDIDATES:" in prompt_text:
+            listed = re.findall(r"^\[(\d+)\] ACTION: (\S+)", prompt_text, re.MULTILINE)
+            best = next((k for k, c in listed if c == "right"), "1")
+            return f"REASON: right approaches the goal.\nBEST: {best}"
+        seed = getattr(params, "seed", None)
+        rng = random.Random(f"{seed}-{self.shift}-{len(prompt_text)}-{index}")
+        return action_text("right" if rng.random() < 0.6 else rng.choice(["left", "wait"]))
 
-    def _ids(self, text: str) -> list[int]:
-        return self.tok(text, add_special_tokens=False)["input_ids"] + [self.tok.eos_token_id]
-
-    def generate(self, prompts: list[dict], params: list[Any], use_tqdm: bool) -> list[NS]:
-        self.calls.append(("generate", len(prompts)))
-        outs = []
-        for p, sp in zip(prompts, params, strict=True):
-            ids = p["prompt_token_ids"]
-            if getattr(sp, "prompt_logprobs", None):
-                outs.append(NS(prompt_token_ids=ids, outputs=[],
-                               prompt_logprobs=[None] + [{t: NS(logprob=-0.5 - self.shift)} for t in ids[1:]]))
-                continue
-            text = self.tok.decode(ids)
-            rng = random.Random(f"{sp.seed}-{self.shift}-{len(ids)}")
-            comps = []
-            for i in range(sp.n):
-                if "CANDIDATES:" in text:
-                    listed = re.findall(r"^\[(\d+)\] ACTION: (\S+)", text, re.MULTILINE)
-                    best = next((k for k, c in listed if c == "right"), "1")
-                    out = f"REASON: right approaches the goal.\nBEST: {best}"
-                else:
-                    out = action_text("right" if rng.random() < 0.6 else rng.choice(["left", "wait"]))
-                gen = self._ids(out)
-                comps.append(NS(index=i, token_ids=gen, finish_reason="stop",
-                                logprobs=[{t: NS(logprob=-0.1 - self.shift)} for t in gen]))
-            outs.append(NS(prompt_token_ids=ids, prompt_logprobs=None, outputs=comps))
-        return outs
-
-    def collective_rpc(self, method: str, args: tuple = (), kwargs: dict | None = None) -> list[Any]:
-        self.calls.append(("rpc", method, kwargs or {}))
-        if method != "reload_weights" or set(kwargs or {}) - {"weights_path"} or args:
+    def rpc(self, method: str, args: tuple, kwargs: dict[str, Any]) -> Any:
+        if method != "reload_weights" or set(kwargs) - {"weights_path"} or args:
             raise TypeError(f"no worker method {method}{args}{kwargs}")
         if WeightsLLM.fail_rpc:
             raise RuntimeError("worker failed in reload_weights")
         if not WeightsLLM.stale:
             self.shift = _weights_shift(kwargs["weights_path"])
-        return [None]
-
-    def reset_prefix_cache(self) -> bool:
-        self.calls.append(("reset_prefix_cache",))
-        return True
+        return None
 
 
 @pytest.fixture
 def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
     import trl  # noqa: F401 - before the stand-in, which TRL's import would probe as a real vLLM
 
-    WeightsLLM.instances, WeightsLLM.stale, WeightsLLM.fail_rpc = [], False, False
-    module = types.ModuleType("vllm")
-    module.LLM, module.EngineArgs, module.SamplingParams = WeightsLLM, FakeEngineArgs, fake_sampling_params
-    monkeypatch.setitem(sys.modules, "vllm", module)
+    WeightsLLM.stale, WeightsLLM.fail_rpc = False, False
+    vllm_double.install(monkeypatch, WeightsLLM)
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +80,7 @@ def test_a_new_policy_is_reloaded_into_the_same_engine_and_checked(fake_vllm, mo
     assert load(trained) is gen and len(WeightsLLM.instances) == 1  # the same engine, new weights
     llm = WeightsLLM.instances[0]
     rpc = [c for c in llm.calls if c[0] != "generate"]
-    assert rpc == [("rpc", "reload_weights", {"weights_path": str(trained.resolve())}), ("reset_prefix_cache",)]
+    assert rpc == [("rpc", "reload_weights", (), {"weights_path": str(trained.resolve())}), ("reset_prefix_cache",)]
     assert load.reloads == ["in-place"] and gen.name == f"vllm:{trained.resolve()}"
     assert any("loaded in-place, prefix cache reset; probe log-prob" in line for line in lines)
 
@@ -158,5 +125,5 @@ def test_iterate_with_a_vllm_spec_searches_trains_and_reloads(fake_vllm, models,
         assert store.run(first["run_id"]).model == f"vllm:{base.resolve()}"
     assert len(WeightsLLM.instances) == 1  # one engine for the base evaluation, the search and the new policy
     rpc = [c for c in WeightsLLM.instances[0].calls if c[0] == "rpc"]
-    assert rpc == [("rpc", "reload_weights", {"weights_path": first["model"]})]
+    assert rpc == [("rpc", "reload_weights", (), {"weights_path": first["model"]})]
     assert any("loaded in-place" in line for line in reporter.lines)

@@ -63,6 +63,7 @@ def orchard_run(model: Path, pairs: list, device: str, precision: str, lora: boo
         "share_changed": share_changed(load_weights(model), load_weights(out)),
         "losses": [round(h["loss"], 5) for h in result.history if "loss" in h],
         "seconds": round(time.perf_counter() - t, 1),
+        "output": str(out),
     }
 
 

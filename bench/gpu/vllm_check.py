@@ -8,7 +8,9 @@
 2. Log-probs: every sampled token log-prob is present and finite; `logprobs()` is finite; for
    completions that ended with EOS, the sampled (raw) log-prob matches the teacher-forced one
    (per-token median gap < 0.05). Processed (temperature 0.7) log-probs would be far off.
-3. Reload (skip with --skip-reload): perturbed weights change a teacher-forced score; reloading
+3. Constrained decoding (structured outputs): every finished completion in the grammar; their
+   log-probs (re-scored without the mask) match `logprobs()`. Any check that compared nothing fails.
+4. Reload (skip with --skip-reload): perturbed weights change a teacher-forced score; reloading
    the original weights restores it.
 
     PYTHONPATH=. python bench/gpu/vllm_check.py /path/to/model_folder [--prompts 64 --n 4]
@@ -101,7 +103,7 @@ def main() -> int:
         for i, p in enumerate(prompts)
     ]
     token_prompts = [{"prompt_token_ids": gen.encode_prompt(p)} for p in prompts]
-    raw_params = [vllm.SamplingParams(**sampling_kwargs(r.params, r.n)) for r in reqs]
+    raw_params = [vllm.SamplingParams(**sampling_kwargs(r.params, r.n, seeded=gen.request_seeds)) for r in reqs]
     gen.sample(reqs[:4])  # warm-up (CUDA graphs, allocator)
 
     raw_s = ours_s = math.inf
@@ -141,8 +143,12 @@ def main() -> int:
     print(
         f"sampled vs teacher-forced log-prob, per token, {len(gaps)} EOS-ended completions: median gap {median_gap}"
     )
-    if median_gap is not None and median_gap > 0.05:
+    if not gaps:  # a check that compared nothing has not passed
+        failures.append("no EOS-ended completion to compare sampled and teacher-forced log-probs "
+                        "(raise --max-tokens)")
+    elif median_gap is not None and median_gap > 0.05:
         failures.append(f"sampled log-probs do not look raw: median per-token gap {median_gap:.3f}")
+    constrained = check_constrained(gen, prompts[: max(4, args.prompts // 8)], args, failures)
 
     reload_ok = None
     if not args.skip_reload:
@@ -156,12 +162,44 @@ def main() -> int:
         "ours_tok_s": round(ours_tps),
         "ratio": round(ours_tps / raw_tps, 3),
         "median_logprob_gap_per_token": median_gap,
+        "logprob_comparisons": len(gaps),
+        "constrained": constrained,
         "reload_ok": reload_ok,
         "total_s": round(time.perf_counter() - t0, 1),
         "failures": failures,
     }
     print(json.dumps(summary))
     return 1 if failures else 0
+
+
+def check_constrained(gen: VLLMGenerator, prompts: list[Prompt], args: argparse.Namespace,
+                      failures: list[str]) -> dict[str, object]:
+    """Constrained decoding through vLLM's structured outputs: every finished completion is in the
+    grammar, and its (re-scored, unmasked) log-prob matches `logprobs()` where the ids are canonical."""
+    from engine.grammar import ActionGrammar
+
+    grammar = ActionGrammar("inventory|get [1-9][0-9]? [a-z ]+|craft [1-9][0-9]? [a-z ]+ using [0-9a-z ,]+")
+    params = SamplingParams(args.temperature, max_tokens=max(args.max_tokens, 160), seed=0, grammar=grammar)
+    t = time.perf_counter()
+    out = gen.sample([SampleRequest(p, n=2, params=params) for p in prompts])
+    took = time.perf_counter() - t
+    comps = [(p, c) for p, cs in zip(prompts, out, strict=True) for c in cs]
+    finished = [(p, c) for p, c in comps if c.finish_reason == "stop"]
+    outside = [c.text[:80] for _, c in finished if not grammar.accepts(c.text)]
+    canonical = [(p, c) for p, c in finished if c.canonical and c.logprob is not None]
+    scored = gen.logprobs([p for p, _ in canonical], [c.text for _, c in canonical])
+    gaps = [abs(s - c.logprob) / c.n_tokens for (_, c), s in zip(canonical, scored, strict=True) if s is not None]
+    gap = statistics.median(gaps) if gaps else None
+    print(f"constrained: {len(finished)}/{len(comps)} finished in {took:.1f} s, {len(outside)} outside the grammar; "
+          f"re-scored vs teacher-forced median gap per token {gap} over {len(gaps)}")
+    if not finished or outside:
+        failures.append(f"constrained: {len(finished)} finished, outside the grammar: {outside[:3]}")
+    if not gaps:
+        failures.append("constrained: no canonical finished completion to compare log-probs")
+    elif gap is not None and gap > 0.05:
+        failures.append(f"constrained log-probs are not the unmasked ones: median gap {gap:.3f}")
+    return {"completions": len(comps), "finished": len(finished), "outside": len(outside),
+            "compared": len(gaps), "median_gap": gap, "s": round(took, 2)}
 
 
 def check_reload(

@@ -35,7 +35,7 @@ from types import MappingProxyType
 
 from engine.envs.base import EnvBase, EnvError, Step, TaskSpec
 from engine.envs.textcraft_recipes import Recipe, RecipeTree, readable, recipe_book, recipe_tree
-from engine.grammar import NUMBER
+from engine.grammar import NUMBER, literal
 
 MAX_DEPTH = 4
 MAX_TREE_RECIPES = 6  # keeps the "Crafting commands:" block short
@@ -371,7 +371,7 @@ def _command_pattern(context: str) -> str:
 
     def one_of(names: Iterable[str]) -> str:
         names = sorted(set(names), key=lambda n: (-len(n), n))
-        return re.escape(names[0]) if len(names) == 1 else "(?:" + "|".join(map(re.escape, names)) + ")"
+        return literal(names[0]) if len(names) == 1 else "(?:" + "|".join(map(literal, names)) + ")"
 
     def accepted(name: str) -> str:
         """A group ingredient may be named by the group or by a member the task names."""
@@ -388,5 +388,5 @@ def _command_pattern(context: str) -> str:
         for b in range(1, MAX_BATCHES + 1):
             counts = "|".join(str(n) for n in range(count * b, count * (b - 1), -1))
             using = ", ".join(f"{n * b} {accepted(name)}" for n, name in ings)
-            options.append(f"craft (?:{counts}) {re.escape(out)} using {using}")
+            options.append(f"craft (?:{counts}) {literal(out)} using {using}")
     return "|".join(options)

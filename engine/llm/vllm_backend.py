@@ -21,6 +21,8 @@ also the V1 default) they come from the raw model distribution, not the temperat
 processed one, as the replay buffer needs. `Completion.logprob` sums over all generated ids:
 the EOS when the model ended, and for a stop string the tokens up to the one completing it.
 `logprobs()` scores prompt + completion + EOS (HFGenerator's convention) with `prompt_logprobs=1`.
+A constrained sample's log-probs are re-scored that way (`_unmasked`): vLLM's come after the
+grammar mask, renormalised over the allowed tokens.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import gc
 import inspect
 import logging
 from collections.abc import Callable, Collection, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -50,9 +53,9 @@ def is_greedy(params: SamplingParams) -> bool:
     return params.temperature < GREEDY_BELOW
 
 
-def sampling_kwargs(params: SamplingParams, n: int) -> dict[str, Any]:
+def sampling_kwargs(params: SamplingParams, n: int, seeded: bool = True) -> dict[str, Any]:
     """`vllm.SamplingParams` kwargs for one request; raises ValueError, naming the setting, on
-    settings vLLM rejects.
+    settings vLLM rejects. `seeded=False` leaves the request's seed out (see VLLMGenerator).
 
     Greedy decoding with n > 1 (vLLM refuses it: "n must be 1 when using greedy sampling") asks
     for ONE completion; `VLLMGenerator.sample` hands it out n times. Greedy is deterministic, so
@@ -73,7 +76,7 @@ def sampling_kwargs(params: SamplingParams, n: int) -> dict[str, Any]:
         "top_p": params.top_p,
         "max_tokens": params.max_tokens,
         "stop": list(params.stop) or None,
-        "seed": params.seed,
+        "seed": params.seed if seeded else None,
         "logprobs": 1,  # each step's dict holds the sampled token (and the top-1)
     }
 
@@ -146,11 +149,25 @@ def finish_reason(reason: Any) -> str:
     return mapped
 
 
+def _vllm_classes(exc: BaseException) -> set[str]:
+    """The names of `exc`'s classes that vLLM defines (its module is `vllm` or under it)."""
+    return {c.__name__ for c in type(exc).__mro__ if c.__module__.split(".")[0] == "vllm"}
+
+
 def request_error(exc: BaseException) -> bool:
-    """Is this an error vLLM raises for a bad request or setting (a one-line GeneratorError for the
-    user), rather than a crash? Its validation errors are ValueError in some versions and derive
-    from vLLM's own base class (not ValueError) in others, so both count."""
-    return isinstance(exc, (ValueError, TypeError)) or type(exc).__module__.split(".")[0] == "vllm"
+    """Is this vLLM refusing a request or a setting (a one-line GeneratorError for the user) rather
+    than failing itself? vLLM's own split (0.33, `vllm.exceptions`; its HTTP error responses map
+    them to 4xx / 5xx): `VLLMClientError` (e.g. `VLLMValidationError`, NOT a ValueError) is the
+    request's fault, and so are the raw ValueError / OverflowError its not-yet-migrated validations
+    raise; `VLLMServerError` (`EngineDeadError`, `EngineGenerateError`, `GenerationError`) is the
+    engine's, and propagates with its traceback. A TypeError is never a refused request here: every
+    argument is built by this module, so it means an argument this vLLM does not take."""
+    names = _vllm_classes(exc)
+    if "VLLMServerError" in names:
+        return False
+    if "VLLMClientError" in names:
+        return True
+    return isinstance(exc, (ValueError, OverflowError)) and not isinstance(exc, TypeError)
 
 
 def prompt_logprob_sum(output: Any, start: int) -> float | None:
@@ -164,7 +181,13 @@ def prompt_logprob_sum(output: Any, start: int) -> float | None:
 
 class VLLMGenerator:
     """A `Generator` over `vllm.LLM` (see the module docstring). `engine_overrides` go to
-    `vllm.LLM` as they are (e.g. `max_model_len`, `enforce_eager`, `dtype`)."""
+    `vllm.LLM` as they are (e.g. `max_model_len`, `enforce_eager`, `dtype`).
+
+    `request_seeds` (off by default): send each request's seed. vLLM 0.33 gives every seeded
+    request its own torch.Generator, drawn one request at a time (sampler's random_sample), and a
+    batch with any such generator leaves FlashInfer's top-p/top-k kernel for the sort-based native
+    path (topk_topp_sampler); MCTS seeds every request. Unseeded, the engine's seed (`seed`) still
+    fixes the run's stream, but a sample then depends on its batch."""
 
     name: str
 
@@ -174,6 +197,7 @@ class VLLMGenerator:
         seed: int = 0,
         gpu_memory_utilization: float = 0.85,
         name: str | None = None,
+        request_seeds: bool = False,
         **engine_overrides: Any,
     ) -> None:
         path = Path(model_dir)
@@ -188,6 +212,7 @@ class VLLMGenerator:
             ) from exc
         self._vllm = vllm
         self._seed = seed
+        self.request_seeds = request_seeds
         self._overrides = {"gpu_memory_utilization": gpu_memory_utilization, **engine_overrides}
         self._engine_arg_names = frozenset(inspect.signature(vllm.EngineArgs).parameters)
         self._llm = vllm.LLM(**engine_kwargs(path, seed, self._engine_arg_names, self._overrides))
@@ -268,7 +293,7 @@ class VLLMGenerator:
             if req.n == 0:
                 continue
             try:
-                kwargs = sampling_kwargs(req.params, req.n)
+                kwargs = sampling_kwargs(req.params, req.n, seeded=self.request_seeds)
             except ValueError as exc:
                 raise GeneratorError(f"{self.name}: request {r}: {exc}") from None
             if req.params.grammar is not None:
@@ -278,12 +303,38 @@ class VLLMGenerator:
             params.append(self._sampling_params(r, kwargs))
         out: list[list[Completion]] = [[] for _ in requests]
         if prompts:
-            for r, output in zip(sent, self._generate(prompts, params), strict=True):
+            for r, prompt, output in zip(sent, prompts, self._generate(prompts, params), strict=True):
                 comps = completions_from_output(output, self._decode, self.eos_ids, requests[r].params.stop,
                                                 encode=self._encode_text, eos_id=self.eos_id)
+                if requests[r].params.grammar is not None:
+                    comps = self._unmasked(prompt["prompt_token_ids"], comps)
                 if is_greedy(requests[r].params) and len(comps) == 1:
                     comps = comps * requests[r].n  # greedy: n equal completions (see sampling_kwargs)
                 out[r] = comps
+        return out
+
+    def _unmasked(self, prompt_ids: list[int], comps: list[Completion]) -> list[Completion]:
+        """Constrained completions with their log-probs re-scored teacher-forced, without the mask.
+
+        WHY: vLLM applies the grammar's bitmask to the logits before its sampler computes
+        `raw_logprobs` (0.33: the model runner's apply_grammar_bitmask, then the sampler), so a
+        constrained sample's log-probs are renormalised over the allowed tokens: not the policy's,
+        and not what DPO's reference pass computes. One prompt-scoring pass over the exact ids (the
+        prefix cache holds the prompt) gives the unmasked ones; where it is refused (a sequence at
+        max_model_len) the log-probs are unknown (None), never the masked values."""
+        batch = [{"prompt_token_ids": prompt_ids + list(c.token_ids or ())} for c in comps]
+        try:
+            scored = self._generate(batch, [self._sampling_params(0, SCORING_KWARGS)] * len(batch))
+        except GeneratorError as exc:
+            log.warning("%s: constrained completions could not be re-scored (%s); their log-probs are unknown",
+                        self.name, exc)
+            return [replace(c, logprob=None, token_logprobs=None) for c in comps]
+        out = []
+        for c, o in zip(comps, scored, strict=True):
+            steps = o.prompt_logprobs
+            ids = list(c.token_ids or ())
+            lps = _sampled_logprobs(steps[len(prompt_ids):], ids) if steps is not None and ids else None
+            out.append(replace(c, logprob=float(sum(lps)) if lps is not None else None, token_logprobs=lps))
         return out
 
     def logprobs(self, prompts: Sequence[Prompt], completions: Sequence[str]) -> list[float | None]:

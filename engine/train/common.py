@@ -126,6 +126,34 @@ def resolve_device(device: str) -> str:
     return device
 
 
+def pin_one_device(args: Any, device: str) -> Any:
+    """Make TRL/transformers training arguments train this one process on exactly `device`.
+
+    WHY: outside a distributed launch, transformers' `TrainingArguments._setup_devices` (5.20 and
+    5.24) picks "cuda:0" and sets `n_gpu` to EVERY visible GPU, so `device="cuda:N"` never reached
+    the Trainer, and on a multi-GPU host TRL refused to train (its DataParallel check, `n_gpu > 1`)
+    after a whole search. Here the device set-up runs as usual, then `n_gpu` is 1 and the device is
+    cuda:N (also torch's current device, which accelerate's un-indexed "cuda" follows). Several GPUs
+    in one process are refused: that is a job's `accelerate launch` (engine.train.jobs)."""
+    if not device.startswith("cuda") or int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return args  # CPU, or one rank of a distributed launch (transformers sets n_gpu=1 there)
+    import torch
+
+    spec = device.partition(":")[2]
+    if "," in spec:
+        raise TrainError(f"device {device!r} names several GPUs: training in this process uses one; "
+                         "submit a job (it runs one process per GPU under accelerate launch)")
+    index = int(spec) if spec else 0
+    count = torch.cuda.device_count()
+    if not 0 <= index < count:
+        raise TrainError(f"device {device!r}: this process sees {count} GPU(s) (CUDA_VISIBLE_DEVICES numbers them from 0)")
+    _ = args.device  # transformers' own set-up first (accelerate state, its cuda:0)
+    args._n_gpu = 1
+    args.__dict__["_setup_devices"] = torch.device("cuda", index)  # the cached property's value
+    torch.cuda.set_device(index)
+    return args
+
+
 def resolve_precision(config: TrainConfig, device: str) -> str:
     import torch
 

@@ -55,6 +55,7 @@ from engine.train.common import (
     check_output_folder,
     load_model,
     lora_config,
+    pin_one_device,
     progress_callback,
     quiet_trainer,
     save_trained,
@@ -433,13 +434,13 @@ def build_trainer(
             raise TrainError(f"ref_source=stored: {missing} of {len(stored)} pairs have no usable stored log-probs "
                              "(edited, trajectory, missing, or not ended at EOS); use ref_source=auto")
     CLS = _trainer_class()
-    args = DPOConfig(
+    args = pin_one_device(DPOConfig(
         **trl_common_args(config, device, precision, scratch or tempfile.mkdtemp(prefix="orchard-dpo-")),
         beta=config.beta,
         loss_type=[config.loss_type],
         precompute_ref_log_probs=mode != "live",
         remove_unused_columns=False,
-    )
+    ), device)
     ref_model = None
     if mode == "live" and not config.lora:
         ref_model = copy.deepcopy(model).eval()  # never let TRL reload it from the config's path

@@ -39,6 +39,7 @@ from engine.train.common import (
     check_output_folder,
     load_model,
     lora_config,
+    pin_one_device,
     progress_callback,
     quiet_trainer,
     save_trained,
@@ -177,12 +178,12 @@ def build_trainer(
     rows = sft_rows(samples, tokenizer, config.format)
     if not rows:
         raise TrainError(f"{len(samples)} samples, but none has a trained turn")
-    args = SFTConfig(
+    args = pin_one_device(SFTConfig(
         **trl_common_args(config, device, precision, scratch or tempfile.mkdtemp(prefix="orchard-sft-")),
         assistant_only_loss=False,
         completion_only_loss=False,
         packing=False,
-    )
+    ), device)
     reporter.log(f"SFT: {len(samples)} samples -> {len(rows)} rows ({config.format}), device={device}, "
                  f"precision={precision}, lora={config.lora}")
     trainer = SFTTrainer(
