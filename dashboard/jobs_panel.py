@@ -18,8 +18,8 @@ import streamlit as st
 
 from dashboard import auth
 from dashboard.text import md
+from engine.jobs.runner import JobRunner
 from engine.store import JobInfo, Store, StoreError
-from engine.train.jobs import JobRunner
 
 LIVE_EVERY_S = 2.0
 LOG_TAIL_LINES = 40
@@ -27,7 +27,7 @@ LOG_TAIL_LINES = 40
 
 def poll(db: str) -> str | None:
     """Start queued jobs whose device is free and mark dead ones failed (the dashboard is one of the
-    queue's pollers, see engine.train.jobs); returns a message when the queue could not be updated."""
+    queue's pollers, see engine.jobs.runner); returns a message when the queue could not be updated."""
     try:
         with Store(db) as store:
             JobRunner(store).poll()

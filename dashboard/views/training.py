@@ -1,7 +1,7 @@
 """Training: pick data and a preset, launch a job with one click, watch it live, cancel it; past jobs
 and the models they produced.
 
-Why it is safe to launch from here: a job runs in its own process (engine.train.jobs), its state
+Why it is safe to launch from here: a job runs in its own process (engine.jobs.runner), its state
 lives in the store, and the page only reads it back. Closing or restarting the dashboard loses
 nothing; a crashed job is marked failed by the next poll (this page polls on every run). The
 presets and their settings are the engine's (engine.train.presets), so a job launched here is the
@@ -21,8 +21,8 @@ from dashboard import auth, data, figures
 from dashboard import jobs_panel as jp
 from dashboard.text import md
 from engine.config import ConfigError
+from engine.jobs.runner import JobRunner, job_summary
 from engine.store import JobInfo, ModelRecord, Store, StoreError
-from engine.train.jobs import JobRunner, job_summary
 from engine.train.presets import (
     DATA_CHOICES,
     MIN_ROWS,
