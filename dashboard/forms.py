@@ -8,7 +8,6 @@ through `md()`.
 
 from __future__ import annotations
 
-import sqlite3
 from typing import Any
 
 import streamlit as st
@@ -41,7 +40,7 @@ def submit_errors() -> tuple[type[Exception], ...]:
     from dashboard.auth import NotAllowed
     from engine.errors import user_errors
 
-    return (*user_errors(), NotAllowed, sqlite3.Error, OSError)
+    return (*user_errors(), NotAllowed, OSError)
 
 
 def form_errors(key: str) -> dict[str, str]:

@@ -10,7 +10,6 @@ short pieces inside Markdown through `md()`.
 
 from __future__ import annotations
 
-import sqlite3
 from collections import deque
 from collections.abc import Callable, Sequence
 
@@ -31,7 +30,7 @@ def poll(db: str) -> str | None:
     try:
         with Store(db) as store:
             JobRunner(store).poll()
-    except (StoreError, sqlite3.Error, OSError) as e:
+    except (StoreError, OSError) as e:
         return f"Could not update the job queue: {md(e)}"
     return None
 
@@ -72,7 +71,7 @@ def cancel(db: str, job_id: str) -> str:
     try:
         with Store(db) as store:
             job = JobRunner(store).cancel(job_id, grace_s=15.0)
-    except (StoreError, sqlite3.Error, OSError) as e:
+    except (StoreError, OSError) as e:
         return f"Could not cancel job {job_id}: {md(e)}"
     return f"Job {job_id} is {job.state}."
 

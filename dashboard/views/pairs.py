@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import difflib
 import json
-import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -74,7 +73,7 @@ def _write(pair_id: str, action: Callable[[Store, str], Pair], done: str) -> Pai
     except EditError as e:
         state[ERROR] = (pair_id, str(e))
         return None
-    except (StoreError, sqlite3.Error, OSError) as e:
+    except (StoreError, OSError) as e:
         state[ERROR] = (pair_id, f"The database refused the change: {e}")
         return None
     seen[pair_id] = pair.version
@@ -155,7 +154,7 @@ def _bulk(f: data.Filters, status: str, matched: int) -> None:
     try:
         with Store(db) as store:
             changed = store.bulk_set_pair_status(status, who, **data.as_kwargs(f))
-    except (StoreError, sqlite3.Error, OSError) as e:
+    except (StoreError, OSError) as e:
         state[ERROR] = ("", f"The database refused the bulk change: {e}")
         return
     state["pp_bulk_ok"] = False

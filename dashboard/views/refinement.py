@@ -13,7 +13,6 @@ store and explained, never overwritten. Env and model text is shown only in `st.
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -61,7 +60,7 @@ def _write(sample_id: str, action: Callable[[Store, str], Sample], done: str) ->
     except ConflictError as e:
         conflicts[sample_id] = str(e)
         return None
-    except (EditError, StoreError, sqlite3.Error, OSError) as e:
+    except (EditError, StoreError, OSError) as e:
         state[ERROR] = f"The store refused the change: {e}"
         return None
     seen[sample_id] = sample.version

@@ -11,7 +11,6 @@ shown with `st.code`, names inside Markdown elements through `dashboard.text.md`
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 
 import pandas as pd
@@ -69,7 +68,7 @@ def _launch(data_key: str, preset: str, model: str, runs: list[str], include_pen
                 return
             job = JobRunner(store).submit(kind, config, device=device_of(config),
                                           name=f"{kind}-{preset}")
-    except (ConfigError, StoreError, sqlite3.Error, OSError) as e:
+    except (ConfigError, StoreError, OSError) as e:
         state[ERROR] = f"The job was not launched: {md(e)}"
         return
     state[FLASH] = f"Launched job {job.id} ({job.kind}, {job.state} on {job.device})."
@@ -83,7 +82,7 @@ def _plan(data_key: str, preset: str, model: str, runs: list[str],
         kind, config = job_config(data_key, preset, model, runs, include_pending)
         with Store(db, readonly=True) as store:
             return train_plan(store, kind, config), ""
-    except (ConfigError, StoreError, sqlite3.Error, OSError) as e:
+    except (ConfigError, StoreError, OSError) as e:
         return None, f"No plan: {e}"
 
 

@@ -12,7 +12,6 @@ holds run / task / sample, so a view can be shared.
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
 from collections.abc import Sequence
 from functools import partial
@@ -69,7 +68,7 @@ def _set_status(sample_id: str, expected: int, status: str) -> None:
     except ConflictError as e:
         conflicts[sample_id] = str(e)
         return
-    except (StoreError, sqlite3.Error, OSError) as e:
+    except (StoreError, OSError) as e:
         state[ERROR] = f"The database refused the change: {e}"
         return
     seen[sample_id] = sample.version

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import sqlite3
 import sys
 import threading
 import time
@@ -48,7 +47,7 @@ def start_heartbeat(db: str | Path, job_id: str, every_s: float, stop: threading
                 while not stop.wait(every_s):
                     try:
                         store.beat_job(job_id)
-                    except (sqlite3.Error, StoreError) as e:  # locked past the busy timeout, server gone: next time
+                    except StoreError as e:  # locked past the busy timeout, server gone: next time
                         print(f"heartbeat: {e}", flush=True)
         except Exception as e:  # noqa: BLE001 - the job itself goes on; a runner will see the silence
             print(f"heartbeat thread stopped: {type(e).__name__}: {e}", flush=True)
