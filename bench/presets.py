@@ -30,8 +30,8 @@ from bench.common import Table, add_common_args, greedy_config, held_out
 from engine.config import ConfigError
 from engine.envs.textcraft import TextCraftEnv
 from engine.llm.registry import load_generator
+from engine.progress import MemoryReporter
 from engine.store import Store
-from engine.train.common import MemoryReporter
 from engine.train.presets import DATA_CHOICES, PRESETS, job_config, train_plan
 
 
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> Table:
         t = time.perf_counter()
         run_id = demo_data(store, log=lambda line: None)
         print(f"  demo data: run {run_id}, {time.perf_counter() - t:.0f} s", flush=True)
-        from engine.train.training import run_training
+        from engine.train.training import run_training, train_job
 
         for data in choices:
             for preset in presets:
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> Table:
                     print(f"  {name}: no rows in the demo's data (not trained)")
                     continue
                 t = time.perf_counter()
-                result = run_training(store, kind, job, MemoryReporter())
+                result = run_training(store, train_job(kind, job), MemoryReporter())
                 trained = time.perf_counter() - t
                 arm = table.evaluate(name, load_generator(str(result.output)), TextCraftEnv, tasks, config)
                 arm.note = f"({plan.items} items, {plan.rows} rows, {plan.steps} steps, {trained:.0f} s training)"

@@ -1,6 +1,6 @@
 """The Data pages build their own data: a pairs build (alpha, theta) on Preference pairs and a revisions
 build (judge model, alpha_good, beta_gap, ...) on Trajectories, for the run chosen in the sidebar,
-each queued as a job (engine/stages.py) and followed live — the page reruns as the job's units land,
+each queued as a job (engine/datasets/builds.py) and followed live — the page reruns as the job's units land,
 so the queue below fills while it runs.
 """
 
@@ -29,8 +29,8 @@ REVISION_HELP = {"alpha_good": "a good leaf has a final reward above this",
 
 def _submit(db: str, form: str, kind: str, config: dict[str, Any], model: str | None) -> None:
     """Check the permission, then the model (at its field), then queue; a refusal is told under the form."""
-    from engine.stages import check_model
-    from engine.submit import submit_stage
+    from engine.jobs.submit import submit_stage
+    from engine.llm.registry import check_model
 
     if (refused := fm.refused(db)) is not None:  # before the model is probed (forms.refused)
         fm.set_errors(form, {})

@@ -8,7 +8,6 @@ through `md()`.
 
 from __future__ import annotations
 
-import sqlite3
 from typing import Any
 
 import streamlit as st
@@ -41,7 +40,7 @@ def submit_errors() -> tuple[type[Exception], ...]:
     from dashboard.auth import NotAllowed
     from engine.errors import user_errors
 
-    return (*user_errors(), NotAllowed, sqlite3.Error, OSError)
+    return (*user_errors(), NotAllowed, OSError)
 
 
 def form_errors(key: str) -> dict[str, str]:
@@ -75,7 +74,7 @@ def settings_inputs(cls: type, form: str, prefix: str, columns: int = 4, default
                     helps: dict[str, str] | None = None, skip: tuple[str, ...] = ()) -> dict[str, Any]:
     """One input per field of config dataclass `cls` (its default, its help from the source), each
     with its message from the last submission of `form`; returns {field: value}."""
-    from engine.stages import config_fields
+    from engine.config import config_fields
 
     values: dict[str, Any] = {}
     cols = st.columns(columns)
@@ -130,7 +129,7 @@ def check_target(problems: dict[str, str], spec: str, select: Any, model: str) -
     or the env) and model, each problem put at its field (env, tasks, model)."""
     from engine.envs.base import EnvError
     from engine.envs.registry import env_factory
-    from engine.stages import check_model
+    from engine.llm.registry import check_model
 
     try:
         env_factory(spec)

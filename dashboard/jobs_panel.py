@@ -10,7 +10,6 @@ short pieces inside Markdown through `md()`.
 
 from __future__ import annotations
 
-import sqlite3
 from collections import deque
 from collections.abc import Callable, Sequence
 
@@ -18,8 +17,8 @@ import streamlit as st
 
 from dashboard import auth
 from dashboard.text import md
+from engine.jobs.runner import JobRunner
 from engine.store import JobInfo, Store, StoreError
-from engine.train.jobs import JobRunner
 
 LIVE_EVERY_S = 2.0
 LOG_TAIL_LINES = 40
@@ -27,11 +26,11 @@ LOG_TAIL_LINES = 40
 
 def poll(db: str) -> str | None:
     """Start queued jobs whose device is free and mark dead ones failed (the dashboard is one of the
-    queue's pollers, see engine.train.jobs); returns a message when the queue could not be updated."""
+    queue's pollers, see engine.jobs.runner); returns a message when the queue could not be updated."""
     try:
         with Store(db) as store:
             JobRunner(store).poll()
-    except (StoreError, sqlite3.Error, OSError) as e:
+    except (StoreError, OSError) as e:
         return f"Could not update the job queue: {md(e)}"
     return None
 
@@ -72,7 +71,7 @@ def cancel(db: str, job_id: str) -> str:
     try:
         with Store(db) as store:
             job = JobRunner(store).cancel(job_id, grace_s=15.0)
-    except (StoreError, sqlite3.Error, OSError) as e:
+    except (StoreError, OSError) as e:
         return f"Could not cancel job {job_id}: {md(e)}"
     return f"Job {job_id} is {job.state}."
 

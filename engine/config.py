@@ -92,6 +92,10 @@ def from_dict(cls: type[T], data: Any, where: str = "config") -> T:
     unknown = sorted(set(data) - set(known))
     if unknown:
         raise ConfigError(f"{where}: unknown field(s) {', '.join(map(str, unknown))} for {cls.__name__}")
+    missing = [name for name, f in known.items() if name not in data
+               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise ConfigError(f"{where}: missing field(s) {', '.join(missing)} for {cls.__name__}")
     hints = _field_types(cls)
     values = {name: _coerce(value, hints[name], where, name) for name, value in data.items()}
     try:
@@ -194,6 +198,21 @@ def _fit(value: Any, tp: Any, where: str, name: str) -> Any:
     if isinstance(tp, type) and not isinstance(value, tp):
         raise _Mismatch
     return value
+
+
+def config_fields(cls: type) -> list[tuple[str, Any, str]]:
+    """(name, default, help) of a config dataclass's fields: help from each field's metadata (the
+    CLI's flags read the same), else the `# comment` after it in its source (the dashboard's forms
+    show every setting without a hand-copied list)."""
+    import inspect
+    import re
+
+    try:
+        source = inspect.getsource(cls)
+    except (OSError, TypeError):
+        source = ""
+    comments = dict(re.findall(r"^\s+(\w+):[^=\n]*=[^#\n]*#\s*(.+)$", source, re.MULTILINE))
+    return [(f.name, f.default, str(f.metadata.get("help") or comments.get(f.name, "")).strip()) for f in fields(cls)]
 
 
 def read_table(path: str | Path, section: str | None = None) -> dict[str, Any]:

@@ -169,7 +169,7 @@ class _Quiet:
     """The job runner's store reporter without a line per step on the demo's console."""
 
     def __init__(self, store: Any, job_id: str) -> None:
-        from engine.train.worker import StoreReporter
+        from engine.jobs.worker import StoreReporter
 
         self._inner = StoreReporter(store, job_id)
 

@@ -42,6 +42,7 @@ from engine.config import ConfigError, SearchConfig, from_dict
 from engine.envs.base import Env, Step, TaskSpec, checked_step, close_env, close_envs, env_label
 from engine.grammar import grammar_for
 from engine.llm.base import Generator, GeneratorError, SampleRequest, SamplingParams
+from engine.progress import Reporter, Units
 from engine.prompts import HistoryStep, actor_prompt
 
 if TYPE_CHECKING:
@@ -567,39 +568,95 @@ def format_metrics(metrics: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def run_eval(store: Store, cfg: dict[str, Any], log: Callable[[str], None] = print, job_id: str | None = None,
+@dataclass(frozen=True)
+class EvalJob:
+    """An evaluation: `model` on `tasks` of `env`'s `split` ("" or None: the whole split; "train" /
+    "test" name a split) with `eval`'s settings, and optionally recovery starts from `recovery_runs`'
+    recovery samples. An eval job's JSON is these fields, read by engine.config.from_dict."""
+
+    model: str
+    env: str = "textcraft"
+    split: str = "test"
+    tasks: str | None = None
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    recovery_runs: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.model.strip():
+            raise ConfigError(f"eval job: field 'model' must be a non-empty string, got {self.model!r}")
+
+    def check(self) -> None:
+        eval_tasks(self)
+
+
+def run_eval(store: Store, spec: EvalJob, log: Callable[[str], None] = print, job_id: str | None = None,
              selection: tuple[str, Callable[[], Env], str, list[TaskSpec]] | None = None,
              wrap: Callable[[Any], Any] | None = None) -> str:
-    """Evaluate per an eval job config (engine.train.jobs); returns the evaluation id. Used by
-    `orchard eval` and by the job worker. `selection`: `eval_tasks(cfg)` when the caller has it
-    already; `wrap`: applied to the loaded generator (a job's progress and cancel:
-    engine.stages.eval_progress)."""
+    """Evaluate per an eval job's spec; returns the evaluation id. Used by `orchard eval` and by the
+    job worker (`run_eval_job`). `selection`: `eval_tasks(spec)` when the caller has it already;
+    `wrap`: applied to the loaded generator (a job's progress and cancel: `CountedGenerator`)."""
     from engine.llm.registry import load_generator
 
-    config = EvalConfig.from_dict(cfg.get("eval") or {})
-    env_spec, make_env, split, tasks = selection or eval_tasks(cfg)
+    config = spec.eval
+    env_spec, make_env, split, tasks = selection or eval_tasks(spec)
     recovery = []
-    for run in cfg.get("recovery_runs") or []:
+    for run in spec.recovery_runs:
         recovery.extend(recovery_starts(store.samples(run_id=store.find_run(run), kind="recovery")))
-    generator = load_generator(cfg["model"], log=log)
+    generator = load_generator(spec.model, log=log)
     if wrap is not None:
         generator = wrap(generator)
     result = evaluate_and_store(store, generator, env_spec, split, tasks, config, recovery=recovery,
-                                model=cfg["model"], job_id=job_id, make_env=make_env)
-    log(f"evaluation {result.eval_id}: {cfg['model']} on {len(tasks)} {split} tasks, mode {config.mode}\n"
+                                model=spec.model, job_id=job_id, make_env=make_env)
+    log(f"evaluation {result.eval_id}: {spec.model} on {len(tasks)} {split} tasks, mode {config.mode}\n"
         + format_metrics(result.metrics))
     return str(result.eval_id)
 
 
-def eval_tasks(cfg: dict[str, Any]) -> tuple[str, Callable[[], Env], str, list[TaskSpec]]:
-    """(env spec, env factory, split, tasks) of an eval job config; EnvError for a bad selection."""
+def eval_tasks(spec: EvalJob) -> tuple[str, Callable[[], Env], str, list[TaskSpec]]:
+    """(env spec, env factory, split, tasks) of an eval job; EnvError for a bad selection."""
     from engine.envs.registry import env_factory, select_tasks
 
-    env_spec = cfg.get("env") or "textcraft"
+    env_spec = spec.env or "textcraft"
     make_env = env_factory(env_spec)
     env = make_env()
-    split, tasks_spec = cfg.get("split") or "test", cfg.get("tasks") or ""
+    split, tasks_spec = spec.split or "test", spec.tasks or ""
     if tasks_spec in ("train", "test"):
         split, tasks_spec = tasks_spec, ""
     tasks = select_tasks(env, tasks_spec, split) if tasks_spec else env.tasks(split)
     return env_spec, make_env, split, tasks
+
+
+class CountedGenerator:
+    """A Generator whose batched calls are an evaluation's units: progress after each, and a cancel
+    honoured before the next (an eval job's `Cancelled`). With policy modes one call advances every
+    episode one step, so the total is the step budget; MCTS makes many calls per step (no total)."""
+
+    def __init__(self, inner: Any, units: Units) -> None:
+        self.inner, self.units, self.name = inner, units, inner.name
+
+    def sample(self, requests: Any) -> Any:
+        self.units.check()
+        out = self.inner.sample(requests)
+        self.units.step()
+        return out
+
+    def logprobs(self, prompts: Any, completions: Any) -> Any:
+        return self.inner.logprobs(prompts, completions)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def run_eval_job(store: Store, spec: EvalJob, reporter: Reporter, job_id: str | None = None) -> str:
+    """An eval job: `run_eval` with its generator counted (progress, cancel at the next model call);
+    returns the evaluation id."""
+    mode = spec.eval.mode
+    if mode == "mcts":
+        units = Units(reporter, "evaluate (mcts): model calls", 0)
+    else:
+        steps = spec.eval.max_steps * (2 if spec.recovery_runs else 1)
+        units = Units(reporter, f"evaluate ({mode}): steps", steps)
+    eval_id = run_eval(store, spec, log=reporter.log, job_id=job_id,
+                       wrap=lambda generator: CountedGenerator(generator, units))
+    units.finish()
+    return eval_id

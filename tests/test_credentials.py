@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from engine.jobs.runner import worker_command
 from engine.store import Store, StoreError, credentials, postgres
-from engine.train.jobs import worker_command
 
 SECRET = "hunter2xyz"
 

@@ -13,8 +13,8 @@ import pytest
 
 from engine.config import ConfigError
 from engine.envs.base import TaskSpec
+from engine.jobs.runner import REPO_ROOT, JobRunner, process_alive
 from engine.store import Store
-from engine.train.jobs import REPO_ROOT, JobRunner, process_alive
 
 
 @pytest.fixture
@@ -245,7 +245,7 @@ def test_relative_paths_of_a_job_resolve_where_it_was_submitted(store: Store, tm
 
 
 def test_resolve_job_paths_makes_every_path_absolute_and_keeps_specs() -> None:
-    from engine.train.jobs import resolve_job_paths
+    from engine.jobs.runner import resolve_job_paths
 
     cwd = "/somewhere/else"
     assert resolve_job_paths("sft", {"model": "m", "output": "~/out", "runs": ["r"]}, cwd) == {

@@ -11,8 +11,8 @@ import pytest
 
 from engine.config import ConfigError
 from engine.envs.base import TaskSpec
+from engine.jobs.runner import JobRunner, check_device, gpu_indices, visible_devices, worker_command
 from engine.store import Store
-from engine.train.jobs import JobRunner, check_device, gpu_indices, visible_devices, worker_command
 
 
 @pytest.fixture
@@ -38,12 +38,12 @@ def test_device_specs_and_the_gpus_a_worker_sees() -> None:
 
 def test_one_gpu_is_one_process_and_several_are_an_accelerate_launch(tmp_path: Path) -> None:
     argv, env = worker_command("py", "j1", tmp_path / "o.db", "cuda:1", "dpo", {})
-    assert argv == ["py", "-m", "engine.train.worker", "j1", "--db", str(tmp_path / "o.db")]
+    assert argv == ["py", "-m", "engine.jobs.worker", "j1", "--db", str(tmp_path / "o.db")]
     assert env == {"CUDA_VISIBLE_DEVICES": "1"}
     argv, env = worker_command("py", "j2", "o.db", "cuda:0,1", "sft", {"train": {}})
     assert argv[:3] == ["py", "-m", "accelerate.commands.launch"] and "--multi_gpu" in argv
     assert argv[argv.index("--num_processes") + 1] == "2"
-    assert argv[-5:] == ["-m", "engine.train.worker", "j2", "--db", "o.db"]  # every process runs the worker
+    assert argv[-5:] == ["-m", "engine.jobs.worker", "j2", "--db", "o.db"]  # every process runs the worker
     assert argv[argv.index("--main_process_ip") + 1] == "127.0.0.1" and env == {"CUDA_VISIBLE_DEVICES": "0,1"}
     argv, _ = worker_command("py", "j3", "o.db", "cuda:0,1,2,3", "dpo", {"train": {"distributed": "fsdp"}})
     assert "--use_fsdp" in argv and "--multi_gpu" not in argv and argv[argv.index("--num_processes") + 1] == "4"
@@ -93,14 +93,14 @@ def test_jobs_sharing_a_gpu_under_different_device_names_wait(store: Store, monk
 def test_a_worker_on_one_gpu_trains_on_its_cuda_0(store: Store, monkeypatch) -> None:
     """A cuda:1 job's train config says cuda:1, but inside the worker that GPU is the only one
     visible: the trainer gets device "cuda" (index 0 of the visible ones)."""
+    from engine.jobs.worker import StoreReporter, run_job
     from engine.train import dpo
     from engine.train.common import TrainResult
-    from engine.train.worker import StoreReporter, run_job
 
     seen = {}
     monkeypatch.setattr(dpo, "select_pairs", lambda store, train, runs: [])
     monkeypatch.setattr("engine.train.common.resolve_model_path", lambda spec, log=print: Path(spec))
-    monkeypatch.setattr("engine.train.jobs.validate_job", lambda kind, config: None)
+    monkeypatch.setattr("engine.jobs.kinds.validate_job", lambda kind, config: None)
 
     def fake_train(base, pairs, train, output, reporter, **kw):
         seen["device"] = train.device
@@ -207,7 +207,7 @@ def test_the_multi_gpu_presets_take_every_visible_gpu(monkeypatch) -> None:
 def test_cancelling_a_multi_process_job_ends_every_process(store: Store, tmp_path: Path) -> None:
     from tiny_model_fixture import build_tiny_model
 
-    from engine.train.jobs import process_alive
+    from engine.jobs.runner import process_alive
 
     model = build_tiny_model(tmp_path / "base")
     run_id = _samples_store(store, 8)

@@ -253,10 +253,10 @@ def test_pairs_from_a_real_search_are_what_the_model_saw_and_said(tmp_path):
 
 
 def test_the_cli_explains_empty_trajectory_data_for_rollout_successes_stored_without_steps() -> None:
+    from engine.datasets.builds import rollout_only_hint
     from engine.datasets.samples import TreeRef
     from engine.envs.base import TaskSpec
     from engine.search.tree import SearchTree, Simulation
-    from engine.stages import rollout_only_hint
 
     tree = SearchTree.new(TaskSpec(id="t", goal="g"), "start")
     child = tree.add_child(tree.root, observation="o")

@@ -229,8 +229,8 @@ def test_cli_resume_on_ray_continues_from_the_committed_simulations(cluster, tmp
 def test_a_queued_search_job_with_a_ray_address_runs_on_ray(cluster, tmp_path):
     """The job config the dashboard's New search form queues ({"ray": ADDRESS}): the job's worker is
     the driver, the trees grow on the cluster."""
-    from engine.submit import submit_search
-    from engine.train.jobs import JobRunner
+    from engine.jobs.runner import JobRunner
+    from engine.jobs.submit import submit_search
 
     with delayed_server(commands=None, time_scale=0.1) as (url, _), Store(tmp_path / "job.db") as store:
         job_id = submit_search(store, tasks="0:2", model=f"openai:{url}#m", name="job-on-ray",
@@ -322,9 +322,9 @@ def test_a_job_whose_ray_address_stopped_answering_fails_with_that_reason(tmp_pa
     pytest.importorskip("ray")
     import time
 
+    from engine.jobs.runner import JobRunner
+    from engine.jobs.submit import submit_search
     from engine.llm.base import GeneratorError
-    from engine.submit import submit_search
-    from engine.train.jobs import JobRunner
 
     with Store(tmp_path / "job.db") as store:
         port = _free_port()  # bound, then closed: nothing listens
@@ -383,11 +383,12 @@ def test_resume_on_ray_with_a_bad_stored_model_is_refused_before_any_worker(tmp_
     from dataclasses import asdict
 
     from engine import cli
+    from engine.jobs.kinds import load_job
+    from engine.jobs.submit import submit_search
     from engine.llm.base import GeneratorError
+    from engine.progress import MemoryReporter
     from engine.search import ray_search
-    from engine.stages import run_search
-    from engine.submit import submit_search
-    from engine.train.common import MemoryReporter
+    from engine.search.stage import run_search
 
     monkeypatch.setattr(ray_search, "connect", _no_worker)
     db = tmp_path / "x.db"
@@ -405,10 +406,10 @@ def test_resume_on_ray_with_a_bad_stored_model_is_refused_before_any_worker(tmp_
         with pytest.raises(GeneratorError, match="no such folder"):
             submit_search(store, resume=run_id, ray="")
         with pytest.raises(GeneratorError, match="no such folder"):
-            run_search(store, {"resume": run_id, "ray": ""}, MemoryReporter())
+            run_search(store, load_job("search", {"resume": run_id, "ray": ""}), MemoryReporter())
         with pytest.raises(GeneratorError, match="no such folder"):
-            run_search(store, {"tasks": "0:1", "model": "/no/such/model", "name": "x", "ray": "auto"},
-                       MemoryReporter())
+            run_search(store, load_job("search", {"tasks": "0:1", "model": "/no/such/model", "name": "x",
+                                                  "ray": "auto"}), MemoryReporter())
         assert store.run(run_id).to_dict() == stamp and [r.id for r in store.runs()] == [run_id]
         assert store.jobs() == []
 

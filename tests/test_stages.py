@@ -1,4 +1,4 @@
-"""Stage jobs (engine/stages.py): real search / pairs / revisions jobs on TextCraft with a random-weights
+"""Stage jobs (engine/jobs/kinds.py): real search / pairs / revisions jobs on TextCraft with a random-weights
 model, cancel at the next unit and resume, and inputs refused before anything is queued."""
 
 from __future__ import annotations
@@ -8,14 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from engine.config import ConfigError, SearchConfig
+from engine.config import ConfigError, SearchConfig, config_fields
 from engine.envs.base import EnvError
+from engine.jobs.kinds import load_job
+from engine.jobs.runner import JobRunner
+from engine.jobs.submit import stage_device, submit_pairs, submit_revisions, submit_search
 from engine.llm.base import GeneratorError
-from engine.stages import Cancelled, check_model, config_fields, run_search
+from engine.llm.registry import check_model
+from engine.progress import Cancelled, MemoryReporter
+from engine.search.stage import run_search
 from engine.store import Store
-from engine.submit import stage_device, submit_pairs, submit_revisions, submit_search
-from engine.train.common import MemoryReporter
-from engine.train.jobs import JobRunner
 
 SMALL = {"simulations": 1, "k": 2, "depth_limit": 2, "max_tokens": 8, "critic": False}
 
@@ -73,7 +75,7 @@ def test_a_cancelled_search_stops_at_the_next_simulation_and_a_resume_job_finish
         config = {"env": "textcraft", "tasks": "0:1", "model": model, "name": "long",
                   "search": {**SMALL, "simulations": 40}}
         with pytest.raises(Cancelled, match="cancelled after 2 of 40"):
-            run_search(store, config, StopAfter(2))
+            run_search(store, load_job("search", config), StopAfter(2))
         (run,) = store.runs()
         assert run.status == "interrupted" and run.simulations == 2
         resume_id = submit_search(store, resume=run.id, model=model)
@@ -126,7 +128,7 @@ def test_config_fields_read_every_search_setting_with_its_help() -> None:
 
 @pytest.mark.slow
 def test_a_refine_job_reports_personas_and_writes_its_file(tmp_path: Path, model: str) -> None:
-    from engine.submit import submit_refine
+    from engine.jobs.submit import submit_refine
 
     out = tmp_path / "refine.jsonl"
     with Store(tmp_path / "orchard.db") as store:
@@ -145,8 +147,9 @@ def test_a_refine_job_reports_personas_and_writes_its_file(tmp_path: Path, model
 @pytest.mark.slow
 def test_an_eval_job_reports_its_steps_and_a_cancel_stops_it_at_the_next_model_call(tmp_path: Path,
                                                                                   model: str) -> None:
-    from engine.stages import CountedGenerator, _Units
-    from engine.submit import submit_eval
+    from engine.evaluate import CountedGenerator
+    from engine.jobs.submit import submit_eval
+    from engine.progress import Units
 
     with Store(tmp_path / "orchard.db") as store:
         job_id = submit_eval(store, model, tasks="0:2", eval={"max_steps": 2, "max_tokens": 8, "bootstrap": 20})
@@ -162,7 +165,7 @@ def test_an_eval_job_reports_its_steps_and_a_cancel_stops_it_at_the_next_model_c
         def sample(self, requests):
             return [[] for _ in requests]
 
-    counted = CountedGenerator(Echo(), _Units(StopAfter(2), "evaluate (greedy): steps", 5))
+    counted = CountedGenerator(Echo(), Units(StopAfter(2), "evaluate (greedy): steps", 5))
     counted.sample([1])
     with pytest.raises(Cancelled, match="cancelled after 2 of 5"):
         counted.sample([1])

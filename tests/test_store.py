@@ -319,7 +319,7 @@ def test_a_job_keeps_every_commit_while_others_open_and_close_the_store(tmp_path
     opens a second Store for its heartbeat thread), so a reader's close in another process (the
     dashboard polls every 2 s) took itself for the last connection, checkpointed and DELETED the
     -wal the worker still wrote to: every later commit of the job was lost."""
-    from engine.train.jobs import JobRunner
+    from engine.jobs.runner import JobRunner
 
     monkeypatch.setenv("ORCHARD_JOB_HEARTBEAT_S", "0.05")
     path = tmp_path / "o.db"

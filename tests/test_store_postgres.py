@@ -126,7 +126,7 @@ def test_urls_are_redacted_and_passwords_kept_off_command_lines():
     url = "postgresql://ann:s3cr%40t@db.example:5432/orchard?sslmode=require"
     assert postgres.redact(url) == "postgresql://ann:***@db.example:5432/orchard?sslmode=require"
     assert postgres.split_password(url) == ("postgresql://ann@db.example:5432/orchard?sslmode=require", "s3cr@t")
-    from engine.train.jobs import worker_command
+    from engine.jobs.runner import worker_command
 
     argv, env = worker_command("python", "j1", url, "cpu", "sft", {})
     assert "s3cr" not in " ".join(argv) and env["PGPASSWORD"] == "s3cr@t"

@@ -238,6 +238,7 @@ def test_a_training_job_uses_only_settled_labels_and_records_their_decisions(tea
     from pathlib import Path
 
     from engine.cli.common import PrintReporter
+    from engine.jobs.kinds import load_job
     from engine.train import dpo
     from engine.train.common import TrainResult
     from engine.train.training import run_training
@@ -262,7 +263,7 @@ def test_a_training_job_uses_only_settled_labels_and_records_their_decisions(tea
     monkeypatch.setattr(dpo, "train_dpo", fake_train)
     monkeypatch.setattr("engine.train.common.resolve_model_path", lambda spec, log=print: Path(spec))
     job = store.job(store.create_job("dpo", {"model": "m", "train": {"device": "cpu"}}, "cpu").id)
-    run_training(store, "dpo", job.config, PrintReporter(), job=job)
+    run_training(store, load_job("dpo", job.config), PrintReporter(), job=job)
     # p02 unsettled, p04 rejected, p03 has one curator's status where 2 reviews are needed, the rest none.
     assert trained["ids"] == ["p00", "p01"]
     recorded = store.job_decisions(job.id)
@@ -275,7 +276,7 @@ def test_a_training_job_uses_only_settled_labels_and_records_their_decisions(tea
     review(store, "p02", "cyd", "approved")
     job2 = store.job(store.create_job("dpo", {"model": "m", "train": {"device": "cpu", "labels": "majority"}},
                                       "cpu").id)
-    run_training(store, "dpo", job2.config, PrintReporter(), job=job2)
+    run_training(store, load_job("dpo", job2.config), PrintReporter(), job=job2)
     assert "p02" in trained["ids"]
     assert {d for _, item, d, _ in store.job_decisions(job2.id) if item == "p02"} == {ids["p02"][0],
                                                                                     store.decisions("pair", item_ids=["p02"])[-1].id}

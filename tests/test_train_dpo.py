@@ -128,7 +128,7 @@ def test_stored_values_from_another_model_fail_the_spot_check(model_dir: Path, r
     pairs, tokens = replay
     from dataclasses import replace
 
-    from engine.train.common import MemoryReporter
+    from engine.progress import MemoryReporter
 
     other = [replace(p, logprob_chosen=p.logprob_chosen - 3.0) if p.run_id == "run-a" else p for p in pairs]
     reporter = MemoryReporter()

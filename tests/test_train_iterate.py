@@ -134,7 +134,7 @@ def test_next_iteration_continues_a_loop_under_its_id_from_its_newest_model(tmp_
     the loop's own settings and its newest model as the policy; the base is not evaluated again."""
     from dataclasses import replace
 
-    from engine.submit import next_iteration_config
+    from engine.jobs.submit import next_iteration_config
 
     def load(path: Path) -> ScriptedGenerator:
         return ScriptedGenerator(p_right=0.6)

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from engine.config import ConfigError
+from engine.jobs.runner import JobRunner
 from engine.store import ModelRecord, Store
 from engine.train.common import TRAIN_META, TrainError, check_output_folder, save_model
-from engine.train.jobs import JobRunner
 
 
 class _Weights:

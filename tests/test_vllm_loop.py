@@ -115,7 +115,7 @@ def test_iterate_with_a_vllm_spec_searches_trains_and_reloads(fake_vllm, models,
         search={"simulations": 6, "k": 3, "depth_limit": 4, "max_tokens": 32}, dpo=train,
         eval={"mode": "sampled", "seeds": [0], "max_steps": 4, "bootstrap": 100},
     )
-    from engine.train.common import MemoryReporter
+    from engine.progress import MemoryReporter
 
     reporter = MemoryReporter()
     with Store(tmp_path / "o.db") as store:

@@ -8,7 +8,7 @@ models is usually noise; the page shows the interval next to every figure so nob
 into overlapping bars. Why "Next iteration" is one iterate job: the loop's stages depend on each
 other's outputs (the run a search makes, the model a training makes), and `orchard iterate` already
 runs them in order and records each; the job continues the selected loop under its own id with its
-newest model (engine.submit.next_iteration_config).
+newest model (engine.jobs.submit.next_iteration_config).
 """
 
 from __future__ import annotations
@@ -153,15 +153,16 @@ with st.expander("Launch an evaluation", expanded=bool(fm.form_errors(FORM))), s
 
 
 def check_eval_form() -> tuple[dict[str, str], dict[str, Any]]:
-    from engine.evaluate import eval_tasks
-    from engine.submit import eval_job_config
+    from engine.evaluate import EvalJob, eval_tasks
+    from engine.jobs.submit import eval_job_config
 
     problems: dict[str, str] = {}
     spec = f"{env_name}:{env_arg.strip()}" if env_arg.strip() else env_name
     settings = fm.changed(EvalConfig, values)
     config = eval_job_config(model.strip() or "tiny", spec, split, tasks.strip(),
                              {"mode": mode, **{k: list(v) if isinstance(v, tuple) else v for k, v in settings.items()}})
-    fm.check_target(problems, spec, lambda: eval_tasks(config), config["model"])
+    fm.check_target(problems, spec, lambda: eval_tasks(EvalJob(model=config["model"], env=spec, split=split,
+                                                               tasks=config["tasks"])), config["model"])
     problems.update(fm.check_settings(EvalConfig, values))
     if values.get("constrained") is True and config["model"].startswith("openai:") and "model" not in problems:
         problems["constrained"] = ("constrained decoding needs an hf: or vllm: model (an HTTP server decodes "
@@ -177,7 +178,7 @@ if launch:
     problems, config = check_eval_form()
     fm.set_errors(FORM, problems)
     if not problems:
-        from engine.submit import submit_eval
+        from engine.jobs.submit import submit_eval
 
         try:
             auth.require(db, "launch_jobs")  # a login (and a maintainer) where one is needed
@@ -360,7 +361,7 @@ if loops:
                    f"{'includes' if next_pending else 'leaves out'} the uncurated rows of its own search.")
     if st.button("Next iteration", key="ev_next", type="primary",
                  help="One more iteration of this loop, with its newest model (an iterate job)."):
-        from engine.submit import next_iteration_config, submit_iterate
+        from engine.jobs.submit import next_iteration_config, submit_iterate
 
         try:
             auth.require(db, "launch_jobs")  # a login (and a maintainer) where one is needed
@@ -399,8 +400,8 @@ else:
         state["ev_error"] = f"The loop was not started: {refused}"
         st.rerun()
     if start:
-        from engine.stages import check_model
-        from engine.submit import submit_iterate
+        from engine.jobs.submit import submit_iterate
+        from engine.llm.registry import check_model
 
         cfg = {"method": method, "model": loop_model.strip() or "tiny", "env": loop_env, "iterations": 1,
                "tasks_per_iteration": int(per_it), "eval_tasks": eval_tasks_spec.strip(),

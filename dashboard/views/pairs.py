@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import difflib
 import json
-import sqlite3
-import time
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
@@ -27,6 +25,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import auth, builders, data
+from dashboard.versions import VersionGuard
 from engine.actions import FormatError, parse
 from engine.datasets.pairs import Pair
 from engine.store import CURATION_STATUSES, ConflictError, EditError, HistoryEntry, Store, StoreError
@@ -37,9 +36,6 @@ ALL = "(all)"
 ORDERS = {"Tree order": "tree", "Largest Q gap first": "gap", "Recently changed first": "updated"}
 KINDS = {"Step pairs": "step", "Trajectory pairs (baseline)": "trajectory", "All kinds": None}
 ROLES = {"system": "SYSTEM", "user": "USER", "assistant": "ASSISTANT"}
-SEEN = "pp_seen"  # pair id -> the version this page showed (what a write expects)
-SHOWN = "pp_shown"  # the pair on screen in the last run: opening another one starts from its stored version
-CONFLICT = "pp_conflict"  # pair id -> why a write was refused as stale
 ERROR = "pp_error"  # (pair id, why an edit or write was refused)
 FLASH = "pp_flash"  # one-line outcome of the last action
 PAGE = "pp_page"
@@ -51,8 +47,7 @@ version = data.db_version(path)
 runs = data.list_runs(db, version)
 qp = st.query_params
 state = st.session_state
-seen: dict[str, int] = state.setdefault(SEEN, {})
-conflicts: dict[str, str] = state.setdefault(CONFLICT, {})
+guard = VersionGuard("pp", "pair", "pair", drafts=("pp_edit_chosen_{id}", "pp_edit_rejected_{id}"))
 
 
 # --- writes: each callback runs before the page re-reads, with the version the page showed ----------------
@@ -69,18 +64,15 @@ def _write(pair_id: str, action: Callable[[Store, str], Pair], done: str) -> Pai
         with Store(db) as store:
             pair = action(store, who)
     except ConflictError as e:
-        conflicts[pair_id] = str(e)
+        guard.refused(pair_id, e)
         return None
     except EditError as e:
         state[ERROR] = (pair_id, str(e))
         return None
-    except (StoreError, sqlite3.Error, OSError) as e:
+    except (StoreError, OSError) as e:
         state[ERROR] = (pair_id, f"The database refused the change: {e}")
         return None
-    seen[pair_id] = pair.version
-    conflicts.pop(pair_id, None)
-    for key in (f"pp_edit_chosen_{pair_id}", f"pp_edit_rejected_{pair_id}"):
-        state.pop(key, None)  # the editor starts again from the stored texts
+    guard.saved(pair_id, pair.version)  # the editor starts again from the stored texts
     state[FLASH] = done
     data.clear_dataset_caches()
     return pair
@@ -155,24 +147,15 @@ def _bulk(f: data.Filters, status: str, matched: int) -> None:
     try:
         with Store(db) as store:
             changed = store.bulk_set_pair_status(status, who, **data.as_kwargs(f))
-    except (StoreError, sqlite3.Error, OSError) as e:
+    except (StoreError, OSError) as e:
         state[ERROR] = ("", f"The database refused the bulk change: {e}")
         return
     state["pp_bulk_ok"] = False
     verb = "Approved" if status == "approved" else "Rejected"
     state[FLASH] = (f"{verb} {changed} pairs: all {matched} pairs matching the filters are {status} now "
                     "(those that already were are left as they were).")
-    state.pop(SHOWN, None)  # the pair on screen changed too, by this person: work on its new version
+    guard.reopen()  # the pair on screen changed too, by this person: work on its new version
     data.clear_dataset_caches()
-
-
-def _reload(pair_id: str, current: int) -> None:
-    """Take the stored version as the one to work on (drops the refused change and any draft)."""
-    seen[pair_id] = current
-    conflicts.pop(pair_id, None)
-    state.pop(ERROR, None)
-    for key in (f"pp_edit_chosen_{pair_id}", f"pp_edit_rejected_{pair_id}"):
-        state.pop(key, None)
 
 
 # --- navigation: callbacks write the query parameters, the page reads them on the rerun ---------------------
@@ -411,33 +394,7 @@ if loaded is None:
 # --- the pair -----------------------------------------------------------------------------------------------
 
 pair, history = loaded
-if state.get(SHOWN) != pair.id:  # just opened: work on what is on screen now
-    seen[pair.id] = pair.version
-    conflicts.pop(pair.id, None)
-    state[SHOWN] = pair.id
-expected = seen[pair.id]
-stale = conflicts.get(pair.id)
-refused = stale is not None  # a save was attempted and refused; else the pair merely changed meanwhile
-if stale is None and expected != pair.version:
-    at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(pair.updated_at or 0))
-    stale = (f"pair {pair.id} was changed by {pair.updated_by} at {at} "
-             f"(you opened version {expected}, it is now {pair.version})")
-read_only = auth.why_not("curate")
-if read_only:
-    st.info(read_only)
-blocked = stale is not None or read_only is not None
-if stale is not None:
-    with st.container(border=True):
-        if refused:
-            st.warning("Someone else changed this pair after you opened it, so your change was NOT saved "
-                       "(and nothing was overwritten). The page now shows their version: reload to work "
-                       "on it.")
-        else:
-            st.warning("Someone else changed this pair after you opened it. The page shows their version; "
-                       "reload to work on it (changes are refused until then).")
-        st.code(stale, language=None, wrap_lines=True)
-        st.button("Reload this pair", key="pp_reload", type="primary", on_click=_reload,
-                  args=(pair.id, pair.version))
+expected, blocked = guard.panel(pair)
 
 if index is not None:
     prev_target: tuple[int, str | None] | None = (page, walk[index - 1]) if index > 0 else None

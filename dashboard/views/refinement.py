@@ -13,8 +13,6 @@ store and explained, never overwritten. Env and model text is shown only in `st.
 from __future__ import annotations
 
 import json
-import sqlite3
-import time
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
@@ -24,14 +22,12 @@ import streamlit as st
 
 from dashboard import auth, data
 from dashboard.text import md
+from dashboard.versions import VersionGuard
 from engine.datasets.samples import Sample
 from engine.store import CURATION_STATUSES, ConflictError, EditError, HistoryEntry, Store, StoreError
 
 KIND = "refine"
 PAGE_SIZE = 100
-SEEN = "rf_seen"  # sample id -> the version this page showed (what a write expects)
-SHOWN = "rf_shown"  # the sample on screen in the last run: opening another starts from its stored version
-CONFLICT = "rf_conflict"  # sample id -> why a write was refused as stale
 ERROR = "rf_error"
 FLASH = "rf_flash"
 PAGE = "rf_page"
@@ -41,8 +37,7 @@ db = str(path)
 version = data.db_version(path)
 qp = st.query_params
 state = st.session_state
-seen: dict[str, int] = state.setdefault(SEEN, {})
-conflicts: dict[str, str] = state.setdefault(CONFLICT, {})
+guard = VersionGuard("rf", "sample", "sample")
 
 
 # --- writes: each callback runs before the page re-reads, with the version the page showed ----------------
@@ -59,13 +54,12 @@ def _write(sample_id: str, action: Callable[[Store, str], Sample], done: str) ->
         with Store(db) as store:
             sample = action(store, who)
     except ConflictError as e:
-        conflicts[sample_id] = str(e)
+        guard.refused(sample_id, e)
         return None
-    except (EditError, StoreError, sqlite3.Error, OSError) as e:
+    except (EditError, StoreError, OSError) as e:
         state[ERROR] = f"The store refused the change: {e}"
         return None
-    seen[sample_id] = sample.version
-    conflicts.pop(sample_id, None)
+    guard.saved(sample_id, sample.version)
     state[FLASH] = done
     data.clear_dataset_caches()
     return sample
@@ -98,12 +92,6 @@ def _advance(sample_id: str, f: data.Filters, page: int, index: int | None) -> N
         _go(following[0].id)
     else:
         state[FLASH] = f"{state.get(FLASH, '')} That was the last sample in the list.".strip()
-
-
-def _reload(sample_id: str, current: int) -> None:
-    seen[sample_id] = current
-    conflicts.pop(sample_id, None)
-    state.pop(ERROR, None)
 
 
 # --- navigation ---------------------------------------------------------------------------------------------
@@ -237,33 +225,7 @@ if flash:
 if ERROR in state:
     st.error("Not saved.")
     st.code(state.pop(ERROR), language=None, wrap_lines=True)
-if state.get(SHOWN) != sample.id:  # just opened: work on what is on screen now
-    seen[sample.id] = sample.version
-    conflicts.pop(sample.id, None)
-    state[SHOWN] = sample.id
-expected = seen[sample.id]
-stale = conflicts.get(sample.id)
-refused = stale is not None  # a save was attempted and refused; else the sample merely changed meanwhile
-if stale is None and expected != sample.version:
-    at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(sample.updated_at or 0))
-    stale = (f"sample {sample.id} was changed by {sample.updated_by} at {at} "
-             f"(you opened version {expected}, it is now {sample.version})")
-read_only = auth.why_not("curate")
-if read_only:
-    st.info(read_only)
-blocked = stale is not None or read_only is not None
-if stale is not None:
-    with st.container(border=True):
-        if refused:
-            st.warning("Someone else changed this sample after you opened it, so your change was NOT saved "
-                       "(and nothing was overwritten). The page now shows their version: reload to work "
-                       "on it.")
-        else:
-            st.warning("Someone else changed this sample after you opened it. The page shows their version; "
-                       "reload to work on it (changes are refused until then).")
-        st.code(stale, language=None, wrap_lines=True)
-        st.button("Reload this sample", key="rf_reload", type="primary", on_click=_reload,
-                  args=(sample.id, sample.version))
+expected, blocked = guard.panel(sample)
 
 index = ids.index(sample.id) if sample.id in ids else None
 then = (f, page, index)

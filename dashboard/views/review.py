@@ -9,7 +9,6 @@ required reviews, else unsettled. Env and model text is shown only in `st.code` 
 
 from __future__ import annotations
 
-import sqlite3
 import time
 
 import pandas as pd
@@ -17,7 +16,7 @@ import streamlit as st
 
 from dashboard import auth, data
 from dashboard.text import md
-from engine.store import ConflictError, LeaseError, Store, StoreError
+from engine.store import ConflictError, DriverError, LeaseError, Store, StoreError
 
 KINDS = {"Preference pairs": "pair", "Samples (refinement, revisions, SFT)": "sample"}
 ALL = "(all)"
@@ -46,7 +45,7 @@ def _claim(kind: str, run_id: str | None) -> None:
             got = store.claim(kind, who, n=BATCH, run_id=run_id)
             for item_id in got:  # reviews are checked against the version handed out now
                 seen[item_id] = (store.pair(item_id) if kind == "pair" else store.sample(item_id)).version
-    except (StoreError, sqlite3.Error, OSError) as e:
+    except (StoreError, OSError) as e:
         return _refuse(f"The queue could not be read: {e}")
     state[FLASH] = f"You hold {len(got)} item(s) now." if got else "Nothing left for you to review here."
 
@@ -67,10 +66,10 @@ def _review(kind: str, item_id: str, label: str) -> None:
     try:
         with Store(db) as store:
             store.review(kind, item_id, who, label, seen.get(item_id, -1))
+    except (DriverError, OSError) as e:
+        return _refuse(f"The database refused the review: {e}")
     except (LeaseError, ConflictError, StoreError) as e:
         return _refuse(f"Not saved: {e}")
-    except (sqlite3.Error, OSError) as e:
-        return _refuse(f"The database refused the review: {e}")
     seen.pop(item_id, None)
     state[FLASH] = f"Saved your review of {kind} {item_id}: {label}."
     data.clear_dataset_caches()
@@ -83,7 +82,7 @@ def _settle(kind: str, item_id: str, label: str) -> None:
     try:
         with Store(db) as store:
             store.settle(kind, item_id, who, label)
-    except (StoreError, sqlite3.Error, OSError) as e:
+    except (StoreError, OSError) as e:
         return _refuse(f"Not settled: {e}")
     state[FLASH] = f"Settled {kind} {item_id}: {label}."
     data.clear_dataset_caches()
@@ -96,7 +95,7 @@ def _set_required() -> None:
     try:
         with Store(db) as store:
             store.set_required_reviews(int(state["rq_required"]))
-    except (StoreError, sqlite3.Error, OSError) as e:
+    except (StoreError, OSError) as e:
         return _refuse(f"Not saved: {e}")
     state[FLASH] = f"Each item now needs {int(state['rq_required'])} review(s)."
 
@@ -112,7 +111,7 @@ def _add_user() -> None:
     try:
         with Store(db) as store:
             engine_auth.add_user(store, name, role, password)
-    except (StoreError, sqlite3.Error, OSError) as e:
+    except (StoreError, OSError) as e:
         return _refuse(f"User not added: {e}")
     state[FLASH] = f"Added user {name} ({role})."
 
@@ -127,7 +126,7 @@ def _remove_user() -> None:
     try:
         with Store(db) as store:
             store.remove_user(name)
-    except (StoreError, sqlite3.Error, OSError) as e:
+    except (StoreError, OSError) as e:
         return _refuse(f"User not removed: {e}")
     state[FLASH] = f"Removed user {name}; their sessions are ended."
 

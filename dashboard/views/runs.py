@@ -1,11 +1,11 @@
 """Runs: every search run with its key settings and where it stands in the loop (searched / pairs /
 revisions / trained / evaluated), links to the pages that show each stage; a "New search" form and
-"Resume" for an interrupted run, both queued as search jobs (engine/stages.py) and followed live;
+"Resume" for an interrupted run, both queued as search jobs (engine/search/stage.py) and followed live;
 a new search and a resume can run on Ray (the job config `orchard search --ray ADDRESS` runs; a
 HOST:PORT nothing answers is told at its field).
 
 Why the form checks each field itself: a bad env, task range, model or setting is told at its field
-and nothing is queued or written; the job's own checks (the same ones, in engine.stages) run again
+and nothing is queued or written; the job's own checks (the same ones, in engine.search.stage) run again
 on submission. The settings are read from SearchConfig's fields, so a new setting appears here
 with its default and its help without touching this page.
 """
@@ -26,7 +26,7 @@ from dashboard.text import md
 from engine.config import SearchConfig
 from engine.envs.registry import known_envs
 from engine.llm.registry import parse_model_spec
-from engine.stages import DEFAULT_TASKS
+from engine.search.stage import DEFAULT_TASKS
 from engine.store import Store
 
 TREE_PAGE = "views/tree_explorer.py"
@@ -58,11 +58,11 @@ def check_ray_inputs(problems: dict[str, str], config: dict[str, Any], on_ray: b
     if not on_ray:
         return
     from engine.search.ray_search import probe_address
-    from engine.stages import check_ray
+    from engine.search.stage import check_ray
 
     config["ray"] = address.strip()
     try:
-        check_ray(config)
+        check_ray(config["ray"])
         probe_address(config["ray"])
     except fm.submit_errors() as e:
         problems["ray"] = fm.refusal(e)
@@ -178,7 +178,7 @@ if runs:
                                    "$OPENAI\\_API\\_KEY there.")
             elif resume_model is not None:
                 try:
-                    from engine.stages import check_model
+                    from engine.llm.registry import check_model
 
                     check_model(resume_model)
                 except fm.submit_errors() as e:
@@ -186,7 +186,7 @@ if runs:
             fm.set_errors("rs_resume", errors)
             if not errors:
                 try:
-                    from engine.submit import submit_search
+                    from engine.jobs.submit import submit_search
 
                     auth.require(db, "launch_jobs")  # a login (and a maintainer) where one is needed
                     with Store(db) as store:
@@ -230,7 +230,7 @@ with st.expander("New search", expanded=not runs or bool(errors)), st.form(FORM,
 
 def check_new_search() -> tuple[dict[str, str], dict[str, Any]]:
     """Field messages for the form's values (empty: good), and the search job's config."""
-    from engine.stages import search_tasks
+    from engine.search.stage import SearchJob, search_tasks
 
     problems: dict[str, str] = {}
     spec = f"{env}:{env_arg.strip()}" if env_arg.strip() else env
@@ -238,7 +238,8 @@ def check_new_search() -> tuple[dict[str, str], dict[str, Any]]:
     config: dict[str, Any] = {"env": spec, "tasks": tasks.strip(), "split": split, "model": model.strip() or "tiny",
               "name": name.strip() or f"{env}-{time.strftime('%Y%m%d-%H%M%S')}", "search": settings}
     check_ray_inputs(problems, config, on_ray, ray_address)
-    fm.check_target(problems, spec, lambda: search_tasks(config), config["model"])
+    fm.check_target(problems, spec, lambda: search_tasks(SearchJob(env=spec, tasks=config["tasks"], split=split)),
+                    config["model"])
     problems.update(fm.check_settings(SearchConfig, values))
     return problems, config
 
@@ -251,7 +252,7 @@ if submitted:
     problems, config = check_new_search()
     fm.set_errors(FORM, problems)
     if not problems:
-        from engine.submit import submit_stage
+        from engine.jobs.submit import submit_stage
 
         try:
             auth.require(db, "launch_jobs")  # a login (and a maintainer) where one is needed

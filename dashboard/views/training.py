@@ -1,7 +1,7 @@
 """Training: pick data and a preset, launch a job with one click, watch it live, cancel it; past jobs
 and the models they produced.
 
-Why it is safe to launch from here: a job runs in its own process (engine.train.jobs), its state
+Why it is safe to launch from here: a job runs in its own process (engine.jobs.runner), its state
 lives in the store, and the page only reads it back. Closing or restarting the dashboard loses
 nothing; a crashed job is marked failed by the next poll (this page polls on every run). The
 presets and their settings are the engine's (engine.train.presets), so a job launched here is the
@@ -11,7 +11,6 @@ shown with `st.code`, names inside Markdown elements through `dashboard.text.md`
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 
 import pandas as pd
@@ -21,8 +20,8 @@ from dashboard import auth, data, figures
 from dashboard import jobs_panel as jp
 from dashboard.text import md
 from engine.config import ConfigError
+from engine.jobs.runner import JobRunner, job_summary
 from engine.store import JobInfo, ModelRecord, Store, StoreError
-from engine.train.jobs import JobRunner, job_summary
 from engine.train.presets import (
     DATA_CHOICES,
     MIN_ROWS,
@@ -69,7 +68,7 @@ def _launch(data_key: str, preset: str, model: str, runs: list[str], include_pen
                 return
             job = JobRunner(store).submit(kind, config, device=device_of(config),
                                           name=f"{kind}-{preset}")
-    except (ConfigError, StoreError, sqlite3.Error, OSError) as e:
+    except (ConfigError, StoreError, OSError) as e:
         state[ERROR] = f"The job was not launched: {md(e)}"
         return
     state[FLASH] = f"Launched job {job.id} ({job.kind}, {job.state} on {job.device})."
@@ -83,7 +82,7 @@ def _plan(data_key: str, preset: str, model: str, runs: list[str],
         kind, config = job_config(data_key, preset, model, runs, include_pending)
         with Store(db, readonly=True) as store:
             return train_plan(store, kind, config), ""
-    except (ConfigError, StoreError, sqlite3.Error, OSError) as e:
+    except (ConfigError, StoreError, OSError) as e:
         return None, f"No plan: {e}"
 
 

@@ -12,8 +12,6 @@ holds run / task / sample, so a view can be shared.
 from __future__ import annotations
 
 import json
-import sqlite3
-import time
 from collections.abc import Sequence
 from functools import partial
 from typing import Any
@@ -23,6 +21,7 @@ import streamlit as st
 
 from dashboard import auth, builders, data, figures
 from dashboard.text import md
+from dashboard.versions import VersionGuard
 from engine.actions import FormatError, parse
 from engine.datasets.samples import Sample, to_messages
 from engine.search.tree import SearchTree
@@ -31,9 +30,6 @@ from engine.store import CURATION_STATUSES, ConflictError, HistoryEntry, Store, 
 KIND = "revision"
 PAGE_SIZE = 200
 ALL = "(all)"
-SEEN = "tr_seen"  # sample id -> the version this page showed (what a write expects)
-SHOWN = "tr_shown"  # the sample on screen in the last run: opening another starts from its stored version
-CONFLICT = "tr_conflict"  # sample id -> why a write was refused as stale
 ERROR = "tr_error"
 FLASH = "tr_flash"
 PAGE = "tr_page"
@@ -49,8 +45,7 @@ version = data.db_version(path)
 runs = data.list_runs(db, version)
 qp = st.query_params
 state = st.session_state
-seen: dict[str, int] = state.setdefault(SEEN, {})
-conflicts: dict[str, str] = state.setdefault(CONFLICT, {})
+guard = VersionGuard("tr", "sample", "trajectory")
 
 
 # --- writes -------------------------------------------------------------------------------------------------
@@ -67,22 +62,15 @@ def _set_status(sample_id: str, expected: int, status: str) -> None:
         with Store(db) as store:
             sample = store.set_sample_status(sample_id, status, who, expected)
     except ConflictError as e:
-        conflicts[sample_id] = str(e)
+        guard.refused(sample_id, e)
         return
-    except (StoreError, sqlite3.Error, OSError) as e:
+    except (StoreError, OSError) as e:
         state[ERROR] = f"The database refused the change: {e}"
         return
-    seen[sample_id] = sample.version
-    conflicts.pop(sample_id, None)
+    guard.saved(sample_id, sample.version)
     words = {"approved": "Approved", "rejected": "Rejected", "pending": "Reset to pending"}
     state[FLASH] = f"{words[status]} revision trajectory {sample_id}."
     data.clear_dataset_caches()
-
-
-def _reload(sample_id: str, current: int) -> None:
-    seen[sample_id] = current
-    conflicts.pop(sample_id, None)
-    state.pop(ERROR, None)
 
 
 # --- navigation ---------------------------------------------------------------------------------------------
@@ -281,33 +269,7 @@ if flash:
 if ERROR in state:
     st.error("Not saved.")
     st.code(state.pop(ERROR), language=None, wrap_lines=True)
-if state.get(SHOWN) != sample.id:  # just opened: work on what is on screen now
-    seen[sample.id] = sample.version
-    conflicts.pop(sample.id, None)
-    state[SHOWN] = sample.id
-expected = seen[sample.id]
-stale = conflicts.get(sample.id)
-refused = stale is not None  # a save was attempted and refused; else the trajectory merely changed meanwhile
-if stale is None and expected != sample.version:
-    at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(sample.updated_at or 0))
-    stale = (f"sample {sample.id} was changed by {sample.updated_by} at {at} "
-             f"(you opened version {expected}, it is now {sample.version})")
-read_only = auth.why_not("curate")
-if read_only:
-    st.info(read_only)
-blocked = stale is not None or read_only is not None
-if stale is not None:
-    with st.container(border=True):
-        if refused:
-            st.warning("Someone else changed this trajectory after you opened it, so your change was NOT "
-                       "saved (and nothing was overwritten). The page now shows their version: reload to "
-                       "work on it.")
-        else:
-            st.warning("Someone else changed this trajectory after you opened it. The page shows their "
-                       "version; reload to work on it (changes are refused until then).")
-        st.code(stale, language=None, wrap_lines=True)
-        st.button("Reload this trajectory", key="tr_reload", type="primary", on_click=_reload,
-                  args=(sample.id, sample.version))
+expected, blocked = guard.panel(sample)
 
 st.subheader("Revision trajectory")
 index = ids.index(sample.id) if sample.id in ids else None

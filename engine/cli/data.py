@@ -11,7 +11,6 @@ where it wrote, on stdout.
 from __future__ import annotations
 
 import argparse
-import getpass
 from typing import TYPE_CHECKING, Any
 
 from engine.cli.flags import add_flags, given
@@ -27,40 +26,38 @@ REVISION_FLAGS = {"alpha_good": "--alpha-good", "beta_gap": "--beta-gap", "max_p
 EXPORT_STATUSES = "pending,approved,edited"
 
 
-def _who() -> str:
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):
-        return "orchard"
-
-
 def _list(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
 def cmd_pairs_build(args: argparse.Namespace) -> int:
-    """The pairs stage in the foreground (its body is engine.stages.run_pairs, as for a job)."""
-    from engine.stages import ConsoleReporter, run_pairs
+    """The pairs stage in the foreground (its body is engine.datasets.builds.run_pairs, as for a job)."""
+    from engine.config import from_dict
+    from engine.datasets.builds import PairsJob, run_pairs, who_am_i
+    from engine.progress import ConsoleReporter
     from engine.store import Store
 
-    config = {"run": args.run, "alpha": args.alpha, **given(args, PAIRS_FLAGS)}
+    spec = from_dict(PairsJob, {"run": args.run, "alpha": args.alpha, **given(args, PAIRS_FLAGS)}, where="command line")
     with Store(args.db, must_exist=True) as store:
         reporter = ConsoleReporter(unit="tree")
-        result = run_pairs(store, config, reporter, who=_who())
+        result = run_pairs(store, spec, reporter, who=who_am_i())
         reporter.close()
     print("\n".join(result.lines))
     return 0
 
 
 def cmd_revisions_build(args: argparse.Namespace) -> int:
-    """The revisions stage in the foreground (its body is engine.stages.run_revisions, as for a job)."""
-    from engine.stages import ConsoleReporter, run_revisions
+    """The revisions stage in the foreground (its body is engine.datasets.builds.run_revisions, as for a job)."""
+    from engine.config import from_dict
+    from engine.datasets.builds import RevisionsJob, run_revisions, who_am_i
+    from engine.progress import ConsoleReporter
     from engine.store import Store
 
-    config = {"run": args.run, "model": args.model, **given(args, REVISION_FLAGS)}
+    spec = from_dict(RevisionsJob, {"run": args.run, "model": args.model, **given(args, REVISION_FLAGS)},
+                     where="command line")
     with Store(args.db, must_exist=True) as store:
         reporter = ConsoleReporter(unit="tree")
-        result = run_revisions(store, config, reporter, who=_who())
+        result = run_revisions(store, spec, reporter, who=who_am_i())
         reporter.close()
     print("\n".join(result.lines))
     return 0
@@ -108,6 +105,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
+    from engine.datasets.builds import who_am_i
     from engine.datasets.formats import read_samples
     from engine.store import Store
 
@@ -118,7 +116,7 @@ def cmd_import(args: argparse.Namespace) -> int:
               "nothing written (dry run)")
         return 0
     with Store(args.db) as store:
-        report = store.save_samples(result.samples, who=_who())
+        report = store.save_samples(result.samples, who=who_am_i())
         print(f"imported {args.file}: {result.records} records ({styles}), {result.duplicates} duplicates in the "
               f"file, as kind {args.kind}: {report}; db {store.path}")
     return 0

@@ -34,22 +34,23 @@ def _int(text: str, flag: str) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from engine.evaluate import eval_tasks, run_eval
+    from engine.jobs.kinds import validate_job
+    from engine.jobs.runner import JobRunner
     from engine.store import Store
-    from engine.train.jobs import JobRunner, validate_job
 
     ev: dict[str, Any] = given(args, EVAL_FLAGS)
     if args.seeds:
         ev["seeds"] = [_int(s, "--seeds") for s in _list(args.seeds)]
     cfg = {"model": args.model, "env": args.env, "split": args.split, "tasks": args.tasks, "eval": ev,
            "recovery_runs": args.recovery_run or []}
-    validate_job("eval", cfg)
-    selection = eval_tasks(cfg)  # a bad env or task selection is refused before the store opens
+    spec = validate_job("eval", cfg)  # its fields, and its env and task selection, before the store opens
+    selection = eval_tasks(spec)
     with Store(args.db, must_exist=bool(cfg["recovery_runs"])) as store:
         if args.job:
             job = JobRunner(store).submit("eval", cfg, device=args.device)
             print(f"job {job.id} (eval) {job.state}; log {job.log_path}")
             return 0
-        eval_id = run_eval(store, cfg, log=_log, selection=selection)
+        eval_id = run_eval(store, spec, log=_log, selection=selection)
         row = next(e for e in store.evaluations(model=args.model) if e["id"] == eval_id)
     if args.json:
         print(json.dumps(row, indent=2))
@@ -65,9 +66,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def cmd_iterate(args: argparse.Namespace) -> int:
     from engine.envs.registry import env_factory
+    from engine.jobs.runner import JobRunner
     from engine.store import Store
     from engine.train.iterate import IterateConfig, loop_tasks, run_loop
-    from engine.train.jobs import JobRunner
 
     data: dict[str, Any] = dict(read_table(args.config, "iterate")) if args.config else {}
     data.update(given(args, ITERATE_FLAGS))

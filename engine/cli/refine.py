@@ -35,19 +35,16 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    """The refine stage in the foreground (its body is engine.stages.run_refine, as for a job)."""
-    from dataclasses import asdict
-
-    from engine.config import from_dict, load_file
+    """The refine stage in the foreground (its body is engine.datasets.builds.run_refine, as for a job)."""
+    from engine.config import load_file
+    from engine.datasets.builds import RefineJob, run_refine
     from engine.datasets.refine import RefineConfig
-    from engine.stages import ConsoleReporter, run_refine
+    from engine.progress import ConsoleReporter
 
     base = load_file(RefineConfig, args.config) if args.config else RefineConfig()
-    overrides = {"seed": args.seed} if args.seed is not None else {}
-    settings = asdict(from_dict(RefineConfig, {**asdict(base), **overrides}, where="command line"))
+    spec = RefineJob(model=args.model, n=args.n, out=args.out, personas=args.personas, seed=args.seed, refine=base)
     reporter = ConsoleReporter(unit="persona")
-    result = run_refine({"model": args.model, "n": args.n, "out": args.out, "personas": args.personas,
-                         "refine": settings}, reporter)
+    result = run_refine(spec, reporter)
     reporter.close()
     print("\n".join(result.lines))
     return 0

@@ -22,61 +22,63 @@ SEARCH_FLAGS = {
 
 
 def _search_config(args: argparse.Namespace):
-    from dataclasses import asdict
+    from dataclasses import replace
 
-    from engine.config import SearchConfig, from_dict, load_file
+    from engine.config import ConfigError, SearchConfig, load_file
 
     base = load_file(SearchConfig, args.config) if args.config else SearchConfig()
-    overrides = given(args, SEARCH_FLAGS)
+    overrides = given(args, SEARCH_FLAGS)  # typed by argparse from the fields (engine.cli.flags)
     if args.no_critic:
         overrides["critic"] = False
-    return from_dict(SearchConfig, {**asdict(base), **overrides}, where="command line")
+    try:
+        return replace(base, **overrides)
+    except ConfigError as e:
+        raise ConfigError(f"command line: {e}") from None
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-    """The search stage in the foreground (its body is engine.stages.run_search, as for a job; with
-    --ray the same job config carries the address and the trees grow on Ray workers)."""
-    from dataclasses import asdict
-
-    from engine.llm.registry import load_generator
-    from engine.stages import ConsoleReporter, check_model, check_ray, run_search, search_tasks
+    """The search stage in the foreground (its body is engine.search.stage.run_search, as for a job;
+    with --ray the same spec carries the address and the trees grow on Ray workers)."""
+    from engine.llm.registry import check_model, load_generator
+    from engine.progress import ConsoleReporter
+    from engine.search.stage import ResumeSearch, SearchJob, check_ray, run_search, search_tasks
     from engine.store import Store
 
     reporter = ConsoleReporter(unit="sim")
-    # On Ray the workers load the model: the driver's --allow-http-key travels with the job config.
+    # On Ray the workers load the model: the driver's --allow-http-key travels with the spec.
     ray = {"ray": args.ray, "allow_http_key": bool(args.allow_http_key)} if args.ray is not None else {}
     if args.allow_unauthenticated_ray:  # this command's driver only (engine.search.ray_search.check_auth)
         from engine.search.ray_search import ALLOW_UNAUTHENTICATED_ENV
 
         os.environ[ALLOW_UNAUTHENTICATED_ENV] = "1"
-    check_ray(ray)  # a malformed address, or no Ray installed: refused before anything is opened
+    check_ray(args.ray)  # a malformed address, or no Ray installed: refused before anything is opened
     if args.resume:
         with Store(args.db, must_exist=True) as store:
             run_id = store.find_run(args.resume)
             info = store.run(run_id)
             if args.model is None:
                 _confirm_stored_endpoint(info.model, run_id)
-            if ray:  # the workers load the model; the spec is checked first (engine.stages)
-                result = run_search(store, {"resume": run_id, "model": args.model, **ray}, reporter)
+            if ray:  # the workers load the model; the spec is checked first (engine.search.stage)
+                result = run_search(store, ResumeSearch(resume=run_id, model=args.model, **ray), reporter)
             else:
                 generator = load_generator(args.model or info.model, log=_log, allow_http_key=args.allow_http_key)
-                result = run_search(store, {"resume": run_id}, reporter, prepared=(None, [], generator))
+                result = run_search(store, ResumeSearch(resume=run_id), reporter, prepared=(None, [], generator))
         reporter.close()
         _log(result.lines[0])
         return 0
 
-    config = {"env": args.env, "tasks": args.tasks or "", "split": args.split, "model": args.model or "tiny",
-              "name": args.name or f"{args.env}-{time.strftime('%Y%m%d-%H%M%S')}",
-              "search": asdict(_search_config(args)), **ray}
-    make_env, tasks = search_tasks(config)  # an env that cannot start is refused before anything is loaded
+    spec = SearchJob(env=args.env, tasks=args.tasks or "", split=args.split, model=args.model or "tiny",
+                     name=args.name or f"{args.env}-{time.strftime('%Y%m%d-%H%M%S')}",
+                     search=_search_config(args), **ray)
+    make_env, tasks = search_tasks(spec)  # an env that cannot start is refused before anything is loaded
     if ray:  # the workers load the model: its spec is checked here, before the database is opened
         from engine.search.ray_search import connect
 
-        check_model(config["model"])
+        check_model(spec.model)
         connect(args.ray.strip() or None)  # joined now: an address nothing answers is refused in seconds
-    model = None if ray else load_generator(config["model"], log=_log, allow_http_key=args.allow_http_key)
+    model = None if ray else load_generator(spec.model, log=_log, allow_http_key=args.allow_http_key)
     with Store(args.db) as store:
-        result = run_search(store, config, reporter, prepared=(make_env, tasks, model))
+        result = run_search(store, spec, reporter, prepared=(make_env, tasks, model))
     reporter.close()
     _log(result.lines[0])
     return 0

@@ -46,21 +46,22 @@ def _train_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from engine.jobs.kinds import validate_job
+    from engine.jobs.runner import JobRunner, resolve_job_paths
     from engine.store import Store
-    from engine.train.jobs import JobRunner, resolve_job_paths, validate_job
 
     config = resolve_job_paths(args.what, {"model": args.model, "output": args.out, "runs": args.run or [],
                                            "train": _train_overrides(args)})
-    validate_job(args.what, config)
+    spec = validate_job(args.what, config)
     with Store(args.db, must_exist=True) as store:
         for run in config["runs"]:
             store.find_run(run)
         if args.foreground:
-            from engine.train.jobs import refuse_shared_output
+            from engine.jobs.runner import refuse_shared_output
             from engine.train.training import run_training
 
             refuse_shared_output(store, args.what, config)
-            result = run_training(store, args.what, config, PrintReporter())
+            result = run_training(store, spec, PrintReporter())
             print(f"trained {result.output} ({result.metrics.get('steps')} steps, loss "
                   f"{result.metrics.get('train_loss'):.4f})")
             return 0
@@ -94,9 +95,9 @@ def _follow(runner: Any, job_id: str) -> int:
 def cmd_jobs(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from engine.jobs.runner import JobRunner, job_summary
     from engine.paths import db_exists, db_path
     from engine.store import Store
-    from engine.train.jobs import JobRunner, job_summary
 
     action = getattr(args, "action", None)
     if action is None and not db_exists(db_path(args.db)):

@@ -79,3 +79,35 @@ def _model_dir(text: str) -> Path:
     if not (path / "config.json").exists():
         raise GeneratorError(f"model folder {path} has no config.json (not a transformers model folder)")
     return path.resolve()
+
+
+MODEL_TIMEOUT_S = 2.0  # a model server must answer within this long for a job naming it to be queued
+
+
+def check_model(spec: str, timeout: float = MODEL_TIMEOUT_S) -> None:
+    """GeneratorError unless `spec` names a model that can be loaded: `tiny`, a model folder, or an
+    `openai:URL#MODEL` server that answers (any HTTP status) within `timeout` seconds. Nothing is loaded."""
+    parsed = parse_model_spec(spec)
+    spec = parsed.text
+    if parsed.kind == "tiny":
+        return
+    if parsed.kind == "openai":
+        import urllib.error
+        import urllib.parse
+        import urllib.request
+
+        url, sep, model = parsed.target.partition("#")
+        parts = urllib.parse.urlsplit(url)
+        if not sep or not model or parts.scheme not in ("http", "https") or not parts.hostname:
+            raise GeneratorError(f"model {spec!r}: expected openai:http(s)://HOST[:PORT]/PATH#MODEL")
+        try:
+            with urllib.request.urlopen(url.rstrip("/") + "/models", timeout=timeout):
+                pass
+        except urllib.error.HTTPError:
+            return  # it answered (an auth error or a 404 is still a server)
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            reason = getattr(e, "reason", e)
+            raise GeneratorError(f"model {spec!r}: the server at {url} did not answer within {timeout:g}s "
+                                 f"({reason})") from None
+        return
+    _model_dir(parsed.target)

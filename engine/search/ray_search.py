@@ -17,7 +17,7 @@ interrupted run (local or Ray) the same way: the mirrors start as the committed 
 The address is checked for its form here (`check_address`) and, before the driver joins, for an answer
 (`probe_address`: `ray.init` waits over a minute on a HOST:PORT nothing answers); `connect` is the one
 place Orchard joins Ray, and `prepare_*` join before the run is written. The model spec is the caller's
-to check before anything is written (engine.stages does it on the driver: a bad spec would fail every
+to check before anything is written (engine.search.stage does it on the driver: a bad spec would fail every
 shard).
 
 Workers are untrusted peers of the driver: their messages are unpickled with a class allowlist

@@ -71,8 +71,10 @@ def new_run(
     name: str,
     progress: Progress | None = None,
     make_env: Callable[[], Env] | None = None,
+    created: Callable[[str], None] | None = None,
 ) -> tuple[str, SearchStats]:
-    """Create a run for `tasks` and search them; returns (run id, stats)."""
+    """Create a run for `tasks` and search them; returns (run id, stats). `created` is told the run
+    id as soon as the run is recorded, before the first simulation (a caller's progress names it)."""
     make_env = make_env or env_factory(env_spec)
     # Every tree's env is reset before the run is recorded: an env that cannot start (no browser,
     # no Java) is an error that leaves no half-made run behind.
@@ -85,6 +87,8 @@ def new_run(
     except BaseException:
         close_envs(jobs)
         raise
+    if created is not None:
+        created(run_id)
     return run_id, _run(store, run_id, jobs, generator, config, progress)
 
 

@@ -27,6 +27,7 @@ from engine.store.records import (
     FINAL_JOB_STATES,
     JOB_STATES,
     Decision,
+    DriverError,
     FinalLabel,
     HistoryEntry,
     JobInfo,
@@ -48,7 +49,7 @@ from engine.store.versioning import ConflictError
 
 __all__ = [
     "APP_ID", "CURATION_STATUSES", "FINAL_JOB_STATES", "JOB_STATES", "LABEL_RULES", "MIGRATIONS", "SCHEMA_VERSION",
-    "ConflictError", "Connection", "Decision", "EditError", "FinalLabel", "HistoryEntry", "JobInfo", "LeaseError",
+    "ConflictError", "Connection", "Decision", "DriverError", "EditError", "FinalLabel", "HistoryEntry", "JobInfo", "LeaseError",
     "MissingStoreError", "ModelRecord", "RunInfo", "SaveReport", "Store", "StoreError", "TreeSkeleton", "UserInfo", "data_version",
     "default_db_path",
 ]

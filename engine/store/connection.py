@@ -18,6 +18,7 @@ from engine import paths
 from engine.store import postgres, schema
 from engine.store.records import MissingStoreError, StoreError
 from engine.store.schema import APP_ID, _check_file, _readonly_uri, _schema_tables
+from engine.store.sqlite import SQLiteConnection
 
 
 def default_db_path() -> Path | str:
@@ -45,8 +46,9 @@ def data_version(location: str | Path) -> tuple[str, ...]:
 class Connection:
     """A connection to one Orchard database (see `engine.store.Store`)."""
 
-    # sqlite3.Connection, or engine.store.postgres.PgConnection, which answers the same calls
-    # (execute, executemany, commit, rollback, in_transaction) plus PostgreSQL's own.
+    # engine.store.sqlite.SQLiteConnection, or engine.store.postgres.PgConnection, which answers the
+    # same calls (execute, executemany, commit, rollback, in_transaction) plus PostgreSQL's own; both
+    # raise StoreErrors, never a driver's error.
     con: Any
 
     def __init__(self, path: str | Path | None = None, readonly: bool = False, must_exist: bool = False) -> None:
@@ -70,15 +72,15 @@ class Connection:
                     "run any `orchard` command once to migrate it"
                 )
             try:
-                self.con = sqlite3.connect(_readonly_uri(self.path), uri=True, timeout=30.0,
-                                           isolation_level=None)
+                self.con = SQLiteConnection(sqlite3.connect(_readonly_uri(self.path), uri=True, timeout=30.0,
+                                                            isolation_level=None), str(self.path))
                 self._check_tables()
             except sqlite3.DatabaseError as e:
                 raise StoreError(f"{self.path}: corrupt or unreadable database ({e})") from None
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            self.con = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
+            self.con = SQLiteConnection(sqlite3.connect(self.path, timeout=30.0, isolation_level=None), str(self.path))
             self.con.execute("PRAGMA journal_mode=WAL")
             self.con.execute("PRAGMA synchronous=NORMAL")
             self.con.execute("PRAGMA foreign_keys=ON")
@@ -145,7 +147,7 @@ class Connection:
         self.close()
 
     @contextmanager
-    def transaction(self) -> Iterator[sqlite3.Connection]:
+    def transaction(self) -> Iterator[Any]:
         """One write transaction. Nested inside another (a command that saves pairs and samples
         together), it is a savepoint of the outer one, so everything commits or nothing does.
         On PostgreSQL it holds the store's write lock, as `BEGIN IMMEDIATE` does on SQLite."""

@@ -10,6 +10,11 @@ class StoreError(RuntimeError):
     """The database cannot be used (not Orchard's, corrupt, too new, unknown run)."""
 
 
+class DriverError(StoreError):
+    """The database driver failed (locked past the busy timeout, disk I/O, a read-only file): raised
+    by the store's connection in place of the driver's own error (engine/store/sqlite.py)."""
+
+
 class MissingStoreError(StoreError):
     """No Orchard database there yet (a reader found nothing to read; a writer would create it)."""
 

@@ -41,7 +41,7 @@ class TrainingStore(Connection):
     # cancelled), their progress and metric stream, the models they produced, evaluations of
     # models, and iteration-loop records. Jobs run in their own processes that write here through
     # their own connections (WAL): the job's state lives in the store, so a dashboard restart loses
-    # nothing, and a job whose process died is detected by its runner (engine.train.jobs).
+    # nothing, and a job whose process died is detected by its runner (engine.jobs.runner).
 
     def create_job(self, kind: str, config: dict[str, Any], device: str, name: str | None = None,
                    log_dir: str | Path | None = None, guard: Callable[[], None] | None = None) -> JobInfo:

@@ -19,10 +19,11 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol, Self
+from typing import Any, Self
 
 from engine import paths
 from engine.config import ConfigError, from_dict
+from engine.progress import Reporter
 
 TRAIN_META = "orchard_train.json"
 TRAIN_FORMAT = 1
@@ -44,7 +45,7 @@ class TrainConfig:
     and gradient checkpointing; both are off on CPU here, where they make a step ~20x slower.
     `lora`: train a LoRA adapter (peft) and merge it into the saved model instead of all weights.
     `num_threads`: torch CPU threads while training (None: torch's default).
-    `distributed`: how a job naming several GPUs trains (one process per GPU, engine.train.jobs):
+    `distributed`: how a job naming several GPUs trains (one process per GPU, engine.jobs.runner):
     ddp (a full copy per GPU) or fsdp (weights sharded: for models that do not fit one GPU)."""
 
     learning_rate: float = field(default=1e-6, metadata={"help": "learning rate"})
@@ -114,6 +115,14 @@ class TrainConfig:
 
 
 # ------------------------------------------------------------------ devices and precision
+
+
+def default_device() -> str:
+    """cuda:0 where torch sees a GPU, else cpu: the job queue's slot for a job that names none
+    (imports torch: call only when submitting)."""
+    import torch
+
+    return "cuda:0" if torch.cuda.is_available() else "cpu"
 
 
 def resolve_device(device: str) -> str:
@@ -350,43 +359,6 @@ def default_output_dir(name: str) -> Path:
 
 
 # ------------------------------------------------------------------ progress
-
-
-class Reporter(Protocol):
-    """Where a trainer sends progress; the job runner's implementation writes to the store."""
-
-    def progress(self, data: dict[str, Any]) -> None: ...
-
-    def metrics(self, step: int, data: dict[str, Any]) -> None: ...
-
-    def should_stop(self) -> bool: ...
-
-    def log(self, message: str) -> None: ...
-
-
-@dataclass
-class MemoryReporter:
-    """Keeps everything in memory (library calls and tests); prints nothing unless `echo`."""
-
-    echo: bool = False
-    stop: bool = False
-    progress_rows: list[dict[str, Any]] = field(default_factory=list)
-    metric_rows: list[dict[str, Any]] = field(default_factory=list)
-    lines: list[str] = field(default_factory=list)
-
-    def progress(self, data: dict[str, Any]) -> None:
-        self.progress_rows.append(dict(data))
-
-    def metrics(self, step: int, data: dict[str, Any]) -> None:
-        self.metric_rows.append({"step": step, **data})
-
-    def should_stop(self) -> bool:
-        return self.stop
-
-    def log(self, message: str) -> None:
-        self.lines.append(message)
-        if self.echo:
-            print(message, flush=True)
 
 
 def progress_callback(reporter: Reporter, phase: str) -> Any:

@@ -45,10 +45,9 @@ from typing import TYPE_CHECKING, Any
 
 from engine.config import ConfigError
 from engine.datasets.pairs import Pair
+from engine.progress import MemoryReporter, Reporter
 from engine.store.review import LABEL_RULES
 from engine.train.common import (
-    MemoryReporter,
-    Reporter,
     TrainConfig,
     TrainError,
     TrainResult,

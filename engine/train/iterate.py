@@ -40,7 +40,8 @@ from typing import TYPE_CHECKING, Any
 
 from engine.config import ConfigError, SearchConfig, from_dict
 from engine.datasets.samples import tree_refs
-from engine.train.common import MemoryReporter, Reporter, default_output_dir
+from engine.progress import MemoryReporter, Reporter
+from engine.train.common import default_output_dir
 
 if TYPE_CHECKING:
     from engine.evaluate import EvalConfig
@@ -149,6 +150,21 @@ class IterateConfig:
         from engine.evaluate import EvalConfig
 
         return EvalConfig.from_dict(self.eval)
+
+
+@dataclass(frozen=True)
+class IterateJob:
+    """An iterate job: the loop `iterate` (its JSON: {"iterate": {IterateConfig fields}})."""
+
+    iterate: IterateConfig = field(default_factory=IterateConfig)
+
+    def check(self) -> None:
+        """Every iteration's output folder may be written."""
+        from engine.train.common import check_output_folder
+
+        if self.iterate.output_root:
+            for i in range(1, self.iterate.iterations + 1):
+                check_output_folder(Path(self.iterate.output_root) / f"iter-{i}")
 
 
 def _evaluate(store: Store, model_path: Path, config: IterateConfig, eval_tasks: list[Any], make_env: Any,

@@ -35,7 +35,7 @@ class Preset:
     train: dict[str, Any]
     by_kind: dict[str, dict[str, Any]] = field(default_factory=dict)
     help: str = ""
-    all_gpus: bool = False  # the job takes every visible GPU (one process each, engine.train.jobs)
+    all_gpus: bool = False  # the job takes every visible GPU (one process each, engine.jobs.runner)
 
 
 DATA_CHOICES: dict[str, DataChoice] = {
@@ -106,7 +106,7 @@ def job_config(data: str, preset: str, model: str, runs: list[str] | None = None
                include_pending: bool = False, output: str | None = None) -> tuple[str, dict[str, Any]]:
     """(job kind, job config) for training `model` on the `data` choice with `preset`'s settings.
     Raises ConfigError naming the unknown choice or the invalid field."""
-    from engine.train.jobs import validate_job
+    from engine.train.training import train_job
 
     if data not in DATA_CHOICES:
         raise ConfigError(f"unknown training data {data!r} (expected one of {', '.join(DATA_CHOICES)})")
@@ -117,7 +117,7 @@ def job_config(data: str, preset: str, model: str, runs: list[str] | None = None
     if include_pending:
         train["include_pending"] = True
     config = {"model": model, "output": output, "runs": list(runs or []), "train": train}
-    validate_job(choice.kind, config)
+    train_job(choice.kind, config).check()
     if str(train.get("device", "")).startswith("cuda"):
         import torch
 
@@ -138,7 +138,7 @@ def device_of(config: dict[str, Any]) -> str:
     """The job queue's device for a train config: cpu, or the CUDA device it names."""
     device = str((config.get("train") or {}).get("device", "auto"))
     if device == "auto":
-        from engine.train.jobs import default_device
+        from engine.train.common import default_device
 
         return default_device()
     return "cuda:0" if device == "cuda" else device
@@ -177,11 +177,12 @@ def planned_steps(rows: int, train: Any) -> int:
 
 def train_plan(store: Store, kind: str, config: dict[str, Any]) -> TrainPlan:
     """The plan of the job `config` of `kind` on the store's data now."""
-    from engine.train.jobs import train_config
+    from engine.train.dpo import DPOTrainConfig
+    from engine.train.training import train_job
 
-    train = train_config(kind, config.get("train") or {})
-    runs = config.get("runs") or None
-    if kind == "dpo":
+    spec = train_job(kind, config)
+    train, runs = spec.train, list(spec.runs) or None
+    if isinstance(train, DPOTrainConfig):
         from engine.train.dpo import select_pairs
 
         items = rows = len(select_pairs(store, train, runs))

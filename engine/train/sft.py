@@ -29,10 +29,9 @@ from typing import TYPE_CHECKING, Any
 
 from engine.config import ConfigError
 from engine.datasets.samples import KINDS, Sample
+from engine.progress import MemoryReporter, Reporter
 from engine.store.review import LABEL_RULES
 from engine.train.common import (
-    MemoryReporter,
-    Reporter,
     TrainConfig,
     TrainError,
     TrainResult,
@@ -86,6 +85,13 @@ class SFTTrainConfig(TrainConfig):
         if self.revision_share is not None and not 0 < self.revision_share <= 1:
             raise ConfigError(f"SFTTrainConfig.revision_share: must be in (0, 1], got {self.revision_share!r}")
 
+
+
+@dataclass(frozen=True)
+class RFTTrainConfig(SFTTrainConfig):
+    """SFT on the RFT rows (successful trajectories of a search): an rft job's train settings."""
+
+    kinds: tuple[str, ...] = field(default=("rft",), metadata={"help": "sample kinds"})
 
 
 def rft_config(**overrides: Any) -> SFTTrainConfig:

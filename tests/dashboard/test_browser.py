@@ -241,7 +241,7 @@ def test_a_running_job_updates_live_and_is_cancelled_from_the_training_page(serv
     from playwright.sync_api import expect, sync_playwright
 
     from engine.evaluate import EvalConfig, evaluate_and_store
-    from engine.train.jobs import JobRunner
+    from engine.jobs.runner import JobRunner
 
     url, db, _ = server
     with Store(db) as store:

@@ -567,10 +567,11 @@ def test_a_revisions_build_that_made_nothing_says_why_with_its_counts(db) -> Non
     from doubles import ScriptedGenerator
 
     from engine.config import SearchConfig
+    from engine.datasets.builds import run_revisions
     from engine.envs.registry import env_factory
+    from engine.jobs.kinds import load_job
+    from engine.jobs.worker import StoreReporter
     from engine.search.runner import new_run
-    from engine.stages import run_revisions
-    from engine.train.worker import StoreReporter
 
     path, _ = db
     with Store(path) as store:  # line-env commands on TextCraft: no leaf is a success
@@ -578,7 +579,7 @@ def test_a_revisions_build_that_made_nothing_says_why_with_its_counts(db) -> Non
                             SearchConfig(simulations=3, k=2, depth_limit=2), "no-wins")
         job = store.create_job("revisions", {"run": run_id, "model": "judge-double"}, "cpu", name="revisions")
         store.claim_next_job("cpu")
-        run_revisions(store, job.config, StoreReporter(store, job.id), judge=Judge())
+        run_revisions(store, load_job("revisions", job.config), StoreReporter(store, job.id), judge=Judge())
         store.finish_job(job.id, "succeeded", output_path=run_id)
     at = open_page(TRAJECTORIES, run=run_id)
     assert not at.exception, at.exception

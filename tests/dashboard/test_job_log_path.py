@@ -79,7 +79,7 @@ def test_a_log_in_the_job_log_folder_is_shown(db: Path, capsys) -> None:
 
 
 def test_the_worker_of_such_a_job_does_not_append_to_that_file(db: Path, tmp_path: Path) -> None:
-    from engine.train.jobs import JobRunner
+    from engine.jobs.runner import JobRunner
 
     outside = tmp_path / "private.txt"
     outside.write_text(f"{SECRET}\n")

@@ -11,8 +11,8 @@ import pytest
 from dash_fixtures import APP
 from streamlit.testing.v1 import AppTest
 
+from engine.jobs.runner import JobRunner
 from engine.store import Store
-from engine.train.jobs import JobRunner
 
 RUNS = "views/runs.py"
 PAIRS = "views/pairs.py"
@@ -64,7 +64,7 @@ def queue_search(at: AppTest) -> None:
 
 
 def search_run(path: Path, model: str, name: str = "seeded") -> str:
-    from engine.submit import submit_search
+    from engine.jobs.submit import submit_search
 
     with Store(path) as store:
         job_id = submit_search(store, tasks="0:2", model=model, name=name, search={**SMALL, "critic": False})
@@ -157,7 +157,7 @@ def addresses(text: str, head: str, closed: str) -> str:
 @pytest.mark.parametrize("address", ["HEAD", "auto", ""])
 def test_new_search_on_ray_queues_the_job_config_of_search_ray(db: Path, monkeypatch, head: str,
                                                                 address: str) -> None:
-    """The job carries the address as `orchard search --ray ADDRESS` does (engine.stages runs it on
+    """The job carries the address as `orchard search --ray ADDRESS` does (engine.search.stage runs it on
     Ray: tests/test_ray_search.py runs such a job on a cluster); here it is only queued."""
     pytest.importorskip("ray")
     monkeypatch.setattr(JobRunner, "poll", lambda self, device=None: [])  # queued, not started
@@ -219,16 +219,17 @@ def test_new_search_on_ray_without_ray_installed_says_how_to_install_it(db: Path
 
 @pytest.mark.slow
 def test_resume_an_interrupted_run_from_the_runs_page(db: Path, model: str) -> None:
-    from engine.stages import Cancelled, run_search
-    from engine.train.common import MemoryReporter
+    from engine.jobs.kinds import load_job
+    from engine.progress import Cancelled, MemoryReporter
+    from engine.search.stage import run_search
 
     class StopAfterOne(MemoryReporter):
         def should_stop(self) -> bool:
             return bool(self.progress_rows) and (self.progress_rows[-1].get("step") or 0) >= 1
 
     with Store(db) as store, pytest.raises(Cancelled):
-        run_search(store, {"tasks": "0:1", "model": model, "name": "half", "search": {**SMALL, "simulations": 3}},
-                   StopAfterOne())
+        run_search(store, load_job("search", {"tasks": "0:1", "model": model, "name": "half",
+                                              "search": {**SMALL, "simulations": 3}}), StopAfterOne())
     at = open_page()
     at.text_input(key="rs_resume_model").set_value("/no/such/model")
     next(b for b in at.button if b.label == "Resume").click()

@@ -12,8 +12,8 @@ from doubles import ScriptedGenerator, SnapshotLineEnv
 from streamlit.testing.v1 import AppTest
 
 from engine.evaluate import EvalConfig, evaluate_and_store
+from engine.jobs.runner import JobRunner
 from engine.store import ModelRecord, Store
-from engine.train.jobs import JobRunner
 
 TRAINING = "views/training.py"
 EVALUATION = "views/evaluation.py"

@@ -14,8 +14,8 @@ from streamlit.testing.v1 import AppTest
 
 from engine.config import SearchConfig
 from engine.envs.registry import env_factory
+from engine.jobs.runner import JobRunner
 from engine.store import Store
-from engine.train.jobs import JobRunner
 
 
 @pytest.mark.parametrize("pad", ["", " ", "\t"])

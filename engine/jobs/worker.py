@@ -1,6 +1,6 @@
-"""`python -m engine.train.worker JOB_ID --db PATH`: run one queued job in this process.
+"""`python -m engine.jobs.worker JOB_ID --db PATH`: run one queued job in this process.
 
-Started by `JobRunner` (engine.train.jobs) with stdout/stderr in the job's log file. It records
+Started by `JobRunner` (engine.jobs.runner) with stdout/stderr in the job's log file. It records
 progress, metrics and the outcome in the store, and a thread beats the job's heartbeat every few
 seconds (a runner fails and kills a job whose heartbeat stops). SIGTERM (a cancel) stops training
 cleanly at the next step end, and an eval or iterate job at once. Whatever happens — success, an
@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import sqlite3
 import sys
 import threading
 import time
@@ -36,9 +35,6 @@ class JobCancelled(BaseException):
     the store's transactions roll back on it."""
 
 
-INTERRUPTED_KINDS = ("eval", "iterate")
-
-
 def start_heartbeat(db: str | Path, job_id: str, every_s: float, stop: threading.Event) -> threading.Thread:
     """A daemon thread beating the job's heartbeat every `every_s` s on its own store connection
     (a Store is not shared across threads) until `stop` is set. WHY a thread: a job's phases
@@ -51,7 +47,7 @@ def start_heartbeat(db: str | Path, job_id: str, every_s: float, stop: threading
                 while not stop.wait(every_s):
                     try:
                         store.beat_job(job_id)
-                    except (sqlite3.Error, StoreError) as e:  # locked past the busy timeout, server gone: next time
+                    except StoreError as e:  # locked past the busy timeout, server gone: next time
                         print(f"heartbeat: {e}", flush=True)
         except Exception as e:  # noqa: BLE001 - the job itself goes on; a runner will see the silence
             print(f"heartbeat thread stopped: {type(e).__name__}: {e}", flush=True)
@@ -62,7 +58,7 @@ def start_heartbeat(db: str | Path, job_id: str, every_s: float, stop: threading
 
 
 def _heartbeat_every_s() -> float:
-    from engine.train.jobs import HEARTBEAT_EVERY_S
+    from engine.jobs.runner import HEARTBEAT_EVERY_S
 
     try:
         value = float(os.environ.get("ORCHARD_JOB_HEARTBEAT_S") or HEARTBEAT_EVERY_S)
@@ -119,50 +115,17 @@ def process_rank() -> tuple[int, int]:
 
 
 def run_job(store: Store, job: JobInfo, reporter: StoreReporter) -> str | None:
-    """Run `job` in this process; returns its output (model folder or evaluation id)."""
-    from engine.train.jobs import validate_job
+    """Run `job` in this process: its spec read from its JSON and checked again (the world may have
+    changed since it was queued), then its kind's body (engine/jobs/kinds.py); returns its output
+    (model folder, run id, evaluation id or file)."""
+    from engine.jobs import kinds
 
-    validate_job(job.kind, job.config)
-    cfg = job.config
-    if job.kind == "probe":
-        return _probe(cfg, reporter)
-    from engine.stages import STAGE_KINDS, run_stage
-
-    if job.kind in STAGE_KINDS:  # search, pairs, revisions, refine (engine/stages.py)
-        return run_stage(store, job, reporter)
-    if job.kind in ("dpo", "sft", "rft"):
-        from engine.train.training import run_training
-
-        result = run_training(store, job.kind, cfg, reporter, job=job)
-        return None if result.stopped else str(result.output)
-    if job.kind == "eval":
-        from engine.stages import run_eval_job
-
-        return run_eval_job(store, job, reporter)
-    if job.kind == "iterate":
-        from engine.train.iterate import IterateConfig, run_loop
-
-        return run_loop(store, IterateConfig.from_dict(cfg.get("iterate") or {}), reporter=reporter, job_id=job.id)
-    raise ValueError(f"unknown job kind {job.kind!r}")
-
-
-def _probe(cfg: dict[str, Any], reporter: StoreReporter) -> str | None:
-    steps, seconds = int(cfg.get("steps", 5)), float(cfg.get("seconds", 0.1))
-    began = time.monotonic()
-    for step in range(1, steps + 1):
-        if reporter.should_stop():
-            return None
-        time.sleep(seconds)
-        if cfg.get("fail") and step == max(1, steps // 2):
-            raise RuntimeError(f"probe failure at step {step} (asked for by the job config)")
-        elapsed = time.monotonic() - began
-        reporter.progress({"phase": "probe", "step": step, "total": steps, "eta_s": elapsed / step * (steps - step)})
-        reporter.metrics(step, {"loss": 1.0 / step})
-    return None
+    kinds.validate_job(job.kind, job.config)
+    return kinds.KINDS[job.kind].body(store, job, kinds.load_job(job.kind, job.config), reporter)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m engine.train.worker")
+    parser = argparse.ArgumentParser(prog="python -m engine.jobs.worker")
     parser.add_argument("job_id")
     parser.add_argument("--db", required=True)
     args = parser.parse_args(argv)
@@ -178,7 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     if rank == 0:
         start_heartbeat(store.location, job.id, _heartbeat_every_s(), stop_beating)
     reporter = StoreReporter(store, job.id, rank=rank)
-    interrupt = {"armed": job.kind in INTERRUPTED_KINDS}
+    from engine.jobs.kinds import KINDS
+
+    interrupt = {"armed": job.kind in KINDS and KINDS[job.kind].stops_at_once}
 
     def on_term(signum: int, frame: Any) -> None:
         reporter.cancelled = True
@@ -226,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         stop_beating.set()
         try:
-            from engine.train.jobs import JobRunner
+            from engine.jobs.runner import JobRunner
 
             JobRunner(store).poll(device=job.device)
         finally:

@@ -1,9 +1,13 @@
-"""Submitting the long stages as jobs: what the dashboard's forms and the CLI call.
+"""Submitting jobs: what the dashboard's forms and the CLI call to queue the long stages.
 
-Each `submit_*` checks a stage job (its config, env and tasks, the model reachable, the run known, a
-Ray address answering) and queues it with the job runner (engine/train/jobs.py); nothing is queued or
-written when a check fails. The stage bodies the jobs run live in engine/stages.py, which never imports the runner: this
-module sits above both.
+Each `submit_*` builds a job's JSON, checks it (its spec loads, engine.jobs.kinds; the env and tasks,
+the model reachable, the run known, a Ray address answering) and queues it with the job runner
+(engine/jobs/runner.py); nothing is queued or written when a check fails.
+
+Devices: every job goes through the one queue, whose slots are devices. Pairs builds need none and
+take the `cpu` slot; search, revisions and refine take the `cpu` slot when their model is `tiny` or
+a remote server (`openai:`) or run on Ray (the workers load the model), else the machine's default
+device (`cuda:0` where there is one).
 """
 
 from __future__ import annotations
@@ -11,7 +15,11 @@ from __future__ import annotations
 from typing import Any
 
 from engine.config import ConfigError
-from engine.stages import check_model, validate_stage
+from engine.jobs.kinds import validate_job
+from engine.jobs.runner import JobRunner
+from engine.llm.registry import check_model
+from engine.search.stage import ResumeSearch
+from engine.train.common import default_device
 
 
 def stage_device(kind: str, config: dict[str, Any]) -> str:
@@ -21,31 +29,26 @@ def stage_device(kind: str, config: dict[str, Any]) -> str:
     model = str(config.get("model") or "tiny")
     if model == "tiny" or model.startswith("openai:"):
         return "cpu"
-    from engine.train.jobs import default_device
-
     return default_device()
 
 
 def submit_stage(store: Any, kind: str, config: dict[str, Any], device: str | None = None, name: str | None = None,
-                 runner: Any = None) -> str:
-    """Check a stage job (config, env and tasks, model reachable, run known, Ray address answering) and
-    queue it; returns its id.
-    Nothing is queued or written when a check fails."""
-    from engine.train.jobs import JobRunner
+                 runner: JobRunner | None = None) -> str:
+    """Check a stage job (its spec, env and tasks, model reachable, run known, Ray address answering)
+    and queue it; returns its id. Nothing is queued or written when a check fails."""
+    from engine.search.ray_search import probe_address
 
-    validate_stage(kind, config)
+    spec = validate_job(kind, config)
     if kind in ("pairs", "revisions"):
-        store.find_run(config["run"])
-    if kind == "search" and config.get("resume"):
-        run_id = store.find_run(config["resume"])
-        if config.get("ray") is not None and not config.get("model"):
+        store.find_run(spec.run)
+    if isinstance(spec, ResumeSearch):
+        run_id = store.find_run(spec.resume)
+        if spec.ray is not None and not spec.model:
             check_model(store.run(run_id).model)  # Ray workers would each fail on a bad stored spec
-    if config.get("model"):
-        check_model(config["model"])
-    if kind == "search" and config.get("ray") is not None:
-        from engine.search.ray_search import probe_address
-
-        probe_address(config["ray"])  # a HOST:PORT nothing answers: refused now, not a job that waits
+    if getattr(spec, "model", None):
+        check_model(spec.model)
+    if kind == "search" and spec.ray is not None:
+        probe_address(spec.ray)  # a HOST:PORT nothing answers: refused now, not a job that waits
     runner = runner or JobRunner(store)
     job = runner.submit(kind, config, device=device or stage_device(kind, config), name=name or _name(kind, config),
                         validate=False)
@@ -67,7 +70,8 @@ def submit_search(store: Any, env: str = "textcraft", tasks: str = "", split: st
     if resume:
         config: dict[str, Any] = {"resume": resume, **({"model": model} if model else {})}
     else:
-        config = {"env": env, "tasks": tasks, "split": split, "model": model or "tiny", "name": name,
+        config = {"env": env, "tasks": tasks, "split": split, "model": model or "tiny",
+                  "name": name,
                   "search": search or {}}
     if ray is not None:
         config["ray"] = ray
@@ -97,20 +101,14 @@ def eval_job_config(model: str, env: str = "textcraft", split: str = "test", tas
 
 
 def check_eval(config: dict[str, Any]) -> None:
-    """An eval job's inputs: its config, its env and task selection (EnvError), its model."""
-    from engine.evaluate import eval_tasks
-    from engine.train.jobs import validate_job
-
-    validate_job("eval", config)
-    eval_tasks(config)
-    check_model(config["model"])
+    """An eval job's inputs: its spec, its env and task selection (EnvError), its model."""
+    spec = validate_job("eval", config)
+    check_model(spec.model)
 
 
 def submit_eval(store: Any, model: str, env: str = "textcraft", split: str = "test", tasks: str = "",
                 eval: dict[str, Any] | None = None, device: str | None = None) -> str:
     """Queue an evaluation (`eval`: EvalConfig fields: mode greedy | sampled | mcts, its budget ...)."""
-    from engine.train.jobs import JobRunner
-
     config = eval_job_config(model, env, split, tasks, eval)
     check_eval(config)
     job = JobRunner(store).submit("eval", config, device=device or stage_device("eval", config),
@@ -156,11 +154,8 @@ def _evaluated_as(store: Any, records: list[dict[str, Any]]) -> dict[str, Any]:
 
 def submit_iterate(store: Any, iterate: dict[str, Any], device: str | None = None) -> str:
     """Queue an iterate job (`iterate`: IterateConfig fields); its model is checked first."""
-    from engine.train.iterate import IterateConfig
-    from engine.train.jobs import JobRunner, default_device
-
-    IterateConfig.from_dict(iterate)
-    check_model(str(iterate.get("model", "tiny")))
+    spec = validate_job("iterate", {"iterate": iterate})
+    check_model(spec.iterate.model)
     job = JobRunner(store).submit("iterate", {"iterate": iterate}, device=device or default_device(),
-                                  name=f"iterate-{iterate.get('name') or iterate.get('method', 'agentq')}")
+                                  name=f"iterate-{iterate.get('name') or iterate.get('method', 'agentq')}", validate=False)
     return job.id

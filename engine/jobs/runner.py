@@ -1,4 +1,4 @@
-"""Training jobs: each runs in its own process; its whole state lives in the store.
+"""The job queue's runner: each job runs in its own process; its whole state lives in the store.
 
 States: queued -> running -> succeeded | failed | cancelled (a queued job may be cancelled at once).
 One job runs per device at a time (jobs naming a shared GPU wait too); the others wait in the queue,
@@ -13,7 +13,7 @@ the process that submitted a job staying alive:
   stuck in native code holding the GIL), then starts the oldest queued job of every idle device. The
   CLI, the dashboard and every finishing worker call it, so a queue drains without a daemon and a
   dashboard restart finds every job where it was.
-- A worker (`python -m engine.train.worker JOB_ID --db PATH`) is started in its own session with
+- A worker (`python -m engine.jobs.worker JOB_ID --db PATH`) is started in its own session with
   its output in the job's log file; it writes progress, the metric stream and its outcome through
   its own store connection, in short transactions (SQLite WAL), so a worker killed at any moment
   leaves the store consistent. A thread of the worker beats the job's heartbeat every few seconds
@@ -24,17 +24,9 @@ the process that submitted a job staying alive:
   `cancelled` and exits; one that does not within `grace_s` is killed (SIGKILL to its
   process group) and marked cancelled.
 
-Job kinds and their config (JSON):
-- dpo / sft / rft: {"model": "tiny" | PATH, "output": PATH | null, "runs": [RUN, ...], "train": {...}}
-  where "train" holds `DPOTrainConfig` / `SFTTrainConfig` fields;
-- eval: {"model", "env", "split", "tasks", "eval": {EvalConfig fields}, "recovery_runs": [RUN, ...]};
-- iterate: {"iterate": {IterateConfig fields}};
-- probe: {"steps": N, "seconds": S, "fail": bool} — the runner's own check: no ML imports, sleeps
-  with progress (tests and `orchard jobs` smoke checks use it);
-- search / pairs / revisions / refine: the long stages besides training (configs, devices and the
-  `submit_<stage>` calls in engine/stages.py).
-Every path in a config (model folders, outputs) is made absolute when the job is submitted
-(`resolve_job_paths`): the worker runs in the repository root, not where the job was typed.
+Job kinds, their specs (the shape of a job's JSON) and bodies: engine/jobs/kinds.py. Every path in
+a config (model folders, outputs) is made absolute when the job is submitted (`resolve_job_paths`):
+the worker runs in the repository root, not where the job was typed.
 """
 
 from __future__ import annotations
@@ -49,71 +41,20 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import ConfigError
+from engine.jobs.kinds import MULTI_GPU_KINDS, validate_job
 from engine.paths import REPO_ROOT, job_log, jobs_dir
-from engine.stages import STAGE_KINDS
 from engine.store import JobInfo, Store
+from engine.train.common import default_device
 
-JOB_KINDS = ("dpo", "sft", "rft", "eval", "iterate", "probe", *STAGE_KINDS)
-WORKER_MODULE = "engine.train.worker"
+WORKER_MODULE = "engine.jobs.worker"
+# The worker module of older versions: a job it still runs after an upgrade is not taken for dead.
+_WORKER_MODULES = (WORKER_MODULE, "engine.jobs.worker")
 STARTUP_GRACE_S = 60.0  # a claimed job with no pid yet is presumed starting for this long
 HEARTBEAT_EVERY_S = 5.0  # a worker's heartbeat thread beats this often (ORCHARD_JOB_HEARTBEAT_S overrides)
 HEARTBEAT_TIMEOUT_S = 120.0  # a running job whose last beat is older than this has hung: failed, killed
 # Between fork and exec a just-launched worker still has its parent's command line; for this long after
 # its claim another poller (a second JobRunner, the dashboard's next rerun) only asks whether it is alive.
 EXEC_GRACE_S = 10.0
-
-
-def default_device() -> str:
-    """cuda:0 where torch sees a GPU, else cpu (imports torch: call only when submitting)."""
-    import torch
-
-    return "cuda:0" if torch.cuda.is_available() else "cpu"
-
-
-def validate_job(kind: str, config: dict[str, Any]) -> None:
-    """Raise ConfigError for a config the worker could not run (checked before queueing)."""
-    if kind not in JOB_KINDS:
-        raise ConfigError(f"unknown job kind {kind!r} (expected one of {', '.join(JOB_KINDS)})")
-    if not isinstance(config, dict):
-        raise ConfigError("job config must be a JSON object")
-    if kind in ("dpo", "sft", "rft"):
-        unknown = set(config) - {"model", "output", "runs", "train", "name"}
-        if unknown:
-            raise ConfigError(f"{kind} job: unknown field(s) {', '.join(sorted(unknown))}")
-        if not isinstance(config.get("model"), str) or not config["model"]:
-            raise ConfigError(f"{kind} job: 'model' (tiny | PATH) is required")
-        from engine.train.common import check_output_folder, local_model_folder
-
-        try:
-            local_model_folder(config["model"])
-            if config.get("output"):
-                check_output_folder(config["output"])
-        except ConfigError as e:
-            raise ConfigError(f"{kind} job: {e}") from None
-        train_config(kind, config.get("train") or {})
-    elif kind == "eval":
-        from engine.evaluate import EvalConfig
-
-        unknown = set(config) - {"model", "env", "split", "tasks", "eval", "recovery_runs"}
-        if unknown:
-            raise ConfigError(f"eval job: unknown field(s) {', '.join(sorted(unknown))}")
-        EvalConfig.from_dict(config.get("eval") or {})
-    elif kind == "iterate":
-        from engine.train.common import check_output_folder
-        from engine.train.iterate import IterateConfig
-
-        loop = IterateConfig.from_dict(config.get("iterate") or {})
-        if loop.output_root:
-            for i in range(1, loop.iterations + 1):
-                check_output_folder(Path(loop.output_root) / f"iter-{i}")
-    elif kind == "probe":
-        unknown = set(config) - {"steps", "seconds", "fail"}
-        if unknown:
-            raise ConfigError(f"probe job: unknown field(s) {', '.join(sorted(unknown))}")
-    elif kind in STAGE_KINDS:
-        from engine.stages import validate_stage
-
-        validate_stage(kind, config)
 
 
 def absolute_path(text: str, cwd: str | Path | None = None) -> str:
@@ -232,7 +173,7 @@ def worker_command(python: str, job_id: str, db: str | Path, device: str, kind: 
 
     One process for one device. A dpo/sft/rft job naming several GPUs trains with one process per
     GPU under `accelerate launch` (DDP; FSDP when the train config says distributed="fsdp"); every
-    process runs the worker module, and rank 0 alone talks to the store (engine.train.worker).
+    process runs the worker module, and rank 0 alone talks to the store (engine.jobs.worker).
     `processes` > 1 on a cpu job launches that many CPU processes the same way (gloo): the test of
     the multi-process path on a machine without GPUs."""
     from engine.store.credentials import worker_secrets
@@ -246,7 +187,7 @@ def worker_command(python: str, job_id: str, db: str | Path, device: str, kind: 
     n = len(gpu_indices(device)) if processes is None else processes
     if n <= 1:
         return [python, *worker], env
-    if kind not in ("dpo", "sft", "rft"):
+    if kind not in MULTI_GPU_KINDS:
         raise ConfigError(f"{kind} job on {device!r}: only dpo/sft/rft jobs train on several GPUs (name one GPU)")
     strategy = str((config.get("train") or {}).get("distributed", "ddp"))
     launch = [python, "-m", "accelerate.commands.launch", "--num_processes", str(n), "--num_machines", "1",
@@ -271,19 +212,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def train_config(kind: str, data: dict[str, Any]) -> Any:
-    """The trainer config of a dpo/sft/rft job."""
-    if kind == "dpo":
-        from engine.train.dpo import DPOTrainConfig
-
-        return DPOTrainConfig.from_dict(data, where="dpo job train config")
-    from engine.train.sft import SFTTrainConfig
-
-    if kind == "rft":
-        data = {"kinds": ["rft"], **data}
-    return SFTTrainConfig.from_dict(data, where=f"{kind} job train config")
 
 
 # ------------------------------------------------------------------ processes
@@ -319,7 +247,7 @@ def process_alive(pid: int, job_id: str | None = None) -> bool:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             return True
-        if WORKER_MODULE.encode() not in cmdline or job_id.encode() not in cmdline:
+        if not any(m.encode() in cmdline for m in _WORKER_MODULES) or job_id.encode() not in cmdline:
             return False
     return True
 
@@ -347,7 +275,7 @@ class JobRunner:
             validate_job(kind, config)
         device = device or default_device()
         check_device(device)
-        if len(gpu_indices(device)) > 1 and kind not in ("dpo", "sft", "rft"):
+        if len(gpu_indices(device)) > 1 and kind not in MULTI_GPU_KINDS:
             raise ConfigError(f"{kind} job on {device!r}: only dpo/sft/rft jobs train on several GPUs (name one GPU)")
         job = self.store.create_job(kind, config, device, name=name,
                                     guard=lambda: refuse_shared_output(self.store, kind, config))
@@ -410,7 +338,7 @@ class JobRunner:
         log_path = job_log(self.store.location, job.log_path) or jobs_dir(self.store.location) / f"{job.id}.log"
         try:
             log_path.parent.mkdir(parents=True, exist_ok=True)
-            processes = self.cpu_processes if job.device == "cpu" and job.kind in ("dpo", "sft", "rft") else None
+            processes = self.cpu_processes if job.device == "cpu" and job.kind in MULTI_GPU_KINDS else None
             argv, devices = worker_command(self.python, job.id, self.store.location, job.device, job.kind, job.config,
                                            processes=processes)
             env = {**os.environ, "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1", **devices,

@@ -1,0 +1,74 @@
+"""The house's floors, checked statically (files are parsed, never imported; lazy and type-only
+imports count, as in tests/test_import_cycles.py):
+
+- the job runtime (engine/jobs) sits above search, the data builds and training: none of
+  engine/search, engine/datasets, engine/train imports engine.jobs;
+- the progress types (engine/progress.py) are the ground floor: they import nothing of the engine;
+- only the store (engine/store) talks to a database driver (sqlite3, psycopg): every other module
+  sees the store's own errors, so a driver's exception never escapes it.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from test_import_cycles import ROOT, import_graph
+
+BELOW_JOBS = ("engine.search", "engine.datasets", "engine.train")
+DRIVERS = ("sqlite3", "psycopg", "psycopg2", "psycopg_pool")
+DRIVER_SCAN = ("engine", "dashboard", "bench")
+
+
+def _under(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def jobs_importers(graph: dict[str, set[str]]) -> list[str]:
+    """`module -> engine.jobs...` for every module below the job runtime that imports it."""
+    return sorted(f"{m} -> {t}" for m, targets in graph.items() if any(_under(m, p) for p in BELOW_JOBS)
+                  for t in targets if _under(t, "engine.jobs"))
+
+
+def driver_imports(path: Path) -> list[str]:
+    """The database drivers `path` imports (anywhere in the file)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        else:
+            continue
+        found += [n for n in names if n.split(".")[0] in DRIVERS]
+    return found
+
+
+def test_the_finders_see_what_they_look_for(tmp_path: Path) -> None:
+    graph = {"engine.train.x": {"engine.jobs.kinds"}, "engine.jobs.kinds": {"engine.train.x"}, "engine.cli": set()}
+    assert jobs_importers(graph) == ["engine.train.x -> engine.jobs.kinds"]
+    module = tmp_path / "m.py"
+    module.write_text("def f():\n    import sqlite3\n    from psycopg import errors\n    import json\n")
+    assert driver_imports(module) == ["sqlite3", "psycopg"]
+
+
+def test_search_datasets_and_train_never_import_the_job_runtime() -> None:
+    graph = import_graph()
+    assert "engine.jobs.kinds" in graph and "engine.search.stage" in graph
+    assert not jobs_importers(graph), "below engine.jobs, yet importing it: " + "; ".join(jobs_importers(graph))
+
+
+def test_the_progress_types_are_the_ground_floor() -> None:
+    graph = import_graph()
+    assert not {t for t in graph["engine.progress"] if _under(t, "engine")}
+
+
+def test_only_the_store_imports_a_database_driver() -> None:
+    offenders = []
+    for package in DRIVER_SCAN:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            rel = path.relative_to(ROOT)
+            if rel.parts[:2] == ("engine", "store"):
+                continue
+            offenders += [f"{rel}: {name}" for name in driver_imports(path)]
+    assert not offenders, "database drivers imported outside engine/store: " + "; ".join(offenders)
