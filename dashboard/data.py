@@ -21,7 +21,7 @@ from engine.actions import CompositeAction
 from engine.datasets.pairs import Pair
 from engine.datasets.samples import Sample
 from engine.search.tree import Node, SearchTree
-from engine.store import HistoryEntry, MissingStoreError, RunInfo, Store, StoreError, data_version
+from engine.store import HistoryEntry, MissingStoreError, RunInfo, Store, StoreError, TreeSummary, data_version
 
 DB_ENV = paths.DB_ENV
 NO_RUNS = "No runs yet — run `make run` to search the demo tasks, then reload this page."
@@ -100,6 +100,13 @@ def tree_index(path: str, run_id: str, version: Version) -> list[tuple[int, str]
     """(tree id, task id) of a run, in run order."""
     with Store(path, readonly=True) as store:
         return store.tree_ids(run_id)
+
+
+@st.cache_data(show_spinner=False, max_entries=32)
+def tree_summaries(path: str, run_id: str, version: Version) -> list[TreeSummary]:
+    """Every tree of a run with its goal, solved flag and counts, in run order (`Store.tree_summaries`)."""
+    with Store(path, readonly=True) as store:
+        return store.tree_summaries(run_id)
 
 
 def read_tree(path: str, tree_id: int) -> SearchTree | None:

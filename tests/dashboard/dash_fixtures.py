@@ -149,11 +149,30 @@ def grow_tree(path: Path, run_id: str, task_id: str, parent: int, n: int) -> lis
         return list(range(first_new, len(tree.nodes)))
 
 
+def tree_chart(at: Any) -> Any:
+    """The Tree explorer's tree chart element on an AppTest page (the one with the "nodes" layer; the run
+    overview is a Vega-Lite chart too)."""
+    charts = [c for c in at.get("arrow_vega_lite_chart") or at.get("vega_lite_chart")
+              if any(layer.get("name") == "nodes" for layer in json.loads(c.proto.spec).get("layer", []))]
+    (chart,) = charts
+    return chart
+
+
+def overview_chart(at: Any) -> tuple[dict, Any]:
+    """The Tree explorer's run overview on an AppTest page: (spec, rows as a DataFrame)."""
+    import pyarrow as pa
+
+    charts = [c for c in at.get("arrow_vega_lite_chart") or at.get("vega_lite_chart")
+              if any(layer.get("name") == "tiles" for layer in json.loads(c.proto.spec).get("layer", []))]
+    (chart,) = charts
+    return json.loads(chart.proto.spec), pa.ipc.open_stream(chart.proto.data.data).read_all().to_pandas()
+
+
 def tree_chart_of(at: Any) -> tuple[dict, Any, str]:
     """The Tree explorer's Vega-Lite chart on an AppTest page: (spec, rows as a DataFrame, element id)."""
     import pyarrow as pa
 
-    (chart,) = at.get("arrow_vega_lite_chart") or at.get("vega_lite_chart")
+    chart = tree_chart(at)
     rows = pa.ipc.open_stream(chart.proto.data.data).read_all().to_pandas()
     return json.loads(chart.proto.spec), rows, chart.proto.id
 
@@ -163,7 +182,7 @@ def chart_datasets(at: Any) -> dict[str, Any]:
     DataFrames; "" is the main rows' Arrow bytes (for comparing them as Streamlit does)."""
     import pyarrow as pa
 
-    (chart,) = at.get("arrow_vega_lite_chart") or at.get("vega_lite_chart")
+    chart = tree_chart(at)
     out: dict[str, Any] = {d.name: pa.ipc.open_stream(d.data.data).read_all().to_pandas() for d in chart.proto.datasets}
     out[""] = chart.proto.data.data
     return out
