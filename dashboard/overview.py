@@ -24,6 +24,11 @@ SELECTED_COLOR = "#ff6f00"
 GOAL_CHARS = 70  # of a goal in a picker label
 
 
+def being_searched(s: TreeSummary, planned: int | None, running: bool) -> bool:
+    """The run runs and this tree has nodes and fewer simulations than planned (solved or not)."""
+    return running and s.nodes > 0 and (planned is None or s.simulations < planned)
+
+
 def outcome(s: TreeSummary, planned: int | None, running: bool) -> str:
     """One tree's state in a run: solved (a success leaf), not started (no node yet), searching (the run
     runs and the tree has fewer simulations than planned), else not solved."""
@@ -31,7 +36,7 @@ def outcome(s: TreeSummary, planned: int | None, running: bool) -> str:
         return "solved"
     if s.nodes == 0:
         return "not started"
-    if running and (planned is None or s.simulations < planned):
+    if being_searched(s, planned, running):
         return "searching"
     return "not solved"
 
@@ -51,10 +56,10 @@ def task_label(s: TreeSummary, planned: int | None, running: bool) -> str:
 def follow_target(summaries: Sequence[TreeSummary], current: str, planned: int | None, running: bool) -> str | None:
     """The tree a live view should move to: while the followed tree is finished (or not started) and
     another one is being searched, the first such one in run order; else None (stay)."""
-    states = {s.task_id: outcome(s, planned, running) for s in summaries}
-    if states.get(current) == "searching":
+    searched = {s.task_id: being_searched(s, planned, running) for s in summaries}
+    if searched.get(current):
         return None
-    return next((s.task_id for s in summaries if states[s.task_id] == "searching" and s.task_id != current), None)
+    return next((s.task_id for s in summaries if searched[s.task_id] and s.task_id != current), None)
 
 
 def columns_for(n: int) -> int:

@@ -300,7 +300,7 @@ def run_overview(info: RunInfo, now: Sequence[Any], live: bool) -> None:
     while live, following the search moves on to the next tree when the one watched is finished."""
     states = [overview.outcome(s, planned, info.status == "running") for s in now]
     if live and follow_run:
-        if states[[s.task_id for s in now].index(task_id)] == "searching":
+        if any(s.task_id == task_id and overview.being_searched(s, planned, True) for s in now):
             st.session_state[SEEN_SEARCHING] = task_id
         elif st.session_state.get(SEEN_SEARCHING) == task_id:
             target = overview.follow_target(now, task_id, planned, True)

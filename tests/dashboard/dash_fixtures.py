@@ -7,6 +7,7 @@ A module of its own (not conftest) so tests and the browser test can import it b
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import re
 import shutil
@@ -117,6 +118,23 @@ def build_store(path: Path) -> dict[str, str]:
         runs = {"small": first, "main": second}
         build_datasets(store, runs)
     return runs
+
+
+@functools.cache
+def bench_dashboard() -> Any:
+    """bench/dashboard.py as a module (its synthetic MCTS-shaped trees, its page scripts), loaded once."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_dashboard", ROOT / "bench" / "dashboard.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def synthetic_tree(n_nodes: int, seed: int = 1) -> Any:
+    """A synthetic MCTS-shaped tree of about `n_nodes` nodes (bench/dashboard.py's)."""
+    return bench_dashboard().synthetic_tree(n_nodes, seed=seed)
 
 
 def copy_store(source: Path, target: Path) -> Path:
