@@ -21,7 +21,15 @@ from engine.actions import CompositeAction
 from engine.datasets.pairs import Pair
 from engine.datasets.samples import Sample
 from engine.search.tree import Node, SearchTree
-from engine.store import HistoryEntry, MissingStoreError, RunInfo, Store, StoreError, TreeSummary, data_version
+from engine.store import (
+    HistoryEntry,
+    MissingStoreError,
+    RunInfo,
+    Store,
+    StoreError,
+    TreeSummary,
+    data_version,
+)
 
 DB_ENV = paths.DB_ENV
 NO_RUNS = "No runs yet — run `make run` to search the demo tasks, then reload this page."

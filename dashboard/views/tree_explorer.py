@@ -71,6 +71,7 @@ if task_id is not None and task_id not in tree_of_task:
 if task_id is None and run.status == "running":  # a live run opens on a tree being searched
     task_id = overview.follow_target(summaries, "", planned, True)
 task_id = task_id if task_id is not None else trees[0][1]
+shown_task: str = task_id  # a task of the run by now
 tree_id = tree_of_task[task_id]
 summary_of = {s.task_id: s for s in summaries}
 tree: TreeShape | None = data.load_shape(db, tree_id, version)  # numbers only; texts of the nodes shown
@@ -303,7 +304,7 @@ def run_overview(info: RunInfo, now: Sequence[Any], live: bool) -> None:
         if any(s.task_id == task_id and overview.being_searched(s, planned, True) for s in now):
             st.session_state[SEEN_SEARCHING] = task_id
         elif st.session_state.get(SEEN_SEARCHING) == task_id:
-            target = overview.follow_target(now, task_id, planned, True)
+            target = overview.follow_target(now, shown_task, planned, True)
             if target is not None:
                 st.session_state[SEEN_SEARCHING] = target
                 st.query_params.update(task=target, node="0")
@@ -315,9 +316,9 @@ def run_overview(info: RunInfo, now: Sequence[Any], live: bool) -> None:
     label = f"Run overview: {len(now)} trees · " + " · ".join(f"{v} {k}" for k, v in counts.items())
     with st.expander(label, expanded=True):
         key = f"te_overview_{run.id}_{task_id}"  # a new chart per shown tree: any click is a new pick
-        st.vega_lite_chart(overview.overview_rows(now, planned, info.status == "running", task_id),
+        st.vega_lite_chart(overview.overview_rows(now, planned, info.status == "running", shown_task),
                            overview.overview_spec(len(now)), key=key, on_select=partial(_picked_tree, key),
-                           selection_mode=[overview.PICK], width="content")
+                           selection_mode=overview.PICK, width="content")
         st.caption("One tile per tree in run order, sized by its nodes, coloured by its outcome; the ringed one "
                    "is shown below. Hover a tile for its task and goal, click it to open that tree.")
 
