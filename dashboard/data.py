@@ -117,6 +117,19 @@ def tree_summaries(path: str, run_id: str, version: Version) -> list[TreeSummary
         return store.tree_summaries(run_id)
 
 
+@st.cache_data(show_spinner=False, max_entries=4)
+def tree_export(path: str, run_id: str, tree_id: int, fmt: str, version: Version) -> bytes | None:
+    """The tree as `orchard export tree` writes it (`fmt` "json" or "graphml"; engine.search.export),
+    None while it has no node."""
+    from engine.search.export import tree_graphml, tree_json
+
+    with Store(path, readonly=True) as store:
+        tree, info = store.load_tree(tree_id), store.run(run_id)
+    if tree is None:
+        return None
+    return tree_json(tree, info).encode("utf-8") if fmt == "json" else tree_graphml(tree, info)
+
+
 def read_tree(path: str, tree_id: int) -> SearchTree | None:
     """Uncached read (the benchmark times this)."""
     with Store(path, readonly=True) as store:

@@ -271,6 +271,15 @@ with st.sidebar:
     if folded:
         st.caption(f"Collapsed below nodes {', '.join(str(i) for i in sorted(folded))}")
         st.button("Expand all", on_click=_expand_all, args=(tree_id,), key="te_expand_all")
+    if tree is not None and st.toggle("Export this tree", key="te_export",
+                                      help="JSON (orchard.tree/1) or GraphML, as `orchard export tree` writes "
+                                           "them; the whole tree is read when this is on."):
+        stem = f"{run.id}-{task_id}"
+        for fmt, mime in (("json", "application/json"), ("graphml", "application/xml")):
+            blob = data.tree_export(db, run.id, tree_id, fmt, version)
+            if blob is not None:
+                st.download_button(f"Download {fmt.upper()}", blob, file_name=f"{stem}.{fmt}", mime=mime,
+                                   key=f"te_download_{fmt}", on_click="ignore")
     st.caption("Database")
     st.text(data.shown_db(path))
 

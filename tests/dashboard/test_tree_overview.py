@@ -171,3 +171,29 @@ def test_the_tree_explorer_on_an_empty_store_says_how_to_start(tmp_path: Path, m
     at.switch_page(TREE_PAGE).run()
     assert not at.exception
     assert any("No runs yet" in e.value for e in at.info)
+
+
+def test_a_tree_downloads_as_the_cli_exports_it(db, tmp_path: Path) -> None:
+    import networkx as nx
+
+    from engine.cli import main
+
+    path, runs = db
+    at = open_tree(run=runs["main"], task="goal-4")
+    assert not at.get("download_button")  # nothing read until asked
+    at.toggle(key="te_export").set_value(True).run()
+    assert not at.exception
+    buttons = {b.proto.label: b for b in at.get("download_button")}
+    assert set(buttons) == {"Download JSON", "Download GRAPHML"}
+    out = tmp_path / "cli.json"
+    assert main(["export", "tree", runs["main"], "--task", "goal-4", "--format", "json", "-o", str(out),
+                 "--db", str(path)]) == 0
+    from dashboard import data
+
+    blob = data.tree_export(str(path), runs["main"], Store(path, readonly=True).tree_id(runs["main"], "goal-4"),
+                            "json", data.db_version(path))
+    assert json.loads(blob) == json.loads(out.read_text())
+    graph = data.tree_export(str(path), runs["main"], Store(path, readonly=True).tree_id(runs["main"], "goal-4"),
+                             "graphml", data.db_version(path))
+    (tmp_path / "t.graphml").write_bytes(graph)
+    assert nx.read_graphml(tmp_path / "t.graphml").number_of_nodes() == len(json.loads(blob)["nodes"]) > 5
