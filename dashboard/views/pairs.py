@@ -16,20 +16,19 @@ view can be shared.
 from __future__ import annotations
 
 import difflib
-import json
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any
 
 import pandas as pd
 import streamlit as st
 
 from dashboard import auth, builders, data
+from dashboard.history import history_table
 from engine.actions import FormatError, parse
 from engine.datasets.pairs import Pair
-from engine.store import CURATION_STATUSES, ConflictError, EditError, HistoryEntry, Store, StoreError
+from engine.store import CURATION_STATUSES, ConflictError, EditError, Store, StoreError
 
 PAGE_SIZE = 50
 MAX_SCAN_PAGES = 40  # how far a shared link's pair is looked for in the queue
@@ -260,17 +259,6 @@ def show_text(pair: Pair, which: str) -> None:
     for message in pair.messages(which):
         st.caption(ROLES.get(message.get("role", ""), "MESSAGE"))
         st.code(str(message.get("content", "")), language=None, wrap_lines=True)
-
-
-def history_table(entries: list[HistoryEntry]) -> pd.DataFrame:
-    def text(value: Any) -> str:
-        return "" if value is None else json.dumps(value, ensure_ascii=False)
-
-    return pd.DataFrame(
-        [{"version": h.version, "when": pd.Timestamp(h.at, unit="s").floor("s"), "who": h.who,
-          "action": h.action, "before": text(h.before), "after": text(h.after)} for h in reversed(entries)],
-        columns=["version", "when", "who", "action", "before", "after"],
-    )
 
 
 def fmt(value: float | None, spec: str = ".3f") -> str:

@@ -11,7 +11,6 @@ holds run / task / sample, so a view can be shared.
 
 from __future__ import annotations
 
-import json
 import sqlite3
 import time
 from collections.abc import Sequence
@@ -22,11 +21,12 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import auth, builders, data, figures
+from dashboard.history import history_table
 from dashboard.text import md
 from engine.actions import FormatError, parse
 from engine.datasets.samples import Sample, to_messages
 from engine.search.tree import SearchTree
-from engine.store import CURATION_STATUSES, ConflictError, HistoryEntry, Store, StoreError
+from engine.store import CURATION_STATUSES, ConflictError, Store, StoreError
 
 KIND = "revision"
 PAGE_SIZE = 200
@@ -157,17 +157,6 @@ def path_table(tree: SearchTree | None, nodes: Sequence[int], split: int, sample
             row["judgement"] = verdicts.get(nid, "" if step < split else "(not judged)")
         rows.append(row)
     return pd.DataFrame(rows)
-
-
-def history_table(entries: list[HistoryEntry]) -> pd.DataFrame:
-    def text(value: Any) -> str:
-        return "" if value is None else json.dumps(value, ensure_ascii=False)
-
-    return pd.DataFrame(
-        [{"version": h.version, "when": pd.Timestamp(h.at, unit="s").floor("s"), "who": h.who,
-          "action": h.action, "before": text(h.before), "after": text(h.after)} for h in reversed(entries)],
-        columns=["version", "when", "who", "action", "before", "after"],
-    )
 
 
 def split_of(source: dict[str, Any]) -> int:
@@ -373,7 +362,8 @@ if tree is not None:  # the two paths on their tree; a click opens that node in 
     picked = [p["customdata"] for p in event.selection.points if p.get("customdata") is not None]
     if picked and sample.run_id:
         node = picked[0][0] if isinstance(picked[0], list) else picked[0]
-        st.switch_page(TREE_PAGE, query_params={"run": sample.run_id, "task": sample.task.id, "node": str(node)})
+        st.switch_page(TREE_PAGE, query_params={"run": sample.run_id, "task": sample.task.id, "node": str(node),
+                                                "revision": sample.id})  # drawn there on the whole tree
 
 with st.container(border=True):
     step = t_prime_step(src)
@@ -407,10 +397,11 @@ st.caption("What is trained on: the shared prefix and the bad steps through t' (
            "revision turn, then the good path after the split (loss).")
 turn_rows = [{
     "turn": i + 1, "part": SEGMENTS.get(t.segment, t.segment), "loss": LOSS.get(t.loss, str(t.loss)),
-    "node": t.node, "action": command_of(t.text), "observation": t.observation or "",
+    # the revision turn is no node of the tree: said in words, never "None"
+    "node": "— (revision turn)" if t.node is None else str(t.node), "action": command_of(t.text),
+    "observation": t.observation or "",
 } for i, t in enumerate(sample.turns)]
 turn_table = pd.DataFrame(turn_rows)
-turn_table["node"] = turn_table["node"].astype("Int64")  # the revision turn has none
 st.dataframe(turn_table, hide_index=True, key=f"tr_turns_{sample.id}_{sample.version}")
 with st.expander("Full chat, as trained (assistant messages marked with their loss flag)"):
     for message in to_messages(sample):

@@ -182,6 +182,16 @@ def _expand_all(tid: int) -> None:
     st.session_state.setdefault("te_collapsed", {}).pop(tid, None)
 
 
+# Key columns narrow, texts wide (a reason squeezed to one letter beside numbers is unreadable); a cut text
+# shows whole on hover.
+NODE_COLUMNS = {
+    "": st.column_config.TextColumn("", width=24), "node": st.column_config.NumberColumn("node", width=56),
+    "step": st.column_config.NumberColumn("step", width=48), "rank": st.column_config.NumberColumn("rank", width=48),
+    "command": st.column_config.TextColumn("command", width="medium", help="the node's ACTION (hover for all of it)"),
+    "reason": st.column_config.TextColumn("reason", width="large", help="the critic's reason for its rank"),
+}
+
+
 def node_table(
     nodes: dict[int, Node], ids: Sequence[int], key: str,
     extra: dict[str, list] | None = None, columns: Sequence[str] | None = None,
@@ -195,6 +205,7 @@ def node_table(
     st.dataframe(
         frame, hide_index=True, key=key, on_select=partial(_picked_row, key, shown),
         selection_mode="single-row", height=min(38 + 35 * len(frame), 320), column_order=columns,
+        column_config=NODE_COLUMNS,
     )
     if len(ids) > MAX_TABLE_ROWS:
         st.caption(f"first {MAX_TABLE_ROWS} of {len(ids)}")
