@@ -66,6 +66,18 @@ def test_runs_page_lists_every_run_with_its_settings(db) -> None:
     assert row["success rate"] == pytest.approx(info.solved / info.trees)
     assert (row["k"], row["sims/task"], row["depth"], row["alpha"]) == (3, 10, 5, 0.3)
     assert list(table["id"]) == [runs["main"], runs["small"]]  # newest first
+    (element,) = [d for d in at.dataframe if "success rate" in d.value]
+    order = list(element.proto.column_order)
+    assert order[:6] == ["name", "status", "solved", "trees", "success rate", "model"]  # key columns first
+    assert order[-1] == "model (full)" and list(table["model (full)"]) == [infos[i].model for i in table["id"]]
+
+
+def test_a_long_model_path_is_shortened_to_its_end() -> None:
+    from dashboard.text import short_path
+
+    long = "/data/models/team/experiments/2026-12-01/iteration-7/checkpoint-best"
+    assert short_path(long) == "…" + long[-31:] and len(short_path(long)) == 32
+    assert short_path("tiny") == "tiny"
 
 
 def test_picking_a_run_opens_the_tree_explorer(db) -> None:

@@ -197,3 +197,12 @@ def test_a_tree_downloads_as_the_cli_exports_it(db, tmp_path: Path) -> None:
                              "graphml", data.db_version(path))
     (tmp_path / "t.graphml").write_bytes(graph)
     assert nx.read_graphml(tmp_path / "t.graphml").number_of_nodes() == len(json.loads(blob)["nodes"]) > 5
+
+
+def test_the_critics_reason_column_is_wide_and_key_columns_narrow(db) -> None:
+    _, runs = db
+    at = open_tree(run=runs["main"], task="goal-4", node="2")
+    siblings = next(d for d in at.dataframe if "reason" in d.value)
+    config = json.loads(siblings.proto.columns)
+    assert config["reason"]["width"] == "large" and config["node"]["width"] == 56
+    assert "critic" in config["reason"]["help"]
