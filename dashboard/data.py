@@ -265,6 +265,20 @@ def sample_counts(path: str, f: Filters, version: Version) -> dict[str, int]:
         return store.sample_counts(**as_kwargs(f))
 
 
+@st.cache_data(show_spinner=False, max_entries=8)
+def export_rows(path: str, what: str, f: Filters, version: Version) -> tuple[int, bytes]:
+    """(rows, JSONL bytes) of what `orchard export pairs|sft` writes for the items matching `f`: TRL DPO
+    rows of the pairs (`what` "pairs"), SFT rows of the samples ("sft"); engine.datasets.formats."""
+    from engine.datasets import formats
+
+    with Store(path, readonly=True) as store:
+        if what == "pairs":
+            rows = formats.dpo_rows(store.pairs(**as_kwargs(f)))
+        else:
+            rows = formats.sft_rows(store.samples(**as_kwargs(f)))
+    return len(rows), formats.jsonl_bytes(rows)
+
+
 def clear_dataset_caches() -> None:
     """After a curation write by this dashboard."""
     for fn in (pair_page, pair_counts, sample_page, sample_counts):

@@ -320,6 +320,12 @@ builders.pairs_builder(db, run_info)
 
 counts = data.pair_counts(db, f, version)
 total = counts["total"]
+with st.sidebar:
+    if total and st.toggle("Export these pairs", key="pp_export",
+                           help="The TRL DPO rows `orchard export pairs` writes, of the pairs the filters match."):
+        n_rows, blob = data.export_rows(db, "pairs", f, version)
+        st.download_button(f"Download {n_rows} DPO rows (JSONL)", blob, file_name="pairs.jsonl",
+                           mime="application/jsonl", key="pp_download", on_click="ignore")
 pages = max(1, -(-total // PAGE_SIZE))
 page = min(max(int(state.get(PAGE, 0)), 0), pages - 1)
 

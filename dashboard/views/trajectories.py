@@ -215,6 +215,13 @@ builders.revisions_builder(db, next((r for r in runs if r.id == run_id), None)) 
 
 f = data.filters(kind=KIND, run_id=run_id, task_id=task_id, status=statuses)
 counts = data.sample_counts(db, f, version)
+with st.sidebar:
+    if counts["total"] and st.toggle("Export these trajectories", key="tr_export",
+                                     help="The SFT rows `orchard export sft` writes (messages with per-turn loss "
+                                          "flags), of the revision trajectories the filters match."):
+        n_rows, blob = data.export_rows(db, "sft", f, version)
+        st.download_button(f"Download {n_rows} SFT rows (JSONL)", blob, file_name="revisions.jsonl",
+                           mime="application/jsonl", key="tr_download", on_click="ignore")
 pages = max(1, -(-counts["total"] // PAGE_SIZE))
 page = min(max(int(state.get(PAGE, 0)), 0), pages - 1)
 samples = data.sample_page(db, f, PAGE_SIZE, page * PAGE_SIZE, version)
