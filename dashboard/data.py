@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import streamlit as st
 
@@ -271,11 +272,12 @@ def export_rows(path: str, what: str, f: Filters, version: Version) -> tuple[int
     rows of the pairs (`what` "pairs"), SFT rows of the samples ("sft"); engine.datasets.formats."""
     from engine.datasets import formats
 
+    kwargs: dict[str, Any] = as_kwargs(f)
     with Store(path, readonly=True) as store:
         if what == "pairs":
-            rows = formats.dpo_rows(store.pairs(**as_kwargs(f)))
+            rows = formats.dpo_rows(store.pairs(**kwargs))
         else:
-            rows = formats.sft_rows(store.samples(**as_kwargs(f)))
+            rows = formats.sft_rows(store.samples(**kwargs))
     return len(rows), formats.jsonl_bytes(rows)
 
 
