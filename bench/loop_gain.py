@@ -49,6 +49,8 @@ def main(argv: list[str] | None = None) -> Table:
     ap.add_argument("--per-tree", type=int, default=1, help="exit: successful trajectories kept per solved tree")
     ap.add_argument("--no-critic", action="store_true", help="search without the critic (exit, visits need none)")
     ap.add_argument("--trees-in-flight", type=int, default=64)
+    ap.add_argument("--gate-split", default=None, help="the promotion gate's split (default: val, or none when "
+                                                        "--split val: the gate must be held out of the evaluation)")
     args = ap.parse_args(argv)
 
     work = Path(tempfile.mkdtemp(prefix="orchard-loop-gain-"))
@@ -60,6 +62,7 @@ def main(argv: list[str] | None = None) -> Table:
     config = IterateConfig(
         method=args.method, model=args.model, iterations=args.iterations, tasks_per_iteration=args.tasks,
         seed=args.seed, eval_split=args.split, train_split="fit", eval_tasks=f"0:{len(tasks)}",
+        gate_split=args.gate_split if args.gate_split is not None else ("" if args.split == "val" else "val"),
         include_pending=True,  # nobody curates a bench: the rows search produced, as the method builds them
         output_root=str(work / "models"), name=f"bench-{args.method}", search=search,
         dpo={**train, "beta": 0.1, "ref_source": "auto"} if args.method == "agentq" else {},
@@ -105,7 +108,7 @@ def _note(store: Store, r: dict) -> str:
     train = r.get("train") or {}
     return (f"rows {rows} ({train.get('rows', '?')} step rows, {train.get('steps', '?')} optimizer steps); "
             f"solved in search {run.solved}/{run.trees}; {sims} simulations, {sims / max(search_s, 1e-9):.2f}/s; "
-            f"cpu {r.get('cpu_s', 0):.0f} s")
+            f"cpu {r.get('cpu_s', 0):.0f} s; gate: {(r.get('gate') or {}).get('why', 'none')}")
 
 
 if __name__ == "__main__":
