@@ -138,11 +138,12 @@ def cmd_export_tree(args: argparse.Namespace) -> int:
     if tree is None:
         raise UsageError(f"run {run_id} task {args.task}: no simulation committed yet")
     from engine.fileio import atomic_write
-    from engine.search.export import tree_graphml, tree_json
 
+    alpha = info.config.get("alpha", 0.5)
     out = Path(args.output) if args.output else None
     if args.format == "json":
-        text = tree_json(tree, info)
+        run = {"id": run_id, "env": info.env, "model": info.model, "config": info.config}
+        text = json.dumps(tree.to_json(run, alpha), indent=1)
         if out:  # temp file + rename: a reader (or a kill) never sees half a tree
             atomic_write(out, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
         else:
@@ -150,13 +151,15 @@ def cmd_export_tree(args: argparse.Namespace) -> int:
     else:
         import gzip
 
-        data = tree_graphml(tree, info)
+        import networkx as nx
+
+        graph = tree.to_networkx(alpha)
         target = out or Path(f"{run_id}-{args.task}.graphml")
         opener = gzip.open if target.suffix == ".gz" else open  # as nx.write_graphml does by suffix
 
         def write(tmp: str) -> None:
             with opener(tmp, "wb") as f:
-                f.write(data)
+                nx.write_graphml(graph, f)
 
         atomic_write(target, write)
         _log(f"wrote {target}")
