@@ -146,8 +146,7 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
 # that `--compare-ref` can time an older page: plotly (plotly.js internals of the plot div) or Vega-Lite
 # (the Vega view, found through the React component that holds it: Streamlit exposes it nowhere else;
 # its mark named "nodes_marks" is `dashboard.tree_chart`'s "nodes" layer). Tests reuse these.
-VEGA_VIEW = """const orchardView = () => {
-  const el = document.querySelector('[data-testid="stVegaLiteChart"]');
+VEGA_VIEW = """const orchardViewOf = (el) => {
   for (const node of el ? [el, ...el.querySelectorAll('div')] : []) {
     const key = Object.keys(node).find(k => k.startsWith('__reactFiber$'));
     for (let f = key && node[key]; f; f = f.return)
@@ -157,11 +156,17 @@ VEGA_VIEW = """const orchardView = () => {
       }
   }
   return null };
-const orchardNodes = (v) => { let m = null;
+const orchardMark = (v, name) => { let m = null;
   const walk = (it) => { if (!it || m) return;
-    if (it.marktype) { if (it.name === 'nodes_marks') m = it; else it.items.forEach(walk); }
+    if (it.marktype) { if (it.name === name) m = it; else it.items.forEach(walk); }
     else if (it.items) it.items.forEach(walk); };
-  walk(v.scenegraph().root); return m ? m.items : [] };
+  walk(v.scenegraph().root); return m ? m.items : null };
+const orchardViewWith = (name) => {  // the Vega view on the page that draws the mark `name`
+  for (const el of document.querySelectorAll('[data-testid="stVegaLiteChart"]')) {
+    const v = orchardViewOf(el); if (v && orchardMark(v, name)) return v; }
+  return null };
+const orchardView = () => orchardViewWith('nodes_marks');  // the Tree explorer's tree, not the run overview
+const orchardNodes = (v) => orchardMark(v, 'nodes_marks') || [];
 const orchardAt = (v, it) => { const box = v.container().querySelector('canvas').getBoundingClientRect();
   const o = v.origin(); return {id: Number(it.datum.id), x: box.left + o[0] + it.x, y: box.top + o[1] + it.y} };"""
 MARKERS = """() => { const gd = document.querySelector('.js-plotly-plot');

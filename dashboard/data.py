@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import streamlit as st
 
@@ -21,7 +22,15 @@ from engine.actions import CompositeAction
 from engine.datasets.pairs import Pair
 from engine.datasets.samples import Sample
 from engine.search.tree import Node, SearchTree
-from engine.store import HistoryEntry, MissingStoreError, RunInfo, Store, StoreError, data_version
+from engine.store import (
+    HistoryEntry,
+    MissingStoreError,
+    RunInfo,
+    Store,
+    StoreError,
+    TreeSummary,
+    data_version,
+)
 
 DB_ENV = paths.DB_ENV
 NO_RUNS = "No runs yet — run `make run` to search the demo tasks, then reload this page."
@@ -100,6 +109,26 @@ def tree_index(path: str, run_id: str, version: Version) -> list[tuple[int, str]
     """(tree id, task id) of a run, in run order."""
     with Store(path, readonly=True) as store:
         return store.tree_ids(run_id)
+
+
+@st.cache_data(show_spinner=False, max_entries=32)
+def tree_summaries(path: str, run_id: str, version: Version) -> list[TreeSummary]:
+    """Every tree of a run with its goal, solved flag and counts, in run order (`Store.tree_summaries`)."""
+    with Store(path, readonly=True) as store:
+        return store.tree_summaries(run_id)
+
+
+@st.cache_data(show_spinner=False, max_entries=4)
+def tree_export(path: str, run_id: str, tree_id: int, fmt: str, version: Version) -> bytes | None:
+    """The tree as `orchard export tree` writes it (`fmt` "json" or "graphml"; engine.search.export),
+    None while it has no node."""
+    from engine.search.export import tree_graphml, tree_json
+
+    with Store(path, readonly=True) as store:
+        tree, info = store.load_tree(tree_id), store.run(run_id)
+    if tree is None:
+        return None
+    return tree_json(tree, info).encode("utf-8") if fmt == "json" else tree_graphml(tree, info)
 
 
 def read_tree(path: str, tree_id: int) -> SearchTree | None:
@@ -235,6 +264,21 @@ def sample_page(path: str, f: Filters, limit: int, offset: int, version: Version
 def sample_counts(path: str, f: Filters, version: Version) -> dict[str, int]:
     with Store(path, readonly=True) as store:
         return store.sample_counts(**as_kwargs(f))
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def export_rows(path: str, what: str, f: Filters, version: Version) -> tuple[int, bytes]:
+    """(rows, JSONL bytes) of what `orchard export pairs|sft` writes for the items matching `f`: TRL DPO
+    rows of the pairs (`what` "pairs"), SFT rows of the samples ("sft"); engine.datasets.formats."""
+    from engine.datasets import formats
+
+    kwargs: dict[str, Any] = as_kwargs(f)
+    with Store(path, readonly=True) as store:
+        if what == "pairs":
+            rows = formats.dpo_rows(store.pairs(**kwargs))
+        else:
+            rows = formats.sft_rows(store.samples(**kwargs))
+    return len(rows), formats.jsonl_bytes(rows)
 
 
 def clear_dataset_caches() -> None:

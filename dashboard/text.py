@@ -21,3 +21,10 @@ _PUNCT = re.compile(r"""([!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~])""")
 def md(text: object) -> str:
     """`text` as one line of Markdown that renders as exactly that text (whitespace runs collapsed)."""
     return _PUNCT.sub(r"\\\1", " ".join(str(text).split()))
+
+
+def short_path(text: object, limit: int = 32) -> str:
+    """A long path or spec shortened to its end (where a model folder's name is), "…" in front: so that a
+    table's key columns stay in view; the full text goes in a column of its own."""
+    value = " ".join(str(text).split())
+    return value if len(value) <= limit else "…" + value[-(limit - 1):]

@@ -70,6 +70,8 @@ LEGEND = (
     "(+count; click it to draw its subtree) · size: visits N · grey: no value (Q^ of the root; Q~ and Q of a "
     "node not visited yet, N = 0: shown as —) · "
     "blue line: best path (eq. 10) · orange: the selected node and its path · magenta ring: search match · "
+    "red ring t': a revision's first error · green line: the revision's trained path (prefix and good suffix), "
+    "red dashes: its bad steps through t' (no loss), purple dots: the revision turn back to the split · "
     "wheel: zoom, drag: pan, double-click: full view"
 )
 BEST_COLOR = "#1565c0"
@@ -77,6 +79,19 @@ SELECTED_COLOR = "#ff6f00"
 MATCH_COLOR = "#d500f9"
 EDGE_COLOR = "#b0b0b0"
 NO_VALUE_COLOR = "#bdbdbd"
+FIRST_ERROR_COLOR = "#d50000"
+SPLICE_GOOD_COLOR = "#2e7d32"
+SPLICE_BAD_COLOR = "#c62828"
+JUMP_COLOR = "#6a1b9a"
+# A big tree's chart grows with its leaves (and depth) and scrolls, instead of squeezing into the column:
+# at 255 nodes a fitted chart drew depths 3-4 as one band of markers. Px per leaf slot / depth level, the
+# width capped so that a canvas at device pixel ratio 2 stays under Chromium's 32767 px.
+FIT_WIDTH = 720  # about the plot column's width on a wide page; narrower layouts fit the column
+SLOT_PX = 14.0
+LEVEL_PX = 64
+MAX_WIDTH = 16_000
+FIT_HEIGHT = 640
+MAX_HEIGHT = 2_400
 # (field, title) shown on hover, in this order. The numbers go as one line ("facts"): each column of the
 # chart's rows costs the browser a decoding pass over every row (measured: docs/decisions.md, "The Tree
 # explorer answers a click in a fragment").
@@ -162,6 +177,7 @@ def _facts(depth: int, visits: int, q_mcts: float, q_critic: float, q: float, te
 
 SUBSETS = ("best", "match", "labels")  # named datasets cut from the rows (`chart_data`)
 SELECTION = ("path", "selected")  # named datasets of the selected node (`selection_data`)
+REVISION = ("splice_good", "splice_bad", "jump", "first_error")  # a revision on the tree (`revision_data`)
 EDGE_FIELDS = ["x", "y", "px", "py"]
 RING_FIELDS = ["x", "y", "ring"]
 
@@ -192,15 +208,81 @@ def selection_data(main: pd.DataFrame, tree: TreeShape, node: int) -> dict[str, 
     }
 
 
+def _ids(value: Any) -> list[int]:
+    """Node ids from a sample's source (imported data may hold anything): the ints, in order."""
+    return [v for v in value if isinstance(v, int) and not isinstance(v, bool)] if isinstance(value, list) else []
+
+
+def splice_parts(source: Mapping[str, Any]) -> tuple[list[int], list[int], int | None, int]:
+    """A revision sample's splice on its tree (docs/algorithms.md §4): (trained path: the shared prefix
+    and the good suffix, bad steps through t' (no loss), t' node, the split's node: where the revision
+    turn goes back to)."""
+    good, bad = _ids(source.get("good_path")), _ids(source.get("bad_path"))
+    split = next((i for i, (g, b) in enumerate(zip(good, bad)) if g != b), min(len(good), len(bad)))
+    t = source.get("t_prime")
+    t_node = source.get("t_prime_node")
+    t_node = t_node if isinstance(t_node, int) and not isinstance(t_node, bool) else None
+    through = split + t + 1 if isinstance(t, int) and not isinstance(t, bool) and t >= 0 else len(bad)
+    return good, bad[split:through], t_node, good[split - 1] if split else 0
+
+
+def revision_data(main: pd.DataFrame, source: Mapping[str, Any] | None,
+                  first_errors: Collection[int] = ()) -> dict[str, pd.DataFrame]:
+    """The named datasets of `REVISION`, from the drawn rows `main` (`chart_data`): the chosen revision's
+    trained edges, its bad edges through t' and the revision turn (a line from t' back to the split's
+    node), and a ring with "t'" at each first error of the tree's revisions (`first_errors`, node ids).
+    A node that is not drawn (level of detail, depth limit) is left out."""
+    ids = main["id"].to_numpy()
+    empty_edges = main.iloc[:0][EDGE_FIELDS].reset_index(drop=True)
+    good: list[int] = []
+    bad: list[int] = []
+    jump = empty_edges
+    if source is not None:
+        good, bad, t_node, split_node = splice_parts(source)
+        at = {int(v): i for i, v in enumerate(ids.tolist())}
+        if t_node in at and split_node in at:
+            a, b = main.iloc[at[t_node]], main.iloc[at[split_node]]
+            jump = pd.DataFrame({"x": [a["x"]], "y": [a["y"]], "px": [b["x"]], "py": [b["y"]]})
+    errors = main.loc[np.isin(ids, np.asarray(sorted(first_errors), dtype=np.int64)), ["x", "y", "area"]]
+    return {
+        "splice_good": main.loc[np.isin(ids, np.asarray(good, dtype=np.int64)), EDGE_FIELDS].reset_index(drop=True),
+        "splice_bad": main.loc[np.isin(ids, np.asarray(bad, dtype=np.int64)), EDGE_FIELDS].reset_index(drop=True),
+        "jump": jump,
+        "first_error": pd.DataFrame({"x": errors["x"].to_numpy(), "y": errors["y"].to_numpy(),
+                                     "ring": _ring(np.sqrt(errors["area"].to_numpy()) + 6),
+                                     "label": ["t'"] * len(errors)}),
+    }
+
+
+def chart_size(lay: TreeLayout) -> tuple[int | None, int]:
+    """(width, height) in px of the chart of `lay`: None (fit the column) and the standard height while
+    the tree's leaves fit the column at SLOT_PX each; else wide enough for every leaf slot and tall
+    enough for every depth, in steps of about 19 % (2^(1/4)) so that a growing tree's chart is rebuilt
+    (which resets the zoom) only now and then."""
+    slots = float(lay.x.max(initial=0.0)) + 1.0
+    levels = float(lay.y.max(initial=0.0)) + 1.0
+    if slots * SLOT_PX <= FIT_WIDTH and levels * LEVEL_PX <= FIT_HEIGHT:
+        return None, FIT_HEIGHT
+
+    def step(px: float) -> float:
+        return 2.0 ** (math.ceil(4 * math.log2(max(px, 1.0))) / 4)
+
+    width = int(min(MAX_WIDTH, max(FIT_WIDTH, step(slots * SLOT_PX))))
+    height = int(min(MAX_HEIGHT, max(FIT_HEIGHT, step(levels * LEVEL_PX))))
+    return width, height
+
+
 def _ring(diameter: np.ndarray) -> np.ndarray:
     """The area of the ring around a match or the selected node: clear of a marker of `diameter` px."""
     return (diameter + 10) ** 2
 
 
-def tree_spec(measure: str = "q", height: int = 640) -> dict[str, Any]:
-    """The chart's spec: the same for every tree and every redraw (only the measure names the legend).
-    The layers of `SUBSETS` and `SELECTION` draw the named dataset of their name; the page adds them
-    (`"datasets"`), which Streamlit sends beside the spec, not in it."""
+def tree_spec(measure: str = "q", height: int = FIT_HEIGHT, width: int | None = None) -> dict[str, Any]:
+    """The chart's spec: the same for every tree and every redraw (only the measure names the legend, and
+    a big tree's size, `chart_size`, sets width and height). The layers of `SUBSETS`, `SELECTION` and
+    `REVISION` draw the named dataset of their name; the page adds them (`"datasets"`), which Streamlit
+    sends beside the spec, not in it. `width` None: fit the column; a number: that wide (the page puts
+    the chart in a scrolling container)."""
     label = next(k for k, v in MEASURES.items() if v == measure)
     color: dict[str, Any] = {"condition": {"test": "datum.value === null", "value": NO_VALUE_COLOR},
                              "field": "shade", "type": "quantitative", "title": label,
@@ -213,17 +295,34 @@ def tree_spec(measure: str = "q", height: int = 640) -> dict[str, Any]:
     y = {"field": "y", "type": "quantitative", "axis": None, "scale": {"zero": False, "nice": False, "padding": 12}}
     edge = {"x": x, "y": y, "x2": {"field": "px"}, "y2": {"field": "py"}}
     ring = {"field": "ring", "type": "quantitative", "scale": None}
+    size: dict[str, Any] = ({"height": height, "autosize": {"type": "fit", "contains": "padding"}} if width is None
+                            else {"height": height, "width": width, "autosize": {"type": "pad"}})
     return {
-        "height": height,
-        "autosize": {"type": "fit", "contains": "padding"},
+        **size,
         "config": {"view": {"stroke": None}, "aria": False},  # no ARIA attributes per mark
         "usermeta": {"embedOptions": {"renderer": "canvas"}},  # Streamlit picks SVG under 2000 rows: slower
         "layer": [
             {"mark": {"type": "rule", "color": EDGE_COLOR, "strokeWidth": 1}, "encoding": edge},
             {"data": {"name": "best"},
              "mark": {"type": "rule", "color": BEST_COLOR, "strokeWidth": 4}, "encoding": edge},
+            {"name": "splice_good", "data": {"name": "splice_good"},
+             "mark": {"type": "rule", "color": SPLICE_GOOD_COLOR, "strokeWidth": 6, "opacity": 0.55},
+             "encoding": edge},
+            {"name": "splice_bad", "data": {"name": "splice_bad"},
+             "mark": {"type": "rule", "color": SPLICE_BAD_COLOR, "strokeWidth": 5, "strokeDash": [6, 4],
+                      "opacity": 0.8}, "encoding": edge},
+            {"name": "jump", "data": {"name": "jump"},
+             "mark": {"type": "rule", "color": JUMP_COLOR, "strokeWidth": 2.5, "strokeDash": [2, 3]},
+             "encoding": edge},
             {"data": {"name": "path"},
              "mark": {"type": "rule", "color": SELECTED_COLOR, "strokeWidth": 2.5}, "encoding": edge},
+            {"name": "first_error", "data": {"name": "first_error"},
+             "mark": {"type": "point", "shape": "circle", "filled": False, "color": FIRST_ERROR_COLOR,
+                      "strokeWidth": 3}, "encoding": {"x": x, "y": y, "size": ring}},
+            {"name": "first_error_label", "data": {"name": "first_error"},
+             "mark": {"type": "text", "dx": 9, "dy": -9, "fontSize": 12, "fontWeight": "bold",
+                      "color": FIRST_ERROR_COLOR, "align": "left"},
+             "encoding": {"x": x, "y": y, "text": {"field": "label"}}},
             {"data": {"name": "match"},
              "mark": {"type": "point", "shape": "circle", "filled": False, "color": MATCH_COLOR, "strokeWidth": 2.5},
              "encoding": {"x": x, "y": y, "size": ring}},

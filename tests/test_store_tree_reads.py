@@ -98,3 +98,21 @@ def test_load_nodes_reads_the_full_nodes_asked_for(tmp_path) -> None:
         store_texts = store.node_texts(tree_id)
     texts = [(n.id, n.action, n.raw) for n in tree.nodes]
     assert store_texts == texts
+
+
+def test_tree_summaries_count_each_trees_nodes_and_successes(tmp_path) -> None:
+    db = tmp_path / "o.db"
+    _searched(db)
+    with Store(db) as store:
+        (run,) = store.runs()
+        store.create_run("empty", "line", "none", {}, SnapshotLineEnv().tasks()[:2])  # trees without nodes
+        summaries = store.tree_summaries(run.id)
+        trees = [store.load_tree(t) for t, _ in store.tree_ids(run.id)]
+        empty = store.tree_summaries(store.find_run("empty"))
+    assert [s.task_id for s in summaries] == [t.task.id for t in trees] == run.task_ids
+    for s, tree in zip(summaries, trees, strict=True):
+        assert (s.goal, s.simulations, s.solved) == (tree.task.goal, len(tree.simulations), tree.solved())
+        assert s.nodes == len(tree.nodes) and s.max_depth == max(n.depth for n in tree.nodes)
+        assert s.successes == sum(n.terminal == "success" for n in tree.nodes)
+    assert any(s.successes for s in summaries)
+    assert [(s.nodes, s.successes, s.simulations, s.solved) for s in empty] == [(0, 0, 0, False)] * 2

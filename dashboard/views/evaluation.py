@@ -266,13 +266,16 @@ else:
                "no evidence of a difference. The difference from the baseline is paired: per task, then a "
                "bootstrap over the same resampled tasks (an interval holding 0 is no evidence of a difference).")
     with st.expander("Every evaluation"):
-        st.dataframe(pd.DataFrame([{
+        every = pd.DataFrame([{
             "id": e["id"], "model": model_label(e["model"]), "mode": e["mode"], "tasks": len(e["task_ids"]),
             "episodes": e["metrics"].get("episodes"),
             **{label: interval(e["metrics"].get(key)) for key, label in figures.EVAL_METRICS},
             "baseline's settings": "yes" if e["id"] in alike else "; ".join(compare.differences(base, e)),
             "created": pd.Timestamp(e["created_at"], unit="s").floor("s"), "path": e["model"],
-        } for e in reversed(chosen)]), hide_index=True, key="ev_table")
+        } for e in reversed(chosen)])
+        st.dataframe(every, hide_index=True, key="ev_table")
+        st.download_button("Download as CSV", every.to_csv(index=False).encode("utf-8"), file_name="evaluations.csv",
+                           mime="text/csv", key="ev_download", on_click="ignore")
 
 # --- the loop (Algorithm 1) -------------------------------------------------------------------------------
 

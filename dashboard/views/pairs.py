@@ -16,19 +16,18 @@ view can be shared.
 from __future__ import annotations
 
 import difflib
-import json
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any
 
 import pandas as pd
 import streamlit as st
 
 from dashboard import auth, builders, data
+from dashboard.history import history_table
 from dashboard.versions import VersionGuard
 from engine.actions import FormatError, parse
 from engine.datasets.pairs import Pair
-from engine.store import CURATION_STATUSES, ConflictError, EditError, HistoryEntry, Store, StoreError
+from engine.store import CURATION_STATUSES, ConflictError, EditError, Store, StoreError
 
 PAGE_SIZE = 50
 MAX_SCAN_PAGES = 40  # how far a shared link's pair is looked for in the queue
@@ -245,17 +244,6 @@ def show_text(pair: Pair, which: str) -> None:
         st.code(str(message.get("content", "")), language=None, wrap_lines=True)
 
 
-def history_table(entries: list[HistoryEntry]) -> pd.DataFrame:
-    def text(value: Any) -> str:
-        return "" if value is None else json.dumps(value, ensure_ascii=False)
-
-    return pd.DataFrame(
-        [{"version": h.version, "when": pd.Timestamp(h.at, unit="s").floor("s"), "who": h.who,
-          "action": h.action, "before": text(h.before), "after": text(h.after)} for h in reversed(entries)],
-        columns=["version", "when", "who", "action", "before", "after"],
-    )
-
-
 def fmt(value: float | None, spec: str = ".3f") -> str:
     return "—" if value is None else format(value, spec)
 
@@ -315,6 +303,12 @@ builders.pairs_builder(db, run_info)
 
 counts = data.pair_counts(db, f, version)
 total = counts["total"]
+with st.sidebar:
+    if total and st.toggle("Export these pairs", key="pp_export",
+                           help="The TRL DPO rows `orchard export pairs` writes, of the pairs the filters match."):
+        n_rows, blob = data.export_rows(db, "pairs", f, version)
+        st.download_button(f"Download {n_rows} DPO rows (JSONL)", blob, file_name="pairs.jsonl",
+                           mime="application/jsonl", key="pp_download", on_click="ignore")
 pages = max(1, -(-total // PAGE_SIZE))
 page = min(max(int(state.get(PAGE, 0)), 0), pages - 1)
 

@@ -22,7 +22,7 @@ import streamlit as st
 from dashboard import auth, data, loop
 from dashboard import forms as fm
 from dashboard import jobs_panel as jp
-from dashboard.text import md
+from dashboard.text import md, short_path
 from engine.config import SearchConfig
 from engine.envs.registry import known_envs
 from engine.llm.registry import parse_model_spec
@@ -91,7 +91,7 @@ for r in runs:
         "id": r.id,
         "name": r.name,
         "env": r.env,
-        "model": r.model,
+        "model": short_path(r.model),
         "status": r.status,
         **{k: v for k, v in stages[r.id].row().items() if k != "searched"},
         "trees": r.trees,
@@ -104,8 +104,10 @@ for r in runs:
         "sims/task": cfg.get("simulations"),
         "depth": cfg.get("depth_limit"),
         "alpha": cfg.get("alpha"),
+        "model (full)": r.model,
     })
 table = pd.DataFrame(rows)
+KEY_COLUMNS = ["name", "status", "solved", "trees", "success rate", "model"]  # first, always in view
 
 if runs:
     st.caption("Select a row to open the run in the Tree explorer.")
@@ -115,7 +117,12 @@ if runs:
         key="runs_table",
         on_select="rerun",
         selection_mode="single-row",
+        column_order=[*KEY_COLUMNS, *(c for c in table.columns if c not in KEY_COLUMNS)],
         column_config={
+            "name": st.column_config.TextColumn("name", pinned=True),
+            "model": st.column_config.TextColumn("model", width="medium",
+                                                 help="the search's model, shortened to its end; in full in "
+                                                      "'model (full)', the last column"),
             "status": st.column_config.TextColumn("status", help="searched: running, interrupted or finished"),
             "pairs": st.column_config.NumberColumn("pairs", help="preference pairs built from the run"),
             "revisions": st.column_config.NumberColumn("revisions", help="revision, good and recovery samples"),

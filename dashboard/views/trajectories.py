@@ -11,7 +11,6 @@ holds run / task / sample, so a view can be shared.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from functools import partial
 from typing import Any
@@ -20,12 +19,13 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import auth, builders, data, figures
+from dashboard.history import history_table
 from dashboard.text import md
 from dashboard.versions import VersionGuard
 from engine.actions import FormatError, parse
 from engine.datasets.samples import Sample, to_messages
 from engine.search.tree import SearchTree
-from engine.store import CURATION_STATUSES, ConflictError, HistoryEntry, Store, StoreError
+from engine.store import CURATION_STATUSES, ConflictError, Store, StoreError
 
 KIND = "revision"
 PAGE_SIZE = 200
@@ -147,17 +147,6 @@ def path_table(tree: SearchTree | None, nodes: Sequence[int], split: int, sample
     return pd.DataFrame(rows)
 
 
-def history_table(entries: list[HistoryEntry]) -> pd.DataFrame:
-    def text(value: Any) -> str:
-        return "" if value is None else json.dumps(value, ensure_ascii=False)
-
-    return pd.DataFrame(
-        [{"version": h.version, "when": pd.Timestamp(h.at, unit="s").floor("s"), "who": h.who,
-          "action": h.action, "before": text(h.before), "after": text(h.after)} for h in reversed(entries)],
-        columns=["version", "when", "who", "action", "before", "after"],
-    )
-
-
 def split_of(source: dict[str, Any]) -> int:
     """Steps the good and bad path share (down to their common ancestor)."""
     good, bad = source.get("good_path", []), source.get("bad_path", [])
@@ -214,6 +203,13 @@ builders.revisions_builder(db, next((r for r in runs if r.id == run_id), None)) 
 
 f = data.filters(kind=KIND, run_id=run_id, task_id=task_id, status=statuses)
 counts = data.sample_counts(db, f, version)
+with st.sidebar:
+    if counts["total"] and st.toggle("Export these trajectories", key="tr_export",
+                                     help="The SFT rows `orchard export sft` writes (messages with per-turn loss "
+                                          "flags), of the revision trajectories the filters match."):
+        n_rows, blob = data.export_rows(db, "sft", f, version)
+        st.download_button(f"Download {n_rows} SFT rows (JSONL)", blob, file_name="revisions.jsonl",
+                           mime="application/jsonl", key="tr_download", on_click="ignore")
 pages = max(1, -(-counts["total"] // PAGE_SIZE))
 page = min(max(int(state.get(PAGE, 0)), 0), pages - 1)
 samples = data.sample_page(db, f, PAGE_SIZE, page * PAGE_SIZE, version)
@@ -335,7 +331,8 @@ if tree is not None:  # the two paths on their tree; a click opens that node in 
     picked = [p["customdata"] for p in event.selection.points if p.get("customdata") is not None]
     if picked and sample.run_id:
         node = picked[0][0] if isinstance(picked[0], list) else picked[0]
-        st.switch_page(TREE_PAGE, query_params={"run": sample.run_id, "task": sample.task.id, "node": str(node)})
+        st.switch_page(TREE_PAGE, query_params={"run": sample.run_id, "task": sample.task.id, "node": str(node),
+                                                "revision": sample.id})  # drawn there on the whole tree
 
 with st.container(border=True):
     step = t_prime_step(src)
@@ -369,10 +366,11 @@ st.caption("What is trained on: the shared prefix and the bad steps through t' (
            "revision turn, then the good path after the split (loss).")
 turn_rows = [{
     "turn": i + 1, "part": SEGMENTS.get(t.segment, t.segment), "loss": LOSS.get(t.loss, str(t.loss)),
-    "node": t.node, "action": command_of(t.text), "observation": t.observation or "",
+    # the revision turn is no node of the tree: said in words, never "None"
+    "node": "— (revision turn)" if t.node is None else str(t.node), "action": command_of(t.text),
+    "observation": t.observation or "",
 } for i, t in enumerate(sample.turns)]
 turn_table = pd.DataFrame(turn_rows)
-turn_table["node"] = turn_table["node"].astype("Int64")  # the revision turn has none
 st.dataframe(turn_table, hide_index=True, key=f"tr_turns_{sample.id}_{sample.version}")
 with st.expander("Full chat, as trained (assistant messages marked with their loss flag)"):
     for message in to_messages(sample):

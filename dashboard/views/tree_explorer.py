@@ -25,8 +25,9 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from dashboard import data, figures, lod, tree_chart
+from dashboard import data, figures, lod, overview, tree_chart
 from dashboard.shape import TreeShape
+from dashboard.text import md
 from engine.search.tree import TERMINALS, Node
 from engine.store import RunInfo
 
@@ -34,6 +35,10 @@ MAX_TABLE_ROWS = 500
 NODE_INPUT = "te_node"
 PLOT = "te_plot"  # + the tree id: a zoom is kept per tree
 LAST_PICK = "te_last_pick"  # (chart key, node) the chart's point selection named last
+JUMP = "te_jump"  # set by a click in the run overview: the whole page reruns on that tree
+SEEN_SEARCHING = "te_seen_searching"  # the tree this live view saw being searched (following moves on after it)
+NO_REVISION = "(none)"
+SCROLL_HEIGHT = 760  # px of the scrolling container around a big tree's chart
 REFRESH_S = 3.0  # how often the page redraws while its run is searching
 BUDGETS = (1000, lod.DEFAULT_BUDGET, 10_000, 0)  # nodes drawn at most; 0: all of them
 
@@ -50,7 +55,10 @@ run_id = data.resolve_run(db, qp["run"], version) if qp.get("run") else None
 if qp.get("run") and run_id is None:
     notes.append("The run named in the URL was not found (or is ambiguous); showing the newest run.")
 run = next((r for r in runs if r.id == run_id), runs[-1])
-trees = data.tree_index(db, run.id, version)
+summaries = data.tree_summaries(db, run.id, version)
+trees = [(s.tree_id, s.task_id) for s in summaries]
+per_task = run.config.get("simulations")
+planned = per_task if isinstance(per_task, int) and per_task > 0 else None
 if not trees:
     st.title("Tree explorer")
     st.info("This run has no tasks.")
@@ -60,8 +68,12 @@ task_id = qp.get("task")
 if task_id is not None and task_id not in tree_of_task:
     notes.append("The task named in the URL is not in this run; showing its first task.")
     task_id = None
+if task_id is None and run.status == "running":  # a live run opens on a tree being searched
+    task_id = overview.follow_target(summaries, "", planned, True)
 task_id = task_id if task_id is not None else trees[0][1]
+shown_task: str = task_id  # a task of the run by now
 tree_id = tree_of_task[task_id]
+summary_of = {s.task_id: s for s in summaries}
 tree: TreeShape | None = data.load_shape(db, tree_id, version)  # numbers only; texts of the nodes shown
 
 node_id = 0
@@ -71,7 +83,20 @@ if tree is not None and raw_node is not None:
         node_id = int(raw_node)
     else:
         notes.append("The node named in the URL is not in this tree; showing the root.")
+# The tree's Agent-R revisions (Trajectories page): their first errors and the chosen one's splice are drawn.
+revisions = [s for s in data.sample_page(db, data.filters(kind="revision", run_id=run.id, task_id=task_id), 200, 0,
+                                         version) if s.source.get("tree_id") == tree_id]
+revision_of = {s.id: s for s in revisions}
+raw_revision = qp.get("revision")
+if raw_revision is not None and raw_revision != NO_REVISION and raw_revision not in revision_of:
+    notes.append("The revision named in the URL is not one of this tree's; showing its first one.")
+    raw_revision = None
+revision_id = raw_revision if raw_revision is not None else (revisions[0].id if revisions else NO_REVISION)
 qp.update(run=run.id, task=task_id, node=str(node_id))  # the canonical, shareable URL
+if revisions:
+    qp["revision"] = revision_id
+else:
+    qp.pop("revision", None)
 alpha = float(run.config.get("alpha", 0.5))
 raw_budget = qp.get("max_nodes")
 if raw_budget is not None and "te_budget" not in st.session_state:
@@ -99,6 +124,21 @@ def _pick_run() -> None:
 def _pick_task() -> None:
     st.query_params["task"] = st.session_state["te_task"]
     st.query_params["node"] = "0"
+    st.query_params.pop("revision", None)
+
+
+def _pick_revision() -> None:
+    st.query_params["revision"] = st.session_state["te_revision"]
+
+
+def _picked_tree(key: str) -> None:
+    """A click on a tile of the run overview opens that tree (the whole page reruns: the sidebar shows it)."""
+    task = overview.picked_task(st.session_state[key].selection)
+    if task is not None and task != st.query_params.get("task"):
+        st.query_params["task"] = task
+        st.query_params["node"] = "0"
+        st.query_params.pop("revision", None)
+        st.session_state[JUMP] = True
 
 
 def _typed_node(n_nodes: int) -> None:
@@ -142,6 +182,16 @@ def _expand_all(tid: int) -> None:
     st.session_state.setdefault("te_collapsed", {}).pop(tid, None)
 
 
+# Key columns narrow, texts wide (a reason squeezed to one letter beside numbers is unreadable); a cut text
+# shows whole on hover.
+NODE_COLUMNS = {
+    "": st.column_config.TextColumn("", width=24), "node": st.column_config.NumberColumn("node", width=56),
+    "step": st.column_config.NumberColumn("step", width=48), "rank": st.column_config.NumberColumn("rank", width=48),
+    "command": st.column_config.TextColumn("command", width="medium", help="the node's ACTION (hover for all of it)"),
+    "reason": st.column_config.TextColumn("reason", width="large", help="the critic's reason for its rank"),
+}
+
+
 def node_table(
     nodes: dict[int, Node], ids: Sequence[int], key: str,
     extra: dict[str, list] | None = None, columns: Sequence[str] | None = None,
@@ -155,6 +205,7 @@ def node_table(
     st.dataframe(
         frame, hide_index=True, key=key, on_select=partial(_picked_row, key, shown),
         selection_mode="single-row", height=min(38 + 35 * len(frame), 320), column_order=columns,
+        column_config=NODE_COLUMNS,
     )
     if len(ids) > MAX_TABLE_ROWS:
         st.caption(f"first {MAX_TABLE_ROWS} of {len(ids)}")
@@ -178,9 +229,22 @@ run_ids = [r.id for r in reversed(runs)]
 run_names = {r.id: f"{r.name} · {r.id}" for r in runs}
 st.session_state["te_run"] = run.id
 st.session_state["te_task"] = task_id
+running = run.status == "running"
+task_labels = {s.task_id: overview.task_label(s, planned, running) for s in summaries}
 with st.sidebar:
     st.selectbox("Run", run_ids, format_func=run_names.__getitem__, key="te_run", on_change=_pick_run)
-    st.selectbox("Task", list(tree_of_task), key="te_task", on_change=_pick_task)
+    st.selectbox("Task", list(tree_of_task), key="te_task", on_change=_pick_task, format_func=task_labels.__getitem__,
+                 help="✓ solved (a success leaf) · ✗ not solved · … being searched · · not started; then the "
+                      "task's goal")
+    if revisions:
+        st.session_state["te_revision"] = revision_id
+        st.selectbox("Revision drawn on the tree", [NO_REVISION, *revision_of], key="te_revision",
+                     on_change=_pick_revision,
+                     format_func=lambda i: "none" if i == NO_REVISION else
+                     f"{i} · t' node {revision_of[i].source.get('t_prime_node')} · {revision_of[i].status}",
+                     help="An Agent-R revision of this tree (Trajectories page): its trained path (shared prefix "
+                          "and good suffix) green, its bad steps through the first error t' red dashes, the "
+                          "revision turn purple dots. Every revision's t' is ringed red.")
     measure_label = st.radio(
         "Colour by", list(tree_chart.MEASURES), key="te_measure",
         help=f"Q~: MCTS mean reward (eq. 8) · Q^: critic score · Q: eq. 10 with this run's alpha = {alpha} "
@@ -211,13 +275,29 @@ with st.sidebar:
         "Follow the search live", value=True, key="te_follow",
         help=f"Redraw every {REFRESH_S:g} s while the run searches, keeping the selection, the filters "
              "and the zoom (double-click the plot for the full view); turn this off to hold the drawing still.")
+    follow_run = bool(follow) and len(trees) > 1 and st.toggle(
+        "Move on with the search", value=True, key="te_follow_run",
+        help="When the tree you watch being searched is finished, open the next tree the search is on "
+             "(the run overview shows them all).")
     if folded:
         st.caption(f"Collapsed below nodes {', '.join(str(i) for i in sorted(folded))}")
         st.button("Expand all", on_click=_expand_all, args=(tree_id,), key="te_expand_all")
+    if tree is not None and st.toggle("Export this tree", key="te_export",
+                                      help="JSON (orchard.tree/1) or GraphML, as `orchard export tree` writes "
+                                           "them; the whole tree is read when this is on."):
+        stem = f"{run.id}-{task_id}"
+        for fmt, mime in (("json", "application/json"), ("graphml", "application/xml")):
+            blob = data.tree_export(db, run.id, tree_id, fmt, version)
+            if blob is not None:
+                st.download_button(f"Download {fmt.upper()}", blob, file_name=f"{stem}.{fmt}", mime=mime,
+                                   key=f"te_download_{fmt}", on_click="ignore")
     st.caption("Database")
     st.text(data.shown_db(path))
 
 measure = tree_chart.MEASURES[measure_label]
+chosen_revision = revision_of[revision_id].source if revision_id in revision_of else None
+first_errors = {int(v) for v in (s.source.get("t_prime_node") for s in revisions)
+                if isinstance(v, int) and not isinstance(v, bool)}
 # At the slider's end: no limit, also when a live search grows the tree deeper than the slider knows.
 max_depth = None if depth_limit >= max_tree_depth else int(depth_limit)
 collapsed = tuple(sorted(folded))
@@ -236,10 +316,39 @@ def progress_line(info: RunInfo) -> None:
         st.caption(text)
 
 
+def run_overview(info: RunInfo, now: Sequence[Any], live: bool) -> None:
+    """Every tree of the run as a tile (sized by nodes, coloured by outcome); a click opens that tree;
+    while live, following the search moves on to the next tree when the one watched is finished."""
+    states = [overview.outcome(s, planned, info.status == "running") for s in now]
+    if live and follow_run:
+        if any(s.task_id == task_id and overview.being_searched(s, planned, True) for s in now):
+            st.session_state[SEEN_SEARCHING] = task_id
+        elif st.session_state.get(SEEN_SEARCHING) == task_id:
+            target = overview.follow_target(now, shown_task, planned, True)
+            if target is not None:
+                st.session_state[SEEN_SEARCHING] = target
+                st.query_params.update(task=target, node="0")
+                st.query_params.pop("revision", None)
+                st.rerun()
+    if len(now) < 2:
+        return
+    counts = {k: states.count(k) for k in overview.OUTCOME_COLORS if states.count(k)}
+    label = f"Run overview: {len(now)} trees · " + " · ".join(f"{v} {k}" for k, v in counts.items())
+    with st.expander(label, expanded=True):
+        key = f"te_overview_{run.id}_{task_id}"  # a new chart per shown tree: any click is a new pick
+        st.vega_lite_chart(overview.overview_rows(now, planned, info.status == "running", shown_task),
+                           overview.overview_spec(len(now)), key=key, on_select=partial(_picked_tree, key),
+                           selection_mode=overview.PICK, width="content")
+        st.caption("One tile per tree in run order, sized by its nodes, coloured by its outcome; the ringed one "
+                   "is shown below. Hover a tile for its task and goal, click it to open that tree.")
+
+
 def explorer(live: bool) -> None:
     """Plot and inspector, drawn from the newest committed state of the tree. Always a fragment: a click
     in the plot, a row picked in a table or a typed node id reruns this only, not the sidebar and
     the app around it (and a timer reruns it while live)."""
+    if st.session_state.pop(JUMP, False):
+        st.rerun()  # a tile of the run overview was clicked: the page shows that tree
     version = data.db_version(path)
     info = run
     if live:
@@ -249,6 +358,7 @@ def explorer(live: bool) -> None:
         st.rerun()  # the search ended (stop refreshing) or the sidebar must show a new fold
     tree = data.load_shape(db, tree_id, version)
     progress_line(info)
+    run_overview(info, data.tree_summaries(db, run.id, version) if live else summaries, live)
     if tree is None:
         st.info("This task's tree has no committed nodes yet (the search has not reached it).")
         return
@@ -290,11 +400,25 @@ def explorer(live: bool) -> None:
             # another tree's chart picked last: this one starts with no selection, so its first click
             # (of any node, the same id included) moves the inspector
             st.session_state.pop(LAST_PICK, None)
-        datasets = {**datasets, **tree_chart.selection_data(rows, tree, node_id)}  # the rows stay: Vega keeps them
-        st.vega_lite_chart(
-            rows, {**tree_chart.tree_spec(measure), "datasets": datasets}, key=key,
-            on_select=partial(_clicked_node, key), selection_mode=[tree_chart.PICK, tree_chart.ZOOM],
-        )
+        datasets = {**datasets, **tree_chart.selection_data(rows, tree, node_id),  # the rows stay: Vega keeps them
+                    **tree_chart.revision_data(rows, chosen_revision, first_errors)}
+        width, height = tree_chart.chart_size(lay)
+        spec = {**tree_chart.tree_spec(measure, height, width), "datasets": datasets}
+        chart = partial(st.vega_lite_chart, rows, spec, key=key, on_select=partial(_clicked_node, key),
+                        selection_mode=[tree_chart.PICK, tree_chart.ZOOM])
+        if width is None:
+            chart()
+        else:  # a big tree: as wide as its leaves need, scrolled
+            st.caption(f"{int(lay.x.max(initial=0)) + 1} leaf slots × {int(lay.y.max(initial=0)) + 1} depths: the "
+                       f"chart is {width} × {height} px; scroll it (or lower 'Show depth ≤', collapse a subtree).")
+            with st.container(height=min(height + 40, SCROLL_HEIGHT), key="te_scroll"):
+                chart(width="content")
+        if chosen_revision is not None:
+            good, bad, t_node, split_node = tree_chart.splice_parts(chosen_revision)
+            st.caption(f"Revision {md(revision_id)} on the tree: first error t' at node {md(t_node)}, revision turn "
+                       f"back to node {split_node}, {len(good)} trained steps, {len(bad)} bad steps without loss.")
+            if t_node is not None and t_node < len(tree):
+                st.button("Inspect t'", key="te_inspect_t", on_click=_go_to, args=(int(t_node),))
         st.caption(tree_chart.LEGEND)
         if query:
             st.caption(f"{len(matches)} nodes match the search")

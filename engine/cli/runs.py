@@ -138,12 +138,11 @@ def cmd_export_tree(args: argparse.Namespace) -> int:
     if tree is None:
         raise UsageError(f"run {run_id} task {args.task}: no simulation committed yet")
     from engine.fileio import atomic_write
+    from engine.search.export import tree_graphml, tree_json
 
-    alpha = info.config.get("alpha", 0.5)
     out = Path(args.output) if args.output else None
     if args.format == "json":
-        run = {"id": run_id, "env": info.env, "model": info.model, "config": info.config}
-        text = json.dumps(tree.to_json(run, alpha), indent=1)
+        text = tree_json(tree, info)
         if out:  # temp file + rename: a reader (or a kill) never sees half a tree
             atomic_write(out, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
         else:
@@ -151,15 +150,13 @@ def cmd_export_tree(args: argparse.Namespace) -> int:
     else:
         import gzip
 
-        import networkx as nx
-
-        graph = tree.to_networkx(alpha)
+        data = tree_graphml(tree, info)
         target = out or Path(f"{run_id}-{args.task}.graphml")
         opener = gzip.open if target.suffix == ".gz" else open  # as nx.write_graphml does by suffix
 
         def write(tmp: str) -> None:
             with opener(tmp, "wb") as f:
-                nx.write_graphml(graph, f)
+                f.write(data)
 
         atomic_write(target, write)
         _log(f"wrote {target}")

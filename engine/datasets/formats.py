@@ -106,6 +106,11 @@ def step_rows(samples: Iterable[Sample]) -> list[dict[str, Any]]:
     return [row for s in samples for row in to_step_rows(s)]
 
 
+def jsonl_bytes(rows: list[dict[str, Any]]) -> bytes:
+    """Rows as the JSONL file `write_rows` writes (one JSON object a line, UTF-8): also a download's bytes."""
+    return "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows).encode("utf-8")
+
+
 def write_rows(rows: list[dict[str, Any]], path: str | Path) -> Path:
     """Write rows as JSONL or Parquet (by suffix), atomically: a reader never sees half a file."""
     out = Path(path)
@@ -116,10 +121,7 @@ def write_rows(rows: list[dict[str, Any]], path: str | Path) -> Path:
 
     def write(tmp: str) -> None:
         if out.suffix == ".jsonl":
-            with open(tmp, "w", encoding="utf-8") as f:
-                for row in rows:
-                    f.write(json.dumps(row, ensure_ascii=False))
-                    f.write("\n")
+            Path(tmp).write_bytes(jsonl_bytes(rows))
         else:
             import pyarrow as pa
             import pyarrow.parquet as pq

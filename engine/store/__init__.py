@@ -38,6 +38,7 @@ from engine.store.records import (
     SaveReport,
     StoreError,
     TreeSkeleton,
+    TreeSummary,
     UserInfo,
 )
 from engine.store.review import LABEL_RULES, ReviewStore
@@ -49,8 +50,9 @@ from engine.store.versioning import ConflictError
 
 __all__ = [
     "APP_ID", "CURATION_STATUSES", "FINAL_JOB_STATES", "JOB_STATES", "LABEL_RULES", "MIGRATIONS", "SCHEMA_VERSION",
-    "ConflictError", "Connection", "Decision", "DriverError", "EditError", "FinalLabel", "HistoryEntry", "JobInfo", "LeaseError",
-    "MissingStoreError", "ModelRecord", "RunInfo", "SaveReport", "Store", "StoreError", "TreeSkeleton", "UserInfo", "data_version",
+    "ConflictError", "Connection", "Decision", "DriverError", "EditError", "FinalLabel", "HistoryEntry", "JobInfo",
+    "LeaseError", "MissingStoreError", "ModelRecord", "RunInfo", "SaveReport", "Store", "StoreError", "TreeSkeleton",
+    "TreeSummary", "UserInfo", "data_version",
     "default_db_path",
 ]
 

@@ -161,6 +161,21 @@ class FinalLabel:
 
 
 @dataclass(frozen=True)
+class TreeSummary:
+    """One tree of a run in a few numbers (`RunsStore.tree_summaries`): what a run overview and a task
+    picker show without reading any tree's nodes one by one."""
+
+    tree_id: int
+    task_id: str
+    goal: str
+    simulations: int
+    solved: bool
+    nodes: int
+    successes: int  # success leaves
+    max_depth: int
+
+
+@dataclass(frozen=True)
 class TreeSkeleton:
     """A tree's numbers without its texts (`RunsStore.tree_skeleton`): what drawing it needs.
 

@@ -16,7 +16,7 @@ from engine.actions import CompositeAction
 from engine.envs.base import TaskSpec
 from engine.search.tree import Node, SearchTree, Simulation
 from engine.store.connection import Connection, _valid_text
-from engine.store.records import RunInfo, StoreError, TreeSkeleton
+from engine.store.records import RunInfo, StoreError, TreeSkeleton, TreeSummary
 
 JPEG_MAGIC = b"\xff\xd8\xff"
 NODES_PER_QUERY = 500  # ids bound in one IN (...): far below SQLite's and PostgreSQL's limits
@@ -127,6 +127,19 @@ class RunsStore(Connection):
             (r[0], r[1])
             for r in self.con.execute("SELECT id, task_id FROM trees WHERE run_id=? ORDER BY position", (run_id,))
         ]
+
+    def tree_summaries(self, run_id: str) -> list[TreeSummary]:
+        """Every tree of the run in run order with its counts (nodes, success leaves, depth): one query,
+        for a run overview and a task picker."""
+        rows = self.con.execute(
+            """SELECT t.id, t.task_id, t.goal, t.simulations, t.solved, COUNT(n.node_id),
+                      COALESCE(SUM(CASE WHEN n.terminal = 'success' THEN 1 ELSE 0 END), 0), COALESCE(MAX(n.depth), 0)
+               FROM trees t LEFT JOIN nodes n ON n.tree_id = t.id WHERE t.run_id=?
+               GROUP BY t.id, t.task_id, t.goal, t.simulations, t.solved, t.position ORDER BY t.position""",
+            (run_id,),
+        ).fetchall()
+        return [TreeSummary(tree_id=r[0], task_id=r[1], goal=r[2], simulations=int(r[3]), solved=bool(r[4]),
+                            nodes=int(r[5]), successes=int(r[6]), max_depth=int(r[7])) for r in rows]
 
     def tree_id(self, run_id: str, task_id: str) -> int:
         row = self.con.execute("SELECT id FROM trees WHERE run_id=? AND task_id=?", (run_id, task_id)).fetchone()

@@ -7,6 +7,7 @@ A module of its own (not conftest) so tests and the browser test can import it b
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import re
 import shutil
@@ -119,6 +120,23 @@ def build_store(path: Path) -> dict[str, str]:
     return runs
 
 
+@functools.cache
+def bench_dashboard() -> Any:
+    """bench/dashboard.py as a module (its synthetic MCTS-shaped trees, its page scripts), loaded once."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_dashboard", ROOT / "bench" / "dashboard.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def synthetic_tree(n_nodes: int, seed: int = 1) -> Any:
+    """A synthetic MCTS-shaped tree of about `n_nodes` nodes (bench/dashboard.py's)."""
+    return bench_dashboard().synthetic_tree(n_nodes, seed=seed)
+
+
 def copy_store(source: Path, target: Path) -> Path:
     """A private copy of a fixture database (with its WAL, if any), for tests that write."""
     for suffix in ("", "-wal", "-shm"):
@@ -149,11 +167,30 @@ def grow_tree(path: Path, run_id: str, task_id: str, parent: int, n: int) -> lis
         return list(range(first_new, len(tree.nodes)))
 
 
+def tree_chart(at: Any) -> Any:
+    """The Tree explorer's tree chart element on an AppTest page (the one with the "nodes" layer; the run
+    overview is a Vega-Lite chart too)."""
+    charts = [c for c in at.get("arrow_vega_lite_chart") or at.get("vega_lite_chart")
+              if any(layer.get("name") == "nodes" for layer in json.loads(c.proto.spec).get("layer", []))]
+    (chart,) = charts
+    return chart
+
+
+def overview_chart(at: Any) -> tuple[dict, Any]:
+    """The Tree explorer's run overview on an AppTest page: (spec, rows as a DataFrame)."""
+    import pyarrow as pa
+
+    charts = [c for c in at.get("arrow_vega_lite_chart") or at.get("vega_lite_chart")
+              if any(layer.get("name") == "tiles" for layer in json.loads(c.proto.spec).get("layer", []))]
+    (chart,) = charts
+    return json.loads(chart.proto.spec), pa.ipc.open_stream(chart.proto.data.data).read_all().to_pandas()
+
+
 def tree_chart_of(at: Any) -> tuple[dict, Any, str]:
     """The Tree explorer's Vega-Lite chart on an AppTest page: (spec, rows as a DataFrame, element id)."""
     import pyarrow as pa
 
-    (chart,) = at.get("arrow_vega_lite_chart") or at.get("vega_lite_chart")
+    chart = tree_chart(at)
     rows = pa.ipc.open_stream(chart.proto.data.data).read_all().to_pandas()
     return json.loads(chart.proto.spec), rows, chart.proto.id
 
@@ -163,7 +200,7 @@ def chart_datasets(at: Any) -> dict[str, Any]:
     DataFrames; "" is the main rows' Arrow bytes (for comparing them as Streamlit does)."""
     import pyarrow as pa
 
-    (chart,) = at.get("arrow_vega_lite_chart") or at.get("vega_lite_chart")
+    chart = tree_chart(at)
     out: dict[str, Any] = {d.name: pa.ipc.open_stream(d.data.data).read_all().to_pandas() for d in chart.proto.datasets}
     out[""] = chart.proto.data.data
     return out

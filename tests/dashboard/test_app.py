@@ -66,6 +66,18 @@ def test_runs_page_lists_every_run_with_its_settings(db) -> None:
     assert row["success rate"] == pytest.approx(info.solved / info.trees)
     assert (row["k"], row["sims/task"], row["depth"], row["alpha"]) == (3, 10, 5, 0.3)
     assert list(table["id"]) == [runs["main"], runs["small"]]  # newest first
+    (element,) = [d for d in at.dataframe if "success rate" in d.value]
+    order = list(element.proto.column_order)
+    assert order[:6] == ["name", "status", "solved", "trees", "success rate", "model"]  # key columns first
+    assert order[-1] == "model (full)" and list(table["model (full)"]) == [infos[i].model for i in table["id"]]
+
+
+def test_a_long_model_path_is_shortened_to_its_end() -> None:
+    from dashboard.text import short_path
+
+    long = "/data/models/team/experiments/2026-12-01/iteration-7/checkpoint-best"
+    assert short_path(long) == "…" + long[-31:] and len(short_path(long)) == 32
+    assert short_path("tiny") == "tiny"
 
 
 def test_picking_a_run_opens_the_tree_explorer(db) -> None:
@@ -84,7 +96,9 @@ def test_picking_a_task_shows_its_tree(db) -> None:
     path, runs = db
     at = open_tree(run="fixture-run")  # a run name works as well as an id
     assert at.query_params["run"] == runs["main"]
-    assert at.selectbox(key="te_task").options == ["goal-3", "goal-4", "goal-5"]
+    labels = at.selectbox(key="te_task").options  # each task with its solved mark and goal
+    tasks = trees(path, runs["main"])
+    assert labels == [f"{'✓' if tasks[t].solved() else '✗'} {t} — {tasks[t].task.goal}" for t in ("goal-3", "goal-4", "goal-5")]
     at.selectbox(key="te_task").select("goal-5").run()
     assert not at.exception
     assert at.query_params["task"] == "goal-5"
@@ -93,7 +107,8 @@ def test_picking_a_task_shows_its_tree(db) -> None:
     assert any(f"{len(tree.nodes)} nodes" in c.value for c in at.caption)
     at.selectbox(key="te_run").select(runs["small"]).run()  # another run: its first task, the root
     assert at.query_params["run"] == runs["small"] and at.query_params["task"] == "goal-1"
-    assert at.selectbox(key="te_task").options == ["goal-1"] and at.subheader[0].value == "Node 0"
+    assert at.selectbox(key="te_task").value == "goal-1" and len(at.selectbox(key="te_task").options) == 1
+    assert at.subheader[0].value == "Node 0"
 
 
 def test_typed_node_id_opens_the_inspector(db) -> None:
@@ -166,14 +181,16 @@ def test_only_the_selection_datasets_change_when_only_the_node_changes(db) -> No
     at = open_tree(run=runs["main"], task="goal-4")
     spec, rows, element = tree_chart_of(at)
     before = chart_datasets(at)
-    assert "datasets" not in spec and set(before) == {"", "best", "match", "labels", "path", "selected"}
+    assert "datasets" not in spec and set(before) == {"", "best", "match", "labels", "path", "selected",
+                                                      "splice_good", "splice_bad", "jump", "first_error"}
     assert len(before["selected"]) == 1 and before["path"].empty  # the root: no edge into it
     at.text_input(key="te_node").input("5").run()
     assert at.subheader[0].value == "Node 5"
     spec_now, rows_now, element_now = tree_chart_of(at)
     now = chart_datasets(at)
     assert (spec_now, element_now) == (spec, element) and rows_now.equals(rows)
-    assert now[""] == before[""] and all(now[k].equals(before[k]) for k in ("best", "match", "labels"))
+    assert now[""] == before[""] and all(now[k].equals(before[k]) for k in (
+        "best", "match", "labels", "splice_good", "splice_bad", "jump", "first_error"))
     at5 = rows.set_index("id").loc[5]
     assert now["selected"][["x", "y"]].values.tolist() == [[at5["x"], at5["y"]]]
     assert not now["path"].empty and at5["x"] in now["path"]["x"].tolist()

@@ -51,7 +51,7 @@ BENCH = _bench()
 MARKER_XY = BENCH.MARKER_OF  # (node id) -> its marker's page position, or null when it is not drawn
 MARKER_COUNT = BENCH.MARKERS  # the node marks drawn
 DOMAINS = BENCH.DOMAINS  # the tree chart's zoom: [x lo, x hi, y lo, y hi]
-PLOT = '[data-testid="stVegaLiteChart"]'
+PLOT = '[data-testid="stVegaLiteChart"] >> nth=-1'  # the tree (a run overview, when drawn, comes first)
 
 
 # Streamlit is idle: no "running" icon, no element left stale (greyed) by the last rerun.

@@ -144,8 +144,10 @@ def test_history_lists_who_did_what(db) -> None:
     at.button(key="pp_approve").click().run()
     history = at.dataframe[-1].value  # newest first
     assert list(history["who"]) == ["bob", "alice", "orchard"]
-    assert list(history["action"]) == ["approve", "reject", "create"]
-    assert '"rejected"' in history["after"][1] and list(history["version"]) == [3, 2, 1]
+    assert list(history["action"]) == ["approved", "rejected", "created"]  # in words, no raw JSON
+    assert list(history["after"]) == ["status: approved", "status: rejected", "status: pending"]
+    assert list(history["before"]) == ["status: rejected", "status: pending", ""] and list(history["version"]) == [3, 2, 1]
+    assert not any("{" in v for v in (*history["before"], *history["after"]))
     with Store(path) as store:
         assert [h.who for h in store.pair_history(pair_id)] == ["orchard", "alice", "bob"]
 
@@ -189,7 +191,7 @@ def test_edit_is_validated_by_the_action_parser(db) -> None:
     assert (after.chosen, after.rejected) == (better, before.rejected)
     assert (after.status, after.updated_by) == ("edited", "dave")
     assert not at.error and better in code_texts(at)
-    assert at.dataframe[-1].value["action"][0] == "edit"
+    assert at.dataframe[-1].value["action"][0] == "edited"
 
 
 def test_bulk_approve_changes_exactly_what_the_filter_matches(db) -> None:
@@ -339,6 +341,8 @@ def test_trajectories_show_both_paths_t_prime_and_its_judgement(db) -> None:
          "good": "good suffix"}[t.segment] for t in sample.turns]
     assert list(spliced["loss"]) == ["✗ no loss" if t.loss is False else "✓ trained" for t in sample.turns]
     assert "✗ no loss" in set(spliced["loss"]) and "revision turn" in set(spliced["part"])
+    assert list(spliced["node"]) == ["— (revision turn)" if t.node is None else str(t.node) for t in sample.turns]
+    assert not {"None", "<NA>", "nan"} & set(spliced["node"])  # the revision turn has no node: said so
     assert_no_markup_rendered(at)  # the judge's answer carries markup
 
 

@@ -179,3 +179,48 @@ def test_an_unvisited_success_leaf_is_grey_on_q_and_green_by_outcome_never_a_fai
     color = next(layer for layer in spec["layer"] if layer.get("name") == "nodes")["encoding"]["color"]
     assert color["field"] == "outcome" and dict(zip(color["scale"]["domain"], color["scale"]["range"]))[
         "success"] == "#2e7d32"
+
+
+def test_a_revisions_splice_and_first_error_are_drawn_on_the_drawn_nodes(tree: SearchTree) -> None:
+    """The revision's trained edges (prefix and good suffix), its bad edges through t' and the revision turn
+    (t' back to the split's node) come from the drawn rows; t' gets a ring and a "t'" label."""
+    leaves = [n for n in tree.nodes if not n.children and n.depth >= 2]
+    a, b = leaves[0], next(n for n in leaves[1:] if n.parent != leaves[0].parent)
+    good, bad = [n.id for n in tree.path(a)], [n.id for n in tree.path(b)]
+    split = next((i for i, (g, x) in enumerate(zip(good, bad)) if g != x), min(len(good), len(bad)))
+    source = {"good_path": good, "bad_path": bad, "t_prime": 0, "t_prime_node": bad[split]}
+    main, _ = tree_chart.chart_data(tree_chart.tree_rows(tree, layout_tree(tree)))
+    out = tree_chart.revision_data(main, source, {bad[split]})
+    at = main.set_index("id")
+    assert set(out) == set(tree_chart.REVISION)
+    assert out["splice_good"][["x", "y"]].values.tolist() == at.loc[good, ["x", "y"]].values.tolist()
+    assert out["splice_bad"][["x", "y"]].values.tolist() == at.loc[[bad[split]], ["x", "y"]].values.tolist()
+    split_node = good[split - 1] if split else 0
+    assert out["jump"].values.tolist() == [[*at.loc[bad[split], ["x", "y"]], *at.loc[split_node, ["x", "y"]]]]
+    assert out["first_error"][["x", "y"]].values.tolist() == [at.loc[bad[split], ["x", "y"]].tolist()]
+    assert out["first_error"]["label"].tolist() == ["t'"]
+    none = tree_chart.revision_data(main, None)
+    assert all(frame.empty for frame in none.values())
+    junk = tree_chart.revision_data(main, {"good_path": "x", "bad_path": [True, "1"], "t_prime": "0"})  # imported junk
+    assert all(frame.empty for frame in junk.values())
+
+
+def test_a_big_tree_is_drawn_as_wide_as_its_leaves_and_a_small_one_fits() -> None:
+    from dash_fixtures import synthetic_tree as synthetic
+
+    small = synthetic(40)
+    assert tree_chart.chart_size(layout_tree(small)) == (None, tree_chart.FIT_HEIGHT)
+    widths = []
+    for n in (300, 1000, 3000):
+        lay = layout_tree(synthetic(n))
+        width, height = tree_chart.chart_size(lay)
+        slots = lay.x.max() + 1
+        assert width is not None and width >= min(tree_chart.MAX_WIDTH, slots * tree_chart.SLOT_PX)
+        assert width <= tree_chart.MAX_WIDTH and height >= (lay.y.max() + 1) * tree_chart.LEVEL_PX
+        widths.append(width)
+        spec = tree_chart.tree_spec("q", height, width)
+        alt.Chart.from_dict({**spec, "data": {"values": []}})
+        assert (spec["width"], spec["height"], spec["autosize"]) == (width, height, {"type": "pad"})
+    assert widths == sorted(widths) and widths[0] < widths[-1]
+    assert tree_chart.chart_size(layout_tree(synthetic(1000))) == (widths[1], tree_chart.chart_size(
+        layout_tree(synthetic(1000)))[1])  # the same tree, the same size: a live redraw keeps the spec

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
-from dash_fixtures import APP, copy_store, grow_tree, tree_chart_of
+from dash_fixtures import APP, copy_store, grow_tree, tree_chart, tree_chart_of
 from streamlit.testing.v1 import AppTest
 
 from engine.store import Store
@@ -165,7 +165,7 @@ def test_a_live_redraw_keeps_the_spec_and_the_element_and_each_tree_has_its_own(
 
 def _click(at: AppTest, node: int) -> AppTest:
     """What a click on `node` in the chart sends: the chart's selection state, with the other widgets'."""
-    (chart,) = at.get("arrow_vega_lite_chart") or at.get("vega_lite_chart")
+    chart = tree_chart(at)
     states = at._tree.get_widget_states()
     states.widgets.add(id=chart.proto.id, string_value=json.dumps({"selection": {"pick": [{"id": node}], "zoom": {}}}))
     at._run(states)
