@@ -147,9 +147,18 @@ class Episode:
     terminal: str = ""
     format_errors: int = 0
     prefix_steps: int = 0
+    # (completion, the env's answer) per model step: what a distillation of these episodes trains on
+    # (`engine.datasets.distill.episode_samples`); not stored with the evaluation.
+    turns: list[tuple[str, str]] = field(default_factory=list, repr=False)
+    first_observation: str = field(default="", repr=False)  # the env's answer to reset (not stored either)
+    # mcts mode: every step's search stitched into one tree rooted at the start (`played_tree`), the
+    # committed path through it; a search run can store it like any tree (not stored with the evaluation).
+    tree: Any = field(default=None, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        del data["turns"], data["first_observation"], data["tree"]
+        return data
 
 
 # ------------------------------------------------------------------ metrics
@@ -287,6 +296,7 @@ class _Live:
     history: list[HistoryStep]
     observation: str
     tree: Any = None  # mcts mode: the search tree rooted at the episode's start
+    searched: list[tuple[Any, int, int]] = field(default_factory=list)  # mcts: (tree, current, chosen) per step
 
 
 def _seed(*parts: Any) -> int:
@@ -311,7 +321,7 @@ def _begin(start: Start, seed: int, make_env: Callable[[], Env], config: EvalCon
     env = make_env()
     episode = Episode(task_id=start.task.id, seed=seed, label=start.label, prefix_steps=len(start.commands))
     try:
-        obs = env.reset(start.task.id)
+        obs = episode.first_observation = env.reset(start.task.id)
         for i, command in enumerate(start.commands, 1):
             step = _step(env, start.task.id, i, command)
             obs = step.observation
@@ -335,7 +345,9 @@ def _apply(live: _Live, text: str, config: EvalConfig) -> bool:
         e.format_errors += 1
         if config.format_errors == "observe" and e.steps < config.max_steps:
             live.observation = FORMAT_ERROR_OBSERVATION.format(reason=parsed.reason)
+            e.turns.append((text, live.observation))
             return True
+        e.turns.append((text, ""))
         e.terminal = "format_error"
         return False
     step = _step(live.env, live.task.id, e.prefix_steps + len(e.commands) + 1, parsed.command)
@@ -343,6 +355,7 @@ def _apply(live: _Live, text: str, config: EvalConfig) -> bool:
     e.progress = max(e.progress, step.progress or 0.0)
     live.history.append(HistoryStep(parsed, step.observation))
     live.observation = step.observation
+    e.turns.append((text, step.observation))
     if step.done or step.reward >= config.success_threshold:
         e.reward = step.reward
         e.success = step.reward >= config.success_threshold
@@ -420,6 +433,47 @@ def reroot(tree: Any, node_id: int) -> tuple[Any, int]:
     return SearchTree(task=tree.task, nodes=nodes, simulations=[]), new_id[node_id]
 
 
+def played_tree(searched: Sequence[tuple[Any, int, int]]) -> Any:
+    """One tree of an MCTS-at-inference episode: every real step searched a re-rooted copy (`reroot`:
+    the committed path, then the subtree below the current node); `searched[k]` is step k's tree
+    after its search, its current node and the child committed to. Below each committed child the
+    next step's (grown) copy takes over; every other explored child keeps the subtree it had when it
+    was passed over; the committed path's visit counts are the last step's. Nodes are numbered
+    depth-first, parents before children; the one simulation recorded is the committed path."""
+    from engine.search.tree import Node, SearchTree, Simulation
+
+    nodes: list[Node] = []
+    committed: dict[int, int] = {}  # step -> the new id of the child committed to at that step
+
+    def copy(k: int, nid: int, parent: int | None) -> int:
+        tree, _, chosen = searched[k]
+        n = tree.nodes[nid]
+        new = Node(**{f: v for f, v in n.__dict__.items() if f not in ("children", "id", "parent", "depth")},
+                   id=len(nodes), parent=parent, depth=0 if parent is None else nodes[parent].depth + 1)
+        nodes.append(new)
+        if parent is not None:
+            nodes[parent].children.append(new.id)
+        for c in n.children:
+            if c != chosen:
+                copy(k, c, new.id)
+            elif k + 1 < len(searched):
+                committed[k] = copy(k + 1, searched[k + 1][1], new.id)  # the same node, searched again
+            else:
+                committed[k] = copy(k, c, new.id)
+        return new.id
+
+    copy(0, searched[0][1], None)
+    path = tuple(committed[k] for k in range(len(searched)))
+    # Later steps' simulations also passed through the committed path's earlier nodes: their visit
+    # counts and values are the last searched tree's (its chain root .. current node).
+    last, current, _ = searched[-1]
+    chain = [last.nodes[0], *last.path(last.nodes[current])]
+    for new_id, old in zip((0, *path), chain, strict=False):
+        nodes[new_id].N, nodes[new_id].value_sum = old.N, old.value_sum
+    return SearchTree(task=searched[0][0].task, nodes=nodes,
+                      simulations=[Simulation(path, float(nodes[path[-1]].reward or 0.0))])
+
+
 def _mcts_episodes(generator: Generator, make_env: Callable[[], Env], starts: Sequence[Start],
                    config: EvalConfig) -> list[Episode]:
     from engine.search.mcts import start_tree
@@ -436,6 +490,8 @@ def _mcts_episodes(generator: Generator, make_env: Callable[[], Env], starts: Se
                 job.close()  # only its root observation is needed; each search step makes its own envs
                 lives[-1].tree = job.tree
         _mcts_loop(generator, make_env, description, lives, config)
+        for lv in lives:
+            lv.episode.tree = played_tree(lv.searched) if lv.searched else None
     finally:
         close_envs(lv.env for lv in lives)
     return [lv.episode for lv in lives]
@@ -480,6 +536,7 @@ def _mcts_loop(generator: Generator, make_env: Callable[[], Env], description: s
                 e.terminal = "no_candidate"
                 continue
             best = max(visited, key=lambda n: (n.value(config.mcts_alpha), n.N, -n.id))
+            live.searched.append((tree, current, best.id))
             go_on = _apply(live, best.raw if best.raw is not None else "", config)
             jobs[i] = (live, tree, best.id)
             if go_on and best.terminal is None:

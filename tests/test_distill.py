@@ -99,3 +99,41 @@ def test_distill_config_and_target_are_checked():
         DistillConfig(per_tree=0)
     with pytest.raises(ConfigError, match="unknown distillation target"):
         distill([], "nope")
+
+
+def test_episodes_of_mcts_at_inference_become_one_row_per_success_in_the_prompts_played() -> None:
+    from doubles import LineEnv, ScriptedGenerator, SnapshotLineEnv
+
+    from engine.datasets.distill import episode_samples
+    from engine.evaluate import EvalConfig, evaluate
+
+    tasks = LineEnv(4).tasks("train")
+    played = evaluate(ScriptedGenerator(p_right=0.4), lambda: SnapshotLineEnv(4), tasks,
+                      EvalConfig(mode="mcts", seeds=(0, 1), max_steps=8, mcts_simulations=6, mcts_k=3,
+                                 bootstrap=50)).episodes
+    wins = [e for e in played if e.success]
+    assert wins
+    rows = episode_samples(played, tasks, DESC)
+    distinct = {(e.task_id, tuple(text for text, _ in e.turns)) for e in wins}
+    assert len(rows) == len(distinct)  # one per distinct successful episode; failures give none
+    for row in rows:
+        episode = next(e for e in wins if e.task_id == row.source["task_id"] and e.seed == row.source["seed"])
+        assert [t.text for t in row.turns] == [text for text, _ in episode.turns]  # the committed completions
+        assert [t.observation for t in row.turns[:-1]] == [obs for _, obs in episode.turns[:-1]]
+        assert row.turns[-1].observation is None and all(t.trains for t in row.turns)
+        assert row.task.first_observation == episode.first_observation != ""
+        assert len(to_step_rows(row)) == episode.steps
+    stored = played[0].to_dict()
+    assert "turns" not in stored and "first_observation" not in stored  # the evaluation row stays small
+
+
+def test_an_episode_started_after_a_prefix_is_not_distilled() -> None:
+    from doubles import LineEnv
+
+    from engine.datasets.distill import episode_samples
+    from engine.evaluate import Episode
+
+    tasks = LineEnv(1).tasks("train")
+    done = Episode(task_id=tasks[0].id, seed=0, success=True, steps=1, prefix_steps=2,
+                   turns=[("ACTION: right", "at 1")], first_observation="at 0")
+    assert episode_samples([done], tasks, DESC) == []

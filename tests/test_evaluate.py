@@ -252,3 +252,29 @@ def test_a_nan_progress_ends_the_evaluation_with_a_clear_error() -> None:
     with pytest.raises(EnvError, match=r"env line: task 'goal-3', step 2 \('right'\): progress nan is not a finite"):
         run_episodes(ScriptedGenerator(p_right=1.0), lambda: NaNProgress(6), [Start(TASKS[2])],
                      EvalConfig(mode="greedy", max_steps=10))
+
+
+def test_an_mcts_episode_keeps_every_step_search_in_one_tree_with_the_committed_path() -> None:
+    from engine.evaluate import played_tree
+
+    config = EvalConfig(mode="mcts", seeds=(0,), max_steps=8, mcts_simulations=5, mcts_k=3, bootstrap=50)
+    episodes = evaluate(ScriptedGenerator(p_right=0.4), lambda: SnapshotLineEnv(6), TASKS, config).episodes
+    for e in episodes:
+        tree = e.tree
+        assert tree is not None and tree.task.id == e.task_id
+        assert tree.root.parent is None and tree.root.observation == e.first_observation
+        for n in tree.nodes[1:]:
+            assert n.parent is not None and n.parent < n.id and n.depth == tree.nodes[n.parent].depth + 1
+            assert n.id in tree.nodes[n.parent].children
+        [sim] = tree.simulations
+        path = [tree.nodes[i] for i in sim.path]
+        assert [n.action.command for n in path] == e.commands  # the committed path is what was played
+        assert [n.id for n in tree.path(path[-1])] == list(sim.path)
+        assert (path[-1].terminal == "success") == e.success and tree.solved() >= e.success
+        # More than the path: the children each step passed over keep their subtrees.
+        assert len(tree.nodes) > len(path) + 1
+        for n in tree.nodes:  # visit counts stay consistent where the steps' copies meet
+            assert sum(tree.nodes[c].N for c in n.children) <= n.N
+    assert "tree" not in episodes[0].to_dict()
+    with pytest.raises(IndexError):
+        played_tree([])

@@ -23,14 +23,18 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from engine.config import ConfigError
 from engine.datasets.samples import (
     Sample,
+    Task,
     TreeRef,
+    Turn,
     path_turns,
     rollout_samples,
     stable_id,
+    system_prompt,
     trajectory_sample,
     tree_task,
 )
@@ -107,3 +111,31 @@ def distill(refs: Sequence[TreeRef], target: str, config: DistillConfig = Distil
     if target not in build:
         raise ConfigError(f"unknown distillation target {target!r} (expected one of {', '.join(build)})")
     return [s for ref in refs for s in build[target](ref, config)]
+
+
+def episode_samples(episodes: Sequence[Any], tasks: Sequence[Any], env_description: str, kind: str = "exit", run_id: str | None = None) -> list[Sample]:
+    """Expert-iteration rows from played episodes (MCTS at inference: the operator measured to beat the
+    policy): each successful episode becomes one trajectory, every committed step a target. Unlike a
+    stored tree's best path, these are the steps search committed to one real step at a time, so they
+    carry the recoveries (an env refusal, then the missing ingredient fetched) the greedy policy lacks.
+    Episodes started after a prefix (recovery starts) are skipped: their turns do not begin at reset."""
+    by_id = {t.id: t for t in tasks}
+    system = system_prompt(env_description)
+    out, seen = [], set()
+    for e in episodes:
+        if not e.success or not e.turns or e.prefix_steps or e.task_id not in by_id:
+            continue
+        key = (e.task_id, tuple(text for text, _ in e.turns))
+        if key in seen:
+            continue
+        seen.add(key)
+        spec = by_id[e.task_id]
+        task = Task(id=spec.id, goal=spec.goal, context=spec.context, first_observation=e.first_observation,
+                    system=system)
+        turns = [Turn(text=text, observation=obs, loss=True, segment="good") for text, obs in e.turns]
+        turns[-1] = replace(turns[-1], observation=None)
+        out.append(Sample(id=stable_id(kind, run_id, e.task_id, e.seed, *key[1]), kind=kind, task=task,
+                          turns=tuple(turns), run_id=run_id,
+                          source={"task_id": e.task_id, "seed": e.seed, "steps": e.steps, "reward": e.reward,
+                                  "terminal": e.terminal, "from": "mcts at inference"}))
+    return out

@@ -47,8 +47,8 @@ if TYPE_CHECKING:
     from engine.evaluate import EvalConfig
     from engine.store import Store
 
-METHODS = ("exit", "agentq", "agentr", "visits")
-DISTILL_METHODS = ("exit", "visits")
+METHODS = ("exit", "exit-mcts", "agentq", "agentr", "visits")
+DISTILL_METHODS = ("exit", "exit-mcts", "visits")
 
 
 @dataclass(frozen=True)
@@ -61,8 +61,9 @@ class IterateConfig:
 
     method: str = field(default="exit", metadata={
         "help": "exit: expert iteration (SFT on each solved tree's shortest successful path; the measured "
-                "default), agentq: DPO on step pairs, agentr: SFT on revisions, visits: SFT toward MCTS visit "
-                "counts", "choices": METHODS})
+                "default), exit-mcts: expert iteration from MCTS at inference played on the tasks greedy fails, "
+                "agentq: DPO on step pairs, agentr: SFT on revisions, visits: SFT toward MCTS visit counts",
+        "choices": METHODS})
     model: str = field(default="tiny", metadata={"help": "starting policy: tiny | PATH | hf:PATH | vllm:PATH "
                                                          "(one vLLM engine for the loop, each policy reloaded into it)"})
     env: str = field(default="textcraft", metadata={"help": "environment"})
@@ -94,6 +95,7 @@ class IterateConfig:
     sft: dict[str, Any] = field(default_factory=dict)
     eval: dict[str, Any] = field(default_factory=dict)
     distill: dict[str, Any] = field(default_factory=dict)
+    play: dict[str, Any] = field(default_factory=dict)  # exit-mcts: EvalConfig overrides of the MCTS play
 
     def __post_init__(self) -> None:
         checks = {
@@ -114,6 +116,7 @@ class IterateConfig:
         self.sft_config()
         self.eval_config()
         self.distill_config()
+        self.play_config()
 
     @property
     def accumulates(self) -> bool:
@@ -137,7 +140,7 @@ class IterateConfig:
     def sft_config(self) -> Any:
         from engine.train.sft import SFTTrainConfig
 
-        kinds = {"kinds": (self.method,)} if self.method in DISTILL_METHODS else {}
+        kinds = {"kinds": ("exit" if self.method == "exit-mcts" else self.method,)} if self.method in DISTILL_METHODS else {}
         return SFTTrainConfig.from_dict({"include_pending": self.include_pending, "seed": self.seed, **kinds,
                                          **self.sft}, where="iterate sft")
 
@@ -150,6 +153,15 @@ class IterateConfig:
         from engine.evaluate import EvalConfig
 
         return EvalConfig.from_dict(self.eval)
+
+    def play_config(self) -> EvalConfig:
+        """exit-mcts's data collection: the evaluation's limits and decoding, MCTS at inference with the
+        measured operator's settings (4 simulations per real step, K=4, reward backup) unless `play` says."""
+        from engine.evaluate import EvalConfig
+
+        defaults = {"mcts_simulations": 4, "mcts_k": 4, "mcts_backup": "reward"}
+        return EvalConfig.from_dict({**self.eval, **defaults, "seeds": [self.seed], **self.play, "mode": "mcts"},
+                                    where="iterate play")
 
 
 @dataclass(frozen=True)
@@ -244,11 +256,12 @@ def run_loop(store: Store, config: IterateConfig, reporter: Reporter | None = No
     """Run the loop; returns its id (its iterations are in `store.iterations(loop_id)`).
     `make_env` / `load` (model folder -> Generator) replace the env registry and
     `load_generator`, for envs or generators built in code (tests, notebooks)."""
-    from engine.datasets.distill import distill
+    from engine.datasets.distill import distill, episode_samples
     from engine.datasets.pairs import PairsConfig, build_pairs
     from engine.datasets.revisions import RevisionConfig, build_revisions
     from engine.envs.registry import env_factory
     from engine.llm.registry import load_generator
+    from engine.search.played import play_run
     from engine.search.runner import new_run
     from engine.store import ModelRecord
     from engine.train.common import resolve_model_path
@@ -302,15 +315,24 @@ def run_loop(store: Store, config: IterateConfig, reporter: Reporter | None = No
         batch = rng.sample(train_tasks, config.tasks_per_iteration)
         reporter.progress({"phase": f"iteration {i}: search", "step": i - first, "total": total})
         generator = load(policy)
-        run_id, stats = new_run(store, config.env, batch, generator, replace(search, seed=search.seed + i),
-                                f"{loop_id}-it{i}", make_env=make_env)
+        played: list[Any] = []
+        if config.method == "exit-mcts":
+            play = config.play_config()
+            run_id, play_stats, played = play_run(store, config.env, batch, generator,
+                                                  replace(play, seeds=(play.seeds[0] + i,)), f"{loop_id}-it{i}",
+                                                  make_env=make_env)
+            search_s, extra = play_stats.wall_s, {"play": play_stats.to_dict()}
+        else:
+            run_id, stats = new_run(store, config.env, batch, generator, replace(search, seed=search.seed + i),
+                                    f"{loop_id}-it{i}", make_env=make_env)
+            search_s, extra = stats.wall_s, {}
         refs = tree_refs(store, run_id, description)
         loop_runs.append(run_id)
         start = base if config.accumulates else policy  # the candidate trains from here
         record: dict[str, Any] = {"run_id": run_id, "parent": str(start), "base": str(base),
                                   "searched_with": str(policy), "tasks": [t.id for t in batch],
-                                  "solved_in_search": store.run(run_id).solved, "search_s": stats.wall_s,
-                                  "config": asdict(config)}  # what a continuation of the loop runs with
+                                  "solved_in_search": store.run(run_id).solved, "search_s": search_s,
+                                  "config": asdict(config), **extra}  # what a continuation of the loop runs with
         reporter.progress({"phase": f"iteration {i}: data", "step": i - first, "total": total})
         out_dir = out_root / f"iter-{i}"
         if config.method == "agentq":
@@ -330,8 +352,10 @@ def run_loop(store: Store, config: IterateConfig, reporter: Reporter | None = No
                 result = train_dpo(start, pairs, train_cfg, out_dir, reporter, node_tokens=tokens, parent=str(start),
                                    backends=run_backends(store, [run_id]))
         elif config.method in DISTILL_METHODS:
-            rows = distill(refs, config.method, config.distill_config())
-            store.save_samples(rows, prune_run=run_id, prune_kinds=(config.method,))
+            kind = "exit" if config.method == "exit-mcts" else config.method
+            rows = (episode_samples(played, batch, description, run_id=run_id) if config.method == "exit-mcts"
+                    else distill(refs, config.method, config.distill_config()))
+            store.save_samples(rows, prune_run=run_id, prune_kinds=(kind,))
             train_cfg = config.sft_config()
             samples, curation = curated(store, train_cfg, loop_runs if config.accumulates else [run_id], labelled_samples)
             record.update({"samples": len(samples), "rows_new": len(rows), "curation": curation,
@@ -339,7 +363,7 @@ def run_loop(store: Store, config: IterateConfig, reporter: Reporter | None = No
             if not samples:
                 record["skipped"] = (skip_reason(curation, "search rows") if curation["uncurated_left_out"] else
                                      "no successful trajectory in the trees (no task solved in search)"
-                                     if config.method == "exit" else f"no node with {config.distill_config().min_visits}"
+                                     if config.method in ("exit", "exit-mcts") else f"no node with {config.distill_config().min_visits}"
                                      " or more visits")
             else:
                 reporter.log(gate_line(i, curation))
