@@ -10,6 +10,8 @@ iteration the data rows, tasks solved in search, simulations per second and wall
 model is selected on the test split: every iteration is reported. Choose settings with
 `--split val` (43 train tasks held out of the model and of every search).
 
+With `--method exit-mcts`, `--simulations` is MCTS at inference's simulations per real step (use 4).
+
     .venv/bin/python bench/loop_gain.py [--method exit] [--iterations 3] [--tasks 64] [--simulations 12]
         [--sft-lr 1e-4] [--epochs 3] [--split val|test] [--test-tasks 0] [--constrained] [--seed 0]
 """
@@ -68,11 +70,16 @@ def main(argv: list[str] | None = None) -> Table:
         dpo={**train, "beta": 0.1, "ref_source": "auto"} if args.method == "agentq" else {},
         sft=train if args.method != "agentq" else {}, distill={"per_tree": args.per_tree},
         eval=greedy_settings(args),
+        # exit-mcts plays with MCTS at inference: --simulations per real step (4 is the measured operator)
+        play={"mcts_simulations": args.simulations, "mcts_k": args.k, "mcts_backup": args.backup},
     )
     table = Table(f"The loop's curve ({args.method}) vs the base policy, greedy on the same held-out TextCraft tasks",
                   {"model": args.model, "tasks": f"{args.split}[:{len(tasks)}]", "seed": args.seed,
-                   "budget": f"{args.iterations} x ({args.tasks} fit tasks x {args.simulations} simulations, K={args.k}, "
-                             f"depth {args.depth_limit}, critic {'off' if args.no_critic else 'on'}, {args.backup} backup)",
+                   "budget": (f"{args.iterations} x ({args.tasks} fit tasks, greedy; MCTS at inference on its failures, "
+                              f"{args.simulations} simulations per real step, K={args.k}, critic on, {args.backup} backup)"
+                              if args.method == "exit-mcts" else
+                              f"{args.iterations} x ({args.tasks} fit tasks x {args.simulations} simulations, K={args.k}, "
+                              f"depth {args.depth_limit}, critic {'off' if args.no_critic else 'on'}, {args.backup} backup)"),
                    "train": f"lr {train['learning_rate']}, {args.epochs} epochs, batch 8"},
                   bootstrap=args.bootstrap, seed=args.seed, constrained=args.constrained)
     table.header()
@@ -102,12 +109,14 @@ def _note(store: Store, r: dict) -> str:
     if r["idx"] == 0:
         return ""
     run = store.run(r["run_id"])
-    sims = run.simulations
+    sims = r["play"]["simulations"] if "play" in r else run.simulations
     search_s = r.get("search_s") or 0.0
+    played = (f"greedy solved {r['play']['greedy_solved']}/{r['play']['tasks']}, MCTS solved "
+              f"{r['play']['solved']}/{r['play']['played']} of the rest; ") if "play" in r else ""
     rows = r.get("samples", r.get("pairs", 0))
     train = r.get("train") or {}
     return (f"rows {rows} ({train.get('rows', '?')} step rows, {train.get('steps', '?')} optimizer steps); "
-            f"solved in search {run.solved}/{run.trees}; {sims} simulations, {sims / max(search_s, 1e-9):.2f}/s; "
+            f"{played}solved in search {run.solved}/{run.trees}; {sims} simulations, {sims / max(search_s, 1e-9):.2f}/s; "
             f"cpu {r.get('cpu_s', 0):.0f} s; gate: {(r.get('gate') or {}).get('why', 'none')}")
 
 
