@@ -104,6 +104,27 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export_prm(args: argparse.Namespace) -> int:
+    """Per-step labels from the trees' backed-up returns (engine/datasets/prm.py), for a process reward model."""
+    from engine.datasets import formats
+    from engine.datasets.builds import run_trees
+    from engine.datasets.prm import PRMConfig, prm_rows
+    from engine.store import Store
+
+    config = PRMConfig(threshold=args.threshold, min_visits=args.min_visits)
+    with Store(args.db, must_exist=True) as store:
+        runs = [store.find_run(args.run)] if args.run else [r.id for r in store.runs()]
+        rows = []
+        for run_id in runs:
+            rows += [r for r in prm_rows(run_trees(store, run_id), config) if not args.task or r["task_id"] == args.task]
+        out = formats.write_rows(rows, args.out)
+    good = sum(sum(r["labels"]) for r in rows)
+    steps = sum(len(r["labels"]) for r in rows)
+    print(f"exported {len(rows)} PRM rows ({steps} steps, {good} labelled good at Q~ >= {config.threshold}, "
+          f"min visits {config.min_visits}) from {len(runs)} run(s) to {out}")
+    return 0
+
+
 def cmd_import(args: argparse.Namespace) -> int:
     from engine.datasets.builds import who_am_i
     from engine.datasets.formats import read_samples
@@ -177,3 +198,12 @@ def add_export_parsers(export_sub: Any, common: argparse.ArgumentParser) -> None
                 e.add_argument("--per-step", dest="per_step", action="store_true",
                                help="one prompt/completion row per trained turn, in the policy's inference format")
         e.set_defaults(func=cmd_export, what=what)
+    e = export_sub.add_parser("prm", parents=[common], help="per-step value labels from the trees' backed-up returns "
+                                                             "(TRL stepwise supervision: prompt, completions, labels)")
+    e.add_argument("run", nargs="?", help="only this run (id, prefix or name); default: all")
+    e.add_argument("--out", required=True, help="output file, .jsonl or .parquet")
+    e.add_argument("--task", help="only this task id")
+    e.add_argument("--threshold", type=float, default=0.5, help="a step is good when its Q~ reaches this")
+    e.add_argument("--min-visits", dest="min_visits", type=int, default=1,
+                   help="leave out paths through a step visited fewer times")
+    e.set_defaults(func=cmd_export_prm, what="prm")
