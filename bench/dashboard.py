@@ -184,6 +184,18 @@ MARKER_AT = """(i) => { const gd = document.querySelector('.js-plotly-plot');
   return orchardAt(v, items[i]) }"""
 MARKER_OF = """(id) => { """ + VEGA_VIEW + """ const v = orchardView();
   const it = v && orchardNodes(v).find(it => Number(it.datum.id) === id); return it ? orchardAt(v, it) : null }"""
+# Scrolls every scrolling box around the tree chart (and the window) so that node `id`'s marker sits in
+# view, then returns its page position as MARKER_OF does: a big tree's chart is wider and taller than its
+# scrolling container, so a marker can be drawn yet out of sight (a click there lands on something else).
+REVEAL_OF = """(id) => { """ + VEGA_VIEW + """ const v = orchardView();
+  const it = v && orchardNodes(v).find(it => Number(it.datum.id) === id); if (!it) return null;
+  for (let el = v.container().parentElement; el; el = el.parentElement) {
+    const s = getComputedStyle(el);
+    if (!/(auto|scroll)/.test(s.overflowX + s.overflowY)) continue;
+    const p = orchardAt(v, it), r = el.getBoundingClientRect();
+    el.scrollTop += p.y - (r.top + r.height / 2); el.scrollLeft += p.x - (r.left + r.width / 2); }
+  const p = orchardAt(v, it); window.scrollBy(p.x - innerWidth / 2, p.y - innerHeight / 2);
+  return orchardAt(v, it) }"""
 # The Vega-Lite chart's domains (its zoom) as [x lo, x hi, y lo, y hi]; null before it is drawn.
 DOMAINS = """() => { """ + VEGA_VIEW + """ const v = orchardView();
   return v ? [...v.scale('x').domain(), ...v.scale('y').domain()].map(Number) : null }"""

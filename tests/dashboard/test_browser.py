@@ -49,6 +49,7 @@ def _bench():
 
 BENCH = _bench()
 MARKER_XY = BENCH.MARKER_OF  # (node id) -> its marker's page position, or null when it is not drawn
+REVEAL_XY = BENCH.REVEAL_OF  # the same, after scrolling the marker into view
 MARKER_COUNT = BENCH.MARKERS  # the node marks drawn
 DOMAINS = BENCH.DOMAINS  # the tree chart's zoom: [x lo, x hi, y lo, y hi]
 PLOT = '[data-testid="stVegaLiteChart"] >> nth=-1'  # the tree (a run overview, when drawn, comes first)
@@ -151,7 +152,7 @@ def test_click_on_a_node_opens_it_in_the_inspector(server, tmp_path: Path) -> No
             shots.append(tmp_path / "tree_explorer.png")
             page.screenshot(path=shots[-1], full_page=True)
 
-            xy = page.evaluate(MARKER_XY, target.id)
+            xy = page.evaluate(REVEAL_XY, target.id)
             assert xy is not None, f"node {target.id} is not in the plot"
             page.mouse.move(xy["x"], xy["y"])
             page.wait_for_timeout(300)
@@ -326,8 +327,9 @@ def test_a_10k_node_tree_is_drawn_in_part_and_a_click_selects_a_node(big_server,
             assert 0 < markers <= 3000, f"{markers} markers drawn for a {len(tree.nodes)}-node tree"
             expect(page.get_by_text(f"{len(tree.nodes)} nodes ({markers} shown)", exact=False)).to_be_visible()
             target = max((n for n in tree.nodes[1:] if n.N), key=lambda n: (n.N, -n.id))  # drawn: most visited
-            xy = page.evaluate(MARKER_XY, target.id)
+            xy = page.evaluate(REVEAL_XY, target.id)  # the grown chart scrolls: bring the marker into view
             assert xy is not None, f"node {target.id} is not drawn"
+            assert 0 <= xy["x"] < 1500 and 0 <= xy["y"] < 1400, f"node {target.id}'s marker is out of view: {xy}"
             page.mouse.move(xy["x"], xy["y"])
             page.mouse.click(xy["x"], xy["y"])
             expect(page.get_by_role("heading", name=f"Node {target.id}", exact=True)).to_be_visible(timeout=30_000)
