@@ -171,3 +171,43 @@ def test_live_stage_reads_only_what_a_loop_job_wrote(db: Path) -> None:
         store.claim_next_job("cpu")
         assert store.finish_job(job.id, "cancelled")
         assert LiveStage.of(store.job(job.id)) is None
+
+
+@pytest.mark.slow
+def test_a_real_loop_s_records_agree_with_the_runs_training_and_evaluation_pages(db: Path, tmp_path: Path) -> None:
+    """One real iteration (search with the scripted generator, SFT of a tiny model, evaluation): the Loop
+    view's run and solved count are the Runs page's, its model the Training page's, its evaluation ids the
+    Evaluation page's."""
+    from doubles import LineEnv, ScriptedGenerator
+    from tiny_model_fixture import build_tiny_model
+
+    from engine.train.iterate import IterateConfig, run_loop
+
+    model = build_tiny_model(tmp_path / "tiny")
+    train = {"max_steps": 2, "batch_size": 4, "learning_rate": 1e-3, "device": "cpu", "precision": "fp32",
+             "num_threads": 1}
+    config = IterateConfig(method="exit", model=str(model), env="line", iterations=1, tasks_per_iteration=3,
+                           eval_split="train", eval_tasks="0:3", output_root=str(tmp_path / "loop"), name="loop-r",
+                           include_pending=True, gate_split="", sft=train,
+                           search={"simulations": 6, "k": 3, "depth_limit": 4, "max_tokens": 32},
+                           eval={"mode": "greedy", "max_steps": 4, "bootstrap": 50})
+    with Store(db) as store:
+        store.create_job("probe", {"steps": 1}, "cpu", name="seed")  # the Training page lists models below its jobs
+        store.finish_job(store.jobs()[0].id, "succeeded")
+        run_loop(store, config, make_env=lambda: LineEnv(6), load=lambda path: ScriptedGenerator(p_right=0.6))
+        base, first = sorted(store.iterations("loop-r"), key=lambda r: r["idx"])
+        name = store.model_record(first["model"]).name
+    at = open_evaluation()
+    assert not at.exception, at.exception
+    table = stages(at)
+    assert table.iloc[1]["search"] == f"✓ run {first['run_id']} · {first['solved_in_search']} solved"
+    assert table.iloc[1]["model"] == f"iter-1 ({name})" and table.iloc[1]["gate"] == "✓ promoted (no gate)"
+    assert list(table["evaluation"]) == [base["eval"]["eval_id"], first["eval"]["eval_id"]]
+    every = next(d.value for d in at.dataframe if "baseline's settings" in d.value)
+    assert set(table["evaluation"]) <= set(every["id"])
+    at.switch_page("views/runs.py").run()
+    runs = next(d.value for d in at.dataframe if "solved" in d.value and "id" in d.value)
+    assert int(runs.set_index("id").loc[first["run_id"], "solved"]) == first["solved_in_search"]
+    at.switch_page("views/training.py").run()
+    models = next(d.value for d in at.dataframe if "replaced by job" in d.value)
+    assert models.set_index("path").loc[first["model"], "name"] == name
