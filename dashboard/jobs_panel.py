@@ -18,6 +18,7 @@ import streamlit as st
 from dashboard import auth
 from dashboard.text import md
 from engine.jobs.runner import JobRunner
+from engine.progress import progress_line
 from engine.store import JobInfo, Store, StoreError
 
 LIVE_EVERY_S = 2.0
@@ -81,14 +82,11 @@ def _cancel(db: str, job_id: str, key: str) -> None:
 
 
 def progress_text(job: JobInfo) -> str:
-    """'phase step/total, ETA Ns' (Markdown-safe)."""
-    p = job.progress
-    step, total = p.get("step") or 0, p.get("total") or 0
-    eta = f", ETA {p['eta_s']:.0f} s" if p.get("eta_s") is not None and not job.final else ""
-    phase = p.get("phase") or ("waiting in the queue" if job.state == "queued" else "")
-    if total:
-        return md(f"{phase} {step}/{total}{eta}")
-    return md(f"{phase} {step}" if step else phase or job.state)  # units without a known total
+    """'phase step/total, ETA N s' or, from a stage inside a loop, 'iteration 2 · search: 57/128
+    simulations, ETA N s' (engine.progress.progress_line; Markdown-safe)."""
+    p = dict(job.progress)
+    p["phase"] = p.get("phase") or ("waiting in the queue" if job.state == "queued" else "")
+    return md(progress_line(p, live=not job.final) or job.state)
 
 
 def show_job(db: str, job_id: str, key: str, extra: Callable[[JobInfo], None] | None = None,

@@ -1,5 +1,7 @@
 """Where each run stands in Algorithm 1 (docs/algorithms.md §3): searched -> data (pairs, revisions)
--> trained -> evaluated, read from the store, for the Runs page and the Evaluation page's Loop view.
+-> trained -> evaluated, read from the store, for the Runs page and the Evaluation page's Loop view;
+and, for the Loop view, what an iteration's promotion gate decided (`gate_cell`) and where a running
+loop job stands (`LiveStage`, from the job's progress: engine.progress.Within).
 
 WHY derived, not recorded: every stage already leaves its mark in the store (a run's status, its
 pairs and samples, the jobs that trained on it, the models they made, the evaluations of those
@@ -15,9 +17,11 @@ from typing import Any
 import streamlit as st
 
 from dashboard import data
-from engine.store import Store
+from engine.progress import progress_line
+from engine.store import JobInfo, Store
 
 TRAIN_KINDS = ("dpo", "sft", "rft")
+LOOP_STAGES = ("search", "data", "train", "gate", "evaluate")  # an iteration's stages, in the order it runs them
 
 
 @dataclass
@@ -77,3 +81,83 @@ def newest_model(path: str) -> str:
     with Store(path, readonly=True) as store:
         models = store.models()
     return models[-1].path if models else "tiny"
+
+
+def _num(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def gate_cell(record: dict[str, Any]) -> str:
+    """What the iteration's promotion gate decided (engine.train.gate): its candidate promoted to the
+    next policy or the current one kept, with the gate's scores; "—" where nothing was trained."""
+    gate = record.get("gate")
+    if not isinstance(gate, dict) or not isinstance(gate.get("promoted"), bool):
+        return "— (nothing trained)" if record.get("skipped") else "—"
+    verdict = "✓ promoted" if gate["promoted"] else "✗ kept the current policy"
+    cand, cur, tasks = _num(gate.get("candidate")), _num(gate.get("current")), _num(gate.get("tasks"))
+    diff: dict[str, Any] = found if isinstance(found := gate.get("diff"), dict) else {}
+    low, mean, high = (_num(diff.get(k)) for k in ("low", "mean", "high"))
+    if cand is None or cur is None or tasks is None:
+        return f"{verdict} (no gate)" if gate["promoted"] else verdict
+    where = f"{int(tasks)} {gate['split']} tasks" if isinstance(gate.get("split"), str) and gate["split"] else (
+        f"{int(tasks)} gate tasks")
+    paired = f", paired {mean:+.3f} [{low:+.3f}, {high:+.3f}]" if None not in (low, mean, high) else ""
+    return f"{verdict}: {cand:.3f} vs {cur:.3f} on {where}{paired}"
+
+
+@dataclass
+class LiveStage:
+    """Where a queued or running iterate job stands: its loop, the iteration and stage under way (0:
+    the base's evaluation; None before the first stage reports) and that stage's own progress."""
+
+    job: JobInfo
+    loop_id: str
+    iteration: int | None
+    stage: str | None
+
+    @classmethod
+    def of(cls, job: JobInfo | None) -> LiveStage | None:
+        """The live stage of `job` (the newest iterate job), None when it has ended or names no loop."""
+        if job is None or job.final:
+            return None
+        p = job.progress
+        cfg: dict[str, Any] = found if isinstance(found := job.config.get("iterate"), dict) else {}
+        loop_id = p.get("loop_id") or cfg.get("name")
+        if not isinstance(loop_id, str) or not loop_id:
+            return None
+        iteration = p.get("iteration") if isinstance(p.get("iteration"), int) else None
+        stage = p.get("stage") if p.get("stage") in (*LOOP_STAGES, "done") else None
+        return cls(job, loop_id, iteration, stage)
+
+    @property
+    def method(self) -> str:
+        cfg = self.job.config.get("iterate")
+        return str(cfg.get("method", "")) if isinstance(cfg, dict) else ""
+
+    def headline(self) -> str:
+        """'iteration 2 of 3 · search: 57/128 simulations, ETA 30 s' (plain text)."""
+        p = dict(self.job.progress)
+        last = p.get("last_iteration")
+        if self.iteration and isinstance(last, int) and isinstance(p.get("phase"), str):
+            p["phase"] = p["phase"].replace(f"iteration {self.iteration}", f"iteration {self.iteration} of {last}", 1)
+        if self.job.state == "queued":
+            return "waiting in the queue"
+        return progress_line(p) or "starting"
+
+    def cell(self) -> str:
+        """The running stage's cell: its own units ('▶ 57/128 simulations · 3 solved'), the part of it
+        under way where it has several (the gate's two policies, exit-mcts's greedy pass then play)."""
+        p = self.job.progress
+        phase = str(p.get("phase") or "")
+        part = phase.split(" · ", 1)[1] if " · " in phase else ""
+        counts = progress_line({**p, "phase": ""})
+        extra = [f"{p[k]} {k}" for k in ("solved", "rows") if isinstance(p.get(k), int) and self.stage != "train"]
+        words = " · ".join([w for w in (part if part != self.stage else "", counts or "starting") if w] + extra)
+        return f"▶ {words}"
+
+    def row_cells(self) -> dict[str, str]:
+        """The running iteration's stage columns: done ✓, under way ▶ with its progress, to come …."""
+        if self.stage not in LOOP_STAGES:
+            return {}
+        at = LOOP_STAGES.index(self.stage)
+        return {name: "✓" if k < at else self.cell() if k == at else "…" for k, name in enumerate(LOOP_STAGES)}

@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from engine.store import Store
 
 MODES = ("greedy", "sampled", "mcts")
+OnEpisode = Callable[["Episode"], None]  # told each episode as it ends
 FORMAT_ERROR_OBSERVATION = (
     "Invalid action: {reason}. Answer with THOUGHT, ACTION, EXPLANATION and STATUS lines; nothing happened."
 )
@@ -371,20 +372,23 @@ def _apply(live: _Live, text: str, config: EvalConfig) -> bool:
 
 
 def _policy_episodes(generator: Generator, make_env: Callable[[], Env], starts: Sequence[Start],
-                     config: EvalConfig) -> list[Episode]:
+                     config: EvalConfig, on_episode: OnEpisode | None = None) -> list[Episode]:
     description = _description(make_env)
     lives: list[_Live] = []
     try:
         for s in starts:
             for seed in config.episode_seeds:
                 lives.append(_begin(s, seed, make_env, config))
-        _policy_loop(generator, description, lives, config)
+                if lives[-1].episode.terminal and on_episode is not None:  # ended in its prefix
+                    on_episode(lives[-1].episode)
+        _policy_loop(generator, description, lives, config, on_episode)
     finally:
         close_envs(lv.env for lv in lives)
     return [lv.episode for lv in lives]
 
 
-def _policy_loop(generator: Generator, description: str, lives: list[_Live], config: EvalConfig) -> None:
+def _policy_loop(generator: Generator, description: str, lives: list[_Live], config: EvalConfig,
+                 on_episode: OnEpisode | None = None) -> None:
     active = [lv for lv in lives if not lv.episode.terminal]
     temperature = 0.0 if config.mode == "greedy" else config.temperature
     while active:
@@ -400,8 +404,13 @@ def _policy_loop(generator: Generator, description: str, lives: list[_Live], con
         replies = generator.sample(requests)
         if len(replies) != len(requests):
             raise GeneratorError(f"generator returned {len(replies)} results for {len(requests)} requests")
-        active = [lv for lv, reply in zip(active, replies, strict=True)
-                  if _apply(lv, reply[0].text if reply else "", config)]
+        going = []
+        for lv, reply in zip(active, replies, strict=True):
+            if _apply(lv, reply[0].text if reply else "", config):
+                going.append(lv)
+            elif on_episode is not None:
+                on_episode(lv.episode)
+        active = going
 
 
 # ------------------------------------------------------------------ MCTS at inference
@@ -475,7 +484,7 @@ def played_tree(searched: Sequence[tuple[Any, int, int]]) -> Any:
 
 
 def _mcts_episodes(generator: Generator, make_env: Callable[[], Env], starts: Sequence[Start],
-                   config: EvalConfig) -> list[Episode]:
+                   config: EvalConfig, on_episode: OnEpisode | None = None) -> list[Episode]:
     from engine.search.mcts import start_tree
 
     if any(s.commands for s in starts):
@@ -489,7 +498,7 @@ def _mcts_episodes(generator: Generator, make_env: Callable[[], Env], starts: Se
                 job = start_tree(s.task, make_env, 0)
                 job.close()  # only its root observation is needed; each search step makes its own envs
                 lives[-1].tree = job.tree
-        _mcts_loop(generator, make_env, description, lives, config)
+        _mcts_loop(generator, make_env, description, lives, config, on_episode)
         for lv in lives:
             lv.episode.tree = played_tree(lv.searched) if lv.searched else None
     finally:
@@ -498,7 +507,7 @@ def _mcts_episodes(generator: Generator, make_env: Callable[[], Env], starts: Se
 
 
 def _mcts_loop(generator: Generator, make_env: Callable[[], Env], description: str, lives: list[_Live],
-               config: EvalConfig) -> None:
+               config: EvalConfig, on_episode: OnEpisode | None = None) -> None:
     from engine.search.mcts import MCTS, TreeJob
 
     jobs: list[tuple[_Live, Any, int]] = [(lv, lv.tree, 0) for lv in lives]  # (episode, tree, current node id)
@@ -543,20 +552,31 @@ def _mcts_loop(generator: Generator, make_env: Callable[[], Env], description: s
                 still.append(i)
             elif go_on:  # the tree says terminal (depth limit) but the real env goes on: stop here
                 e.terminal = best.terminal or "stopped"
+        if on_episode is not None:
+            for i in set(active) - set(still):
+                on_episode(jobs[i][0].episode)
         active = still
     for i in active:
         jobs[i][0].episode.terminal = jobs[i][0].episode.terminal or "max_steps"
+        if on_episode is not None:
+            on_episode(jobs[i][0].episode)
 
 
 # ------------------------------------------------------------------ entry points
 
 
 def run_episodes(generator: Generator, make_env: Callable[[], Env], starts: Sequence[Start],
-                 config: EvalConfig) -> list[Episode]:
-    """Episodes for every start and seed, batched (see the module docstring)."""
+                 config: EvalConfig, on_episode: OnEpisode | None = None) -> list[Episode]:
+    """Episodes for every start and seed, batched (see the module docstring); `on_episode` is told
+    each episode as it ends (a loop's evaluation counts them: `episode_count`)."""
     if config.mode == "mcts":
-        return _mcts_episodes(generator, make_env, starts, config)
-    return _policy_episodes(generator, make_env, starts, config)
+        return _mcts_episodes(generator, make_env, starts, config, on_episode)
+    return _policy_episodes(generator, make_env, starts, config, on_episode)
+
+
+def episode_count(tasks: Sequence[Any], config: EvalConfig) -> int:
+    """How many episodes `evaluate` plays on `tasks` (one per task and seed; greedy: one per task)."""
+    return len(tasks) * len(config.episode_seeds)
 
 
 def recovery_starts(samples: Sequence[Any]) -> list[Start]:
@@ -584,9 +604,10 @@ class EvalResult:
 
 
 def evaluate(generator: Generator, make_env: Callable[[], Env], tasks: Sequence[TaskSpec], config: EvalConfig,
-             recovery: Sequence[Start] = ()) -> EvalResult:
-    """Episodes on `tasks` (and on recovery starts, if any) with every metric and interval."""
-    episodes = run_episodes(generator, make_env, [Start(t) for t in tasks], config)
+             recovery: Sequence[Start] = (), on_episode: OnEpisode | None = None) -> EvalResult:
+    """Episodes on `tasks` (and on recovery starts, if any) with every metric and interval;
+    `on_episode`: told each episode of `tasks` as it ends."""
+    episodes = run_episodes(generator, make_env, [Start(t) for t in tasks], config, on_episode)
     metrics = summarize(episodes, config)
     metrics["mode"] = config.mode
     rec: list[Episode] = []
@@ -600,11 +621,12 @@ def evaluate(generator: Generator, make_env: Callable[[], Env], tasks: Sequence[
 
 def evaluate_and_store(store: Store, generator: Generator, env_spec: str, split: str, tasks: Sequence[TaskSpec],
                        config: EvalConfig, recovery: Sequence[Start] = (), model: str | None = None,
-                       job_id: str | None = None, make_env: Callable[[], Env] | None = None) -> EvalResult:
+                       job_id: str | None = None, make_env: Callable[[], Env] | None = None,
+                       on_episode: OnEpisode | None = None) -> EvalResult:
     """`evaluate` and record it in the store under `model` (default: the generator's name)."""
     from engine.envs.registry import env_factory
 
-    result = evaluate(generator, make_env or env_factory(env_spec), tasks, config, recovery)
+    result = evaluate(generator, make_env or env_factory(env_spec), tasks, config, recovery, on_episode)
     rows = [e.to_dict() for e in result.episodes] + [{**e.to_dict(), "recovery": True} for e in result.recovery]
     result.eval_id = store.save_evaluation(model or generator.name, env_spec, split, [t.id for t in tasks],
                                            config.mode, asdict(config), result.metrics, rows, job_id=job_id)

@@ -5,6 +5,9 @@ through one `Reporter` (the worker's writes to the store, the CLI's draws a prog
 keeps everything in memory), so the protocol sits below every one of them and imports nothing of
 the engine. `Units` counts a stage's units (simulations, trees, personas, model calls) with an ETA
 and turns a cancel request into `Cancelled` at the next unit; `StageResult` is what a stage made.
+`Within` runs a stage inside a larger job (a loop's iteration): the stage counts its own units and
+the job's progress says where it is ("iteration 2 · search: 57/128 simulations"); `progress_line`
+is that one line, the same for the CLI, `orchard jobs` and the dashboard's job panels.
 """
 
 from __future__ import annotations
@@ -84,6 +87,54 @@ class ConsoleReporter:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+
+
+class Within:
+    """A Reporter for one stage of a larger job: the stage's progress rows (its own units, step of
+    total) go on to `outer` with `label` before their phase ("iteration 2" + "search" ->
+    "iteration 2 · search"), `unit` unless the row names one, and `extra` (what a view needs to
+    place the stage: e.g. iteration=2, stage="search"). Metrics, log lines and the cancel pass
+    through unchanged. WHY a wrapper, not a second progress channel: the job keeps one progress row
+    (the store's), which every page and `orchard jobs` already show; the loop's stages report
+    through it as they do when they run as jobs of their own."""
+
+    def __init__(self, outer: Reporter, label: str, unit: str = "", **extra: Any) -> None:
+        self.outer, self.label, self.unit, self.extra = outer, label, unit, extra
+
+    def begin(self, phase: str) -> None:
+        """The stage has started and counted nothing yet (loading a model, starting envs)."""
+        self.progress({"phase": phase, "step": 0, "total": 0, "eta_s": None})
+
+    def progress(self, data: dict[str, Any]) -> None:
+        phase = data.get("phase")
+        row = {**self.extra, **data, "phase": f"{self.label} · {phase}" if phase else self.label}
+        if self.unit and "unit" not in data:
+            row["unit"] = self.unit
+        self.outer.progress(row)
+
+    def metrics(self, step: int, data: dict[str, Any]) -> None:
+        self.outer.metrics(step, data)
+
+    def should_stop(self) -> bool:
+        return self.outer.should_stop()
+
+    def log(self, message: str) -> None:
+        self.outer.log(message)
+
+
+def progress_line(data: dict[str, Any], live: bool = True) -> str:
+    """A progress row in words: "phase step/total, ETA N s"; with a unit "phase: step/total unit, ETA
+    N s"; units without a known total: "phase step"; nothing counted yet: the phase. `live`: False
+    for a job that has ended (no ETA)."""
+    phase, unit = str(data.get("phase") or ""), str(data.get("unit") or "")
+    step, total = data.get("step") or 0, data.get("total") or 0
+    counts = f"{step}/{total}" if total else f"{step}" if step else ""
+    if not counts:
+        return phase
+    eta = f", ETA {data['eta_s']:.0f} s" if total and live and isinstance(data.get("eta_s"), int | float) else ""
+    if unit:
+        return f"{phase}: {counts} {unit}{eta}" if phase else f"{counts} {unit}{eta}"
+    return f"{phase} {counts}{eta}".strip()
 
 
 class Cancelled(Exception):

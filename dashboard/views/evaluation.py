@@ -279,11 +279,8 @@ else:
 
 # --- the loop (Algorithm 1) -------------------------------------------------------------------------------
 
-st.subheader("Loop")
-st.caption("Algorithm 1 (docs/algorithms.md §3) per iteration: search → data → curation → train → evaluate.")
-loops: dict[str, list[dict[str, Any]]] = {}
-for it in iterations:
-    loops.setdefault(it["loop_id"], []).append(it)
+
+LOOP_COLUMNS = ("search", "data", "curation", "train", "gate", "evaluate", "evaluation", "model")
 
 
 def curation_cell(gate: dict[str, Any] | None, counts: dict[str, int]) -> str:
@@ -297,14 +294,25 @@ def curation_cell(gate: dict[str, Any] | None, counts: dict[str, int]) -> str:
     return "—"
 
 
-def stage_rows(records: list[dict[str, Any]], pair_counts: dict[str, dict[str, int]]) -> pd.DataFrame:
-    """One row per iteration, one column per stage, each cell its status."""
+def model_cell(model: Any, names: dict[str, str]) -> str:
+    """The model as the Evaluation page labels it (its folder's name) and, when it is registered, as the
+    Training page's Models table names it."""
+    label = model_label(str(model or ""))
+    return f"{label} ({names[model]})" if isinstance(model, str) and model in names and names[model] != label else label
+
+
+def stage_rows(records: list[dict[str, Any]], pair_counts: dict[str, dict[str, int]],
+               names: dict[str, str] | None = None, live: loop.LiveStage | None = None) -> pd.DataFrame:
+    """One row per iteration, one column per stage, each cell its status; with `live` (this loop's
+    running job), a row for the iteration under way, its running stage with that stage's progress."""
+    names = names or {}
     rows = []
     for r in sorted(records, key=lambda r: r["idx"]):
+        ev: dict[str, Any] = found if isinstance(found := r.get("eval"), dict) else {}
         if r["idx"] == 0:
-            rows.append({"iteration": "base", "search": "—", "data": "—", "curation": "—", "train": "—",
-                         "evaluate": interval((r.get("eval") or {}).get("success")), "model": model_label(
-                             str(r.get("model", "")))})
+            rows.append({"iteration": "base", "search": "—", "data": "—", "curation": "—", "train": "—", "gate": "—",
+                         "evaluate": interval(ev.get("success")), "evaluation": str(ev.get("eval_id") or "—"),
+                         "model": model_cell(r.get("model"), names)})
             continue
         counts = pair_counts.get(r.get("run_id") or "", {})
         data_n = r.get("pairs", r.get("samples"))
@@ -314,21 +322,67 @@ def stage_rows(records: list[dict[str, Any]], pair_counts: dict[str, dict[str, i
             "data": f"✓ {data_n} rows" if data_n else "✗ none",
             "curation": curation_cell(r.get("curation"), counts),
             "train": "✓" if r.get("train") else f"skipped: {r['skipped']}" if r.get("skipped") else "✗",
-            "evaluate": interval((r.get("eval") or {}).get("success")) if r.get("eval") else "—",
-            "model": model_label(str(r.get("model", ""))),
+            "gate": loop.gate_cell(r),
+            "evaluate": interval(ev.get("success")) if ev else "—",
+            "evaluation": str(ev.get("eval_id") or "—"),
+            "model": model_cell(r.get("model"), names),
         })
+    if live is not None and live.iteration is not None and (cells := live.row_cells()):
+        running = {"iteration": f"{live.iteration} (running)" if live.iteration else "base (running)",
+                   **dict.fromkeys(LOOP_COLUMNS, "—")}
+        if live.iteration:  # curation happens as the data stage ends
+            running.update(cells, curation="✓" if cells["data"] == "✓" else "…")
+        else:  # the base's evaluation, before the loop has any record
+            running["evaluate"] = cells["evaluate"]
+        rows.append(running)
     return pd.DataFrame(rows)
 
 
-if loops:
-    loop_id = st.selectbox("Loop", list(reversed(loops)), key="ev_loop",
-                           format_func=lambda i: f"{loops[i][0]['method']} · {i} · {len(loops[i])} records")
+def loop_view() -> None:
+    """The Loop view: every loop's iterations, stage by stage, read from the store on every run; while a
+    loop job is queued or running, a fragment refreshed every LIVE_EVERY_S s that also shows the
+    iteration under way, its stage and the stage's own progress (simulations, trees, steps, episodes),
+    so a record appears as soon as its iteration ends; once the job ends, the whole page is read again."""
+    has = data.has_data(path)
+    evals_now, records = read(db, data.db_version(path)) if has else ([], [])
+    evals_by_id = {e["id"]: e for e in evals_now}
+    live = loop.LiveStage.of(jp.latest_job(db, ("iterate",))) if has else None
+    if live is None and state.pop("ev_loop_live", None):
+        st.rerun(scope="app")  # the loop job just ended: every part of the page reads the store again
+    if live is not None:
+        state["ev_loop_live"] = live.job.id
+    st.subheader("Loop")
+    st.caption("Algorithm 1 (docs/algorithms.md §3) per iteration: search → data → curation → train → gate → "
+               "evaluate.")
+    loops: dict[str, list[dict[str, Any]]] = {}
+    for it in records:
+        loops.setdefault(it["loop_id"], []).append(it)
+    if live is not None and live.loop_id not in loops:
+        loops[live.loop_id] = []  # a new loop: no record until its first stage ends
+    if not loops:
+        new_loop_form()
+        return
+    methods = {i: its[0]["method"] if its else live.method if live is not None else "" for i, its in loops.items()}
+    order = list(reversed(loops))
+    if live is not None and not loops[live.loop_id]:
+        order = [live.loop_id, *(i for i in order if i != live.loop_id)]
+    # No record count in the label: the frontend keeps showing the label an option had when the picker was
+    # first drawn (streamlit/streamlit#13788); the count is in the caption below.
+    loop_id = st.selectbox("Loop", order, key="ev_loop", format_func=lambda i: f"{methods[i]} · {i}")
     its = sorted(loops[loop_id], key=lambda r: r["idx"])
+    running = live if live is not None and live.loop_id == loop_id else None
+    st.caption(f"{len(its)} records" + (f"; job {running.job.id} is running it" if running else "")
+               + ".")
+    if running is not None:
+        p = running.job.progress
+        step, total = p.get("step") or 0, p.get("total") or 0
+        st.progress(min(1.0, step / total) if total else 0.0, text=md(running.headline()))
     with Store(db, readonly=True) as store:
         pc = {r["run_id"]: store.pair_counts(run_id=r["run_id"]) for r in its if r.get("run_id")}
-    stages = stage_rows(its, pc)
+        names = {m.path: m.name for m in store.models()}
+    stages = stage_rows(its, pc, names, running)
     # Each iteration's evaluation beside the base's: named differences, else the paired difference in success.
-    evals = {r["idx"]: by_id.get((r.get("eval") or {}).get("eval_id") or "") for r in its}
+    evals = {r["idx"]: evals_by_id.get((r.get("eval") or {}).get("eval_id") or "") for r in its}
     first = evals.get(0) or next((e for e in evals.values() if e), None)
     if first is not None:
         found = read_episodes(db, data.db_version(path), tuple(e["id"] for e in evals.values() if e))
@@ -344,12 +398,16 @@ if loops:
                               f"evaluation: " + "; ".join(diffs)))
             vs_base.append(compare.diff_text(compare.paired({**first, "episodes": found.get(first["id"])},
                                                             {**found_eval, "episodes": found.get(found_eval["id"])}, "success")))
+        vs_base += ["—"] * (len(stages) - len(vs_base))  # the running iteration's row
         stages["success − baseline (paired)"] = vs_base
-    st.dataframe(stages, hide_index=True, key="ev_loop_stages")
+    if len(stages):
+        st.dataframe(stages, hide_index=True, key="ev_loop_stages")
     scored = [{"label": f"iteration {r['idx']}" if r["idx"] else "base",
                **{k: (r.get("eval") or {}).get(k) for k, _ in figures.EVAL_METRICS}} for r in its]
     if any(isinstance(r.get(k), dict) for r in scored for k in ("success", "progress", "loop_rate")):
         st.plotly_chart(figures.loop_figure(scored), key="ev_loop_chart", config={"displayModeBar": False})
+    if not its:
+        return  # the loop's first job is still on its first stage: nothing to continue yet
     last_gate = next((r["curation"] for r in reversed(its) if isinstance(r.get("curation"), dict)), None)
     was_pending = bool(next((r["config"].get("include_pending") for r in reversed(its)
                              if isinstance(r.get("config"), dict)), False))
@@ -362,8 +420,10 @@ if loops:
                    f"{last_gate.get('uncurated_used', 0) + last_gate.get('uncurated_left_out', 0)} uncurated "
                    f"({'included' if last_gate.get('uncurated_used') else 'left out'}). The next iteration "
                    f"{'includes' if next_pending else 'leaves out'} the uncurated rows of its own search.")
-    if st.button("Next iteration", key="ev_next", type="primary",
-                 help="One more iteration of this loop, with its newest model (an iterate job)."):
+    if st.button("Next iteration", key="ev_next", type="primary", disabled=running is not None,
+                 help="One more iteration of this loop, with its newest model (an iterate job)."
+                      + (" Not while a job runs this loop: it would start from the model before it." if running
+                         else "")):
         from engine.jobs.submit import next_iteration_config, submit_iterate
 
         try:
@@ -375,8 +435,11 @@ if loops:
                                  f"from {md(model_label(cfg['model']))}.")
         except fm.submit_errors() as e:
             state["ev_error"] = f"The next iteration was not queued: {fm.refusal(e)}"
-        st.rerun()
-else:
+        st.rerun(scope="app")
+
+
+def new_loop_form() -> None:
+    """No loop yet: the form that starts one (an iterate job)."""
     st.caption("No loop yet. Start one: its first iteration searches with the newest model, builds the data, "
                "trains and evaluates (an iterate job; `orchard iterate` does the same).")
     with st.form("ev_loop_new", border=True):
@@ -401,12 +464,12 @@ else:
     if start and (refused := fm.refused(db)) is not None:  # before any probe (forms.refused)
         fm.set_errors("ev_loop_new", {})
         state["ev_error"] = f"The loop was not started: {refused}"
-        st.rerun()
+        st.rerun(scope="app")
     if start:
         from engine.jobs.submit import submit_iterate
         from engine.llm.registry import check_model
 
-        cfg = {"method": method, "model": loop_model.strip() or "tiny", "env": loop_env, "iterations": 1,
+        cfg: dict[str, Any] = {"method": method, "model": loop_model.strip() or "tiny", "env": loop_env, "iterations": 1,
                "tasks_per_iteration": int(per_it), "eval_tasks": eval_tasks_spec.strip(),
                "include_pending": bool(loop_pending), "name": f"{method}-{time.strftime('%Y%m%d-%H%M%S')}"}
         problems = {}
@@ -436,4 +499,9 @@ else:
                 state["ev_flash"] = f"Queued job {job_id}: loop {md(cfg['name'])}, iteration 1."
             except fm.submit_errors() as e:
                 state["ev_error"] = f"The loop was not started: {fm.refusal(e)}"
-        st.rerun()
+        st.rerun(scope="app")
+
+
+# Live while a loop job is queued or running (the fragment stops itself, and reruns the page, when it ends).
+st.fragment(run_every=jp.LIVE_EVERY_S if data.has_data(path) and loop.LiveStage.of(
+    jp.latest_job(db, ("iterate",))) is not None else None)(loop_view)()

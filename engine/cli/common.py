@@ -6,6 +6,8 @@ import sys
 import time
 from typing import Any
 
+from engine.progress import progress_line
+
 
 def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
@@ -25,8 +27,7 @@ class PrintReporter:
         now = time.monotonic()
         if now - self._last >= 2.0 or data.get("step") == data.get("total"):
             self._last = now
-            eta = f", ETA {data['eta_s']:.0f}s" if data.get("eta_s") is not None else ""
-            log(f"{data.get('phase', '')} {data.get('step', 0)}/{data.get('total', '?')}{eta}")
+            log(progress_line(data))
 
     def metrics(self, step: int, data: dict[str, Any]) -> None:
         keys = [k for k in ("loss", "rewards/margins", "rewards/accuracies", "mean_token_accuracy") if k in data]

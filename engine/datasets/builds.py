@@ -142,20 +142,13 @@ def rollout_only_hint(refs: list[Any], threshold: float) -> str | None:
 def run_pairs(store: Store, spec: PairsJob, reporter: Reporter, who: str | None = None) -> StageResult:
     """Step pairs, trajectory pairs and RFT rows of a run (docs/algorithms.md §3); unit: one tree.
     Saved in one transaction at the end (a build replaces the run's uncurated pairs as a whole)."""
-    from engine.datasets.pairs import PairsBuild, build_pairs
+    from engine.datasets.pairs import build_pairs
 
     run_id = store.find_run(spec.run)
     config = spec.settings(store.run(run_id).config.get("alpha", 0.5))
     refs = run_trees(store, run_id)
     units = Units(reporter, "pairs", len(refs), run_id=run_id)
-    built = PairsBuild()
-    for ref in refs:
-        one = build_pairs([ref], config)
-        built.step += one.step
-        built.trajectory += one.trajectory
-        built.rft += one.rft
-        built.exit += one.exit
-        units.step(pairs=len(built.step) + len(built.trajectory))
+    built = build_pairs(refs, config, on_tree=lambda so_far: units.step(pairs=so_far.pairs))
     pairs, rft = built.save(store, run_id, who=who or who_am_i())
     lines = [(f"run {run_id}: {len(refs)} trees -> {len(built.step)} step pairs, {len(built.trajectory)} trajectory "
              f"pairs (alpha={config.alpha}, theta={config.theta}), {len(built.rft)} RFT rows, "

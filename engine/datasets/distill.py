@@ -21,7 +21,7 @@ through the same per-step rows (`to_step_rows`) as every other SFT set.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -105,12 +105,19 @@ def visit_samples(ref: TreeRef, config: DistillConfig = DistillConfig(), kind: s
     return out
 
 
-def distill(refs: Sequence[TreeRef], target: str, config: DistillConfig = DistillConfig()) -> list[Sample]:
-    """The rows of `target` ("exit" or "visits") from many trees."""
+def distill(refs: Sequence[TreeRef], target: str, config: DistillConfig = DistillConfig(),
+            on_tree: Callable[[list[Sample]], None] | None = None) -> list[Sample]:
+    """The rows of `target` ("exit" or "visits") from many trees; `on_tree` is told the rows so far
+    after each tree (a stage's progress)."""
     build = {"exit": best_path_samples, "visits": visit_samples}
     if target not in build:
         raise ConfigError(f"unknown distillation target {target!r} (expected one of {', '.join(build)})")
-    return [s for ref in refs for s in build[target](ref, config)]
+    out: list[Sample] = []
+    for ref in refs:
+        out.extend(build[target](ref, config))
+        if on_tree is not None:
+            on_tree(out)
+    return out
 
 
 def episode_samples(episodes: Sequence[Any], tasks: Sequence[Any], env_description: str, kind: str = "exit", run_id: str | None = None) -> list[Sample]:

@@ -16,7 +16,7 @@ exist, not what a pair is called, so retuning them keeps the decisions on pairs 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -105,6 +105,11 @@ class PairsBuild:
     trajectory: list[Pair] = field(default_factory=list)
     rft: list[Sample] = field(default_factory=list)
     exit: list[Sample] = field(default_factory=list)
+
+    @property
+    def pairs(self) -> int:
+        """Step and trajectory pairs (what `save` stores as pairs)."""
+        return len(self.step) + len(self.trajectory)
 
     def save(self, store: Any, run_id: str, who: str | None = None) -> tuple[Any, Any]:
         """Pairs and samples in one transaction (both saved or neither); a rebuild replaces the run's
@@ -206,8 +211,10 @@ def rft_samples(ref: TreeRef) -> list[Sample]:
     return [trajectory_sample(ref, leaf, "rft") for leaf in wins] + rollout_samples(ref, "rft")
 
 
-def build_pairs(refs: Sequence[TreeRef], config: PairsConfig) -> PairsBuild:
-    """Step pairs, trajectory pairs, RFT and expert-iteration rows for many trees."""
+def build_pairs(refs: Sequence[TreeRef], config: PairsConfig,
+                on_tree: Callable[[PairsBuild], None] | None = None) -> PairsBuild:
+    """Step pairs, trajectory pairs, RFT and expert-iteration rows for many trees; `on_tree` is told
+    the build so far after each tree (a stage's progress)."""
 
     out = PairsBuild()
     for ref in refs:
@@ -215,4 +222,6 @@ def build_pairs(refs: Sequence[TreeRef], config: PairsConfig) -> PairsBuild:
         out.trajectory.extend(trajectory_pairs(ref, config))
         out.rft.extend(rft_samples(ref))
         out.exit.extend(best_path_samples(ref))
+        if on_tree is not None:
+            on_tree(out)
     return out

@@ -43,6 +43,7 @@ from typing import Any
 from engine.config import ConfigError
 from engine.jobs.kinds import MULTI_GPU_KINDS, validate_job
 from engine.paths import REPO_ROOT, job_log, jobs_dir
+from engine.progress import progress_line
 from engine.store import JobInfo, Store
 from engine.train.common import default_device
 
@@ -421,11 +422,7 @@ def _signal_group(pid: int, sig: signal.Signals) -> None:
 def job_summary(job: JobInfo) -> str:
     """One line for `orchard jobs`."""
     p = job.progress
-    if p.get("total"):
-        eta = f", ETA {p['eta_s']:.0f}s" if p.get("eta_s") is not None else ""
-        prog = f"{p.get('phase', '')} {p.get('step', 0)}/{p['total']}{eta}".strip()
-    else:
-        prog = p.get("phase", "")
+    prog = progress_line(p, live=not job.final) if p.get("total") else p.get("phase", "")
     when = time.strftime("%m-%d %H:%M", time.localtime(job.created_at))
     tail = job.error if job.state == "failed" and job.error else (job.output_path or "")
     return f"{job.id:<11} {job.kind:<8} {job.state:<10} {job.device:<7} {when:<12} {prog:<24} {tail}"

@@ -15,6 +15,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from engine.progress import Reporter, Units
+
 if TYPE_CHECKING:
     from engine.envs.base import Env, TaskSpec
     from engine.evaluate import Episode, EvalConfig
@@ -39,10 +41,13 @@ class PlayStats:
 
 
 def play_run(store: Store, env_spec: str, tasks: Sequence[TaskSpec], generator: Generator, config: EvalConfig,
-             name: str, make_env: Callable[[], Env], skip_greedy_solved: bool = True) -> tuple[str, PlayStats, list[Episode]]:
+             name: str, make_env: Callable[[], Env], skip_greedy_solved: bool = True,
+             reporter: Reporter | None = None) -> tuple[str, PlayStats, list[Episode]]:
     """Play `tasks` with MCTS at inference (`config`, mode "mcts", one seed) and store a run whose trees
     are the played episodes' trees; with `skip_greedy_solved`, a greedy pass first and only the tasks
-    greedy fails are played (the others add nothing the policy lacks). Returns (run id, stats, episodes)."""
+    greedy fails are played (the others add nothing the policy lacks). Returns (run id, stats, episodes).
+    `reporter`: each pass's episodes as they end (the run's units; the searches inside each real step
+    are too small to count)."""
     from engine.config import ConfigError
     from engine.evaluate import evaluate
     from engine.search.tree import SearchTree
@@ -52,10 +57,14 @@ def play_run(store: Store, env_spec: str, tasks: Sequence[TaskSpec], generator: 
     began = time.perf_counter()
     todo = list(tasks)
     if skip_greedy_solved and todo:
-        greedy = evaluate(generator, make_env, todo, replace(config, mode="greedy", seeds=config.seeds[:1])).episodes
+        counted = _counter(reporter, "greedy pass", len(todo))
+        greedy = evaluate(generator, make_env, todo, replace(config, mode="greedy", seeds=config.seeds[:1]),
+                          on_episode=counted).episodes
         todo = [t for t, e in zip(todo, greedy, strict=True) if not e.success]
     greedy_s = time.perf_counter() - began
-    episodes = evaluate(generator, make_env, todo, replace(config, seeds=config.seeds[:1])).episodes if todo else []
+    counted = _counter(reporter, "mcts play", len(todo))
+    episodes = evaluate(generator, make_env, todo, replace(config, seeds=config.seeds[:1]),
+                        on_episode=counted).episodes if todo else []
     run_config = {"mode": "mcts at inference", **{k: v for k, v in asdict(config).items() if k.startswith("mcts_")},
                   "max_steps": config.max_steps, "max_tokens": config.max_tokens, "constrained": config.constrained,
                   "seed": config.seeds[0], "skip_greedy_solved": skip_greedy_solved}
@@ -71,3 +80,11 @@ def play_run(store: Store, env_spec: str, tasks: Sequence[TaskSpec], generator: 
                       greedy_s=greedy_s, wall_s=wall)
     store.set_run_status(run_id, "finished", stats.to_dict())
     return run_id, stats, episodes
+
+
+def _counter(reporter: Reporter | None, phase: str, total: int) -> Callable[[Episode], None] | None:
+    """An `on_episode` counting episodes (and the solved ones) as `phase`'s units; None without a reporter."""
+    if reporter is None:
+        return None
+    units = Units(reporter, phase, total, unit="episodes", solved=0)
+    return lambda episode: units.step(solved=units.extra["solved"] + int(episode.success))

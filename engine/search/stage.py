@@ -111,6 +111,19 @@ def search_tasks(spec: SearchJob) -> tuple[Callable[[], Env], list[TaskSpec]]:
     return make_env, tasks
 
 
+def count_simulations(units: Units, threshold: float) -> Callable[[Any, Any], None]:
+    """A run's progress callback (engine.search.runner.Progress): one unit per simulation, with the
+    number of trees solved so far (a simulation reaching `threshold`) as `solved`."""
+    solved: set[Any] = set()
+
+    def on_sim(job: Any, sim: Any) -> None:
+        if sim.reward >= threshold:
+            solved.add(job.tree_id)
+        units.step(solved=len(solved))
+
+    return on_sim
+
+
 def run_search(store: Store, spec: SearchJob | ResumeSearch, reporter: Reporter,
                make_env: Callable[[], Any] | None = None, prepared: Prepared | None = None) -> StageResult:
     """Search a new run, or resume one; returns the run's id (its output) and a line saying what was
@@ -140,14 +153,8 @@ def run_search(store: Store, spec: SearchJob | ResumeSearch, reporter: Reporter,
             make_env, loaded = make_env or factory, None
         generator = loaded or load_generator(spec.model, log=reporter.log, allow_http_key=spec.allow_http_key)
         units = Units(reporter, "search", cfg.simulations * len(tasks))
-        solved: set[Any] = set()
-
-        def on_sim(job: Any, sim: Any) -> None:
-            if sim.reward >= cfg.success_threshold:
-                solved.add(job.tree_id)
-            units.step(solved=len(solved))
-
-        run_id, stats = new_run(store, spec.env, tasks, generator, cfg, spec.run_name(), on_sim, make_env,
+        run_id, stats = new_run(store, spec.env, tasks, generator, cfg, spec.run_name(),
+                                count_simulations(units, cfg.success_threshold), make_env,
                                 created=lambda made: units.extra.update(run_id=made))
         units.finish()
     info = store.run(run_id)
@@ -182,16 +189,8 @@ def _run_search_on_ray(store: Store, spec: SearchJob | ResumeSearch, reporter: R
         search = prepare_run_on_ray(store, spec.env, tasks, spec.model, spec.search, spec.run_name(),
                                     address=address, allow_http_key=spec.allow_http_key)
         units = Units(reporter, "search", spec.search.simulations * len(tasks), run_id=search.run_id)
-    threshold = search.config.success_threshold
-    solved: set[Any] = set()
-    resuming = isinstance(spec, ResumeSearch)
-
-    def on_sim(job: Any, sim: Any) -> None:
-        if sim.reward >= threshold:
-            solved.add(job.tree_id)
-        units.step(**({} if resuming else {"solved": len(solved)}))
-
-    search.progress = on_sim
+    search.progress = (lambda job, sim: units.step()) if isinstance(spec, ResumeSearch) else count_simulations(
+        units, search.config.success_threshold)
     stats = search.run()
     units.finish()
     info = store.run(search.run_id)

@@ -35,12 +35,13 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.config import ConfigError, SearchConfig, from_dict
 from engine.datasets.samples import tree_refs
-from engine.progress import MemoryReporter, Reporter
+from engine.progress import Cancelled, MemoryReporter, Reporter, Units, Within
 from engine.train.common import default_output_dir
 
 if TYPE_CHECKING:
@@ -179,13 +180,28 @@ class IterateJob:
                 check_output_folder(Path(self.iterate.output_root) / f"iter-{i}")
 
 
+def count_episodes(reporter: Reporter, phase: str, tasks: list[Any], config: EvalConfig) -> Callable[[Any], None]:
+    """An evaluation's `on_episode`: one unit per episode that ends, the solved ones as `solved`."""
+    from engine.evaluate import episode_count
+
+    units = Units(reporter, phase, episode_count(tasks, config), unit="episodes", solved=0)
+    return lambda episode: units.step(solved=units.extra["solved"] + int(episode.success))
+
+
+def count_rows(units: Units, size: Callable[[Any], int]) -> Callable[[Any], None]:
+    """A data build's `on_tree`: one unit per tree, `size(the build so far)` as `rows`."""
+    return lambda so_far: units.step(rows=size(so_far))
+
+
 def _evaluate(store: Store, model_path: Path, config: IterateConfig, eval_tasks: list[Any], make_env: Any,
               reporter: Reporter, job_id: str | None, load: Callable[[Path], Any]) -> dict[str, Any]:
     from engine.evaluate import evaluate_and_store, format_metrics
 
     generator = load(model_path)
-    result = evaluate_and_store(store, generator, config.env, config.eval_split, eval_tasks, config.eval_config(),
-                                model=str(model_path), job_id=job_id, make_env=make_env)
+    eval_config = config.eval_config()
+    result = evaluate_and_store(store, generator, config.env, config.eval_split, eval_tasks, eval_config,
+                                model=str(model_path), job_id=job_id, make_env=make_env,
+                                on_episode=count_episodes(reporter, "evaluate", eval_tasks, eval_config))
     reporter.log(f"evaluation {result.eval_id} of {model_path}:\n{format_metrics(result.metrics)}")
     return {"eval_id": result.eval_id, "success": result.metrics["success"], "progress": result.metrics["progress"],
             "loop_rate": result.metrics["loop_rate"]}
@@ -260,9 +276,11 @@ def run_loop(store: Store, config: IterateConfig, reporter: Reporter | None = No
     from engine.datasets.pairs import PairsConfig, build_pairs
     from engine.datasets.revisions import RevisionConfig, build_revisions
     from engine.envs.registry import env_factory
+    from engine.evaluate import CountedGenerator
     from engine.llm.registry import load_generator
     from engine.search.played import play_run
     from engine.search.runner import new_run
+    from engine.search.stage import count_simulations
     from engine.store import ModelRecord
     from engine.train.common import resolve_model_path
     from engine.train.dpo import labelled_pairs, run_backends, train_dpo
@@ -296,132 +314,158 @@ def run_loop(store: Store, config: IterateConfig, reporter: Reporter | None = No
     loop_runs = [str(r["run_id"]) for r in earlier if r.get("run_id")]
     current_gate: list[Any] | None = None  # the current policy's gate episodes, scored when first needed
 
-    def gate_episodes(path: Path) -> list[Any]:
+    def gate_episodes(path: Path, within: Reporter, phase: str) -> list[Any]:
         from engine.evaluate import evaluate_and_store
 
-        result = evaluate_and_store(store, load(path), config.env, gate_split, gates, config.eval_config(),
-                                    model=str(path), job_id=job_id, make_env=make_env)
+        cfg = config.eval_config()
+        result = evaluate_and_store(store, load(path), config.env, gate_split, gates, cfg, model=str(path),
+                                    job_id=job_id, make_env=make_env,
+                                    on_episode=count_episodes(within, phase, gates, cfg))
         return result.episodes
 
-    if config.evaluate_base and first == 1:
-        reporter.progress({"phase": "evaluate base", "step": 0, "total": total})
-        scores = _evaluate(store, policy, config, eval_tasks, make_env, reporter, job_id, load)
-        store.save_iteration(loop_id, 0, config.method, {"model": str(policy), "eval": scores, "config": asdict(config)})
-    for i in range(first, first + total):
-        if reporter.should_stop():
-            reporter.log(f"stopped before iteration {i}")
-            break
-        began, began_cpu = time.perf_counter(), time.process_time()
-        batch = rng.sample(train_tasks, config.tasks_per_iteration)
-        reporter.progress({"phase": f"iteration {i}: search", "step": i - first, "total": total})
-        generator = load(policy)
-        played: list[Any] = []
-        if config.method == "exit-mcts":
-            play = config.play_config()
-            run_id, play_stats, played = play_run(store, config.env, batch, generator,
-                                                  replace(play, seeds=(play.seeds[0] + i,)), f"{loop_id}-it{i}",
-                                                  make_env=make_env)
-            search_s, extra = play_stats.wall_s, {"play": play_stats.to_dict()}
-        else:
-            run_id, stats = new_run(store, config.env, batch, generator, replace(search, seed=search.seed + i),
-                                    f"{loop_id}-it{i}", make_env=make_env)
-            search_s, extra = stats.wall_s, {}
-        refs = tree_refs(store, run_id, description)
-        loop_runs.append(run_id)
-        start = base if config.accumulates else policy  # the candidate trains from here
-        record: dict[str, Any] = {"run_id": run_id, "parent": str(start), "base": str(base),
-                                  "searched_with": str(policy), "tasks": [t.id for t in batch],
-                                  "solved_in_search": store.run(run_id).solved, "search_s": search_s,
-                                  "config": asdict(config), **extra}  # what a continuation of the loop runs with
-        reporter.progress({"phase": f"iteration {i}: data", "step": i - first, "total": total})
-        out_dir = out_root / f"iter-{i}"
-        if config.method == "agentq":
-            built = build_pairs(refs, PairsConfig(alpha=search.alpha, theta=config.theta))
-            built.save(store, run_id)
-            train_cfg = config.dpo_config()
-            pairs, curation = curated(store, train_cfg, [run_id], labelled_pairs)
-            record.update({"pairs": len(pairs), "curation": curation})
-            if not pairs:
-                record["skipped"] = (skip_reason(curation, "preference pairs") if curation["uncurated_left_out"] else
-                                     "no preference pairs (no node had two explored children differing by theta)")
-            else:
-                reporter.log(gate_line(i, curation))
-                reporter.progress({"phase": f"iteration {i}: dpo", "step": i - first, "total": total})
-                tokens = store.node_token_counts([(p.tree_id, n) for p in pairs for n in (p.chosen_node, p.rejected_node)])
-                del generator
-                result = train_dpo(start, pairs, train_cfg, out_dir, reporter, node_tokens=tokens, parent=str(start),
-                                   backends=run_backends(store, [run_id]))
-        elif config.method in DISTILL_METHODS:
-            kind = "exit" if config.method == "exit-mcts" else config.method
-            rows = (episode_samples(played, batch, description, run_id=run_id) if config.method == "exit-mcts"
-                    else distill(refs, config.method, config.distill_config()))
-            store.save_samples(rows, prune_run=run_id, prune_kinds=(kind,))
-            train_cfg = config.sft_config()
-            samples, curation = curated(store, train_cfg, loop_runs if config.accumulates else [run_id], labelled_samples)
-            record.update({"samples": len(samples), "rows_new": len(rows), "curation": curation,
-                           "solved_trees": sum(r.tree.solved() for r in refs)})
-            if not samples:
-                record["skipped"] = (skip_reason(curation, "search rows") if curation["uncurated_left_out"] else
-                                     "no successful trajectory in the trees (no task solved in search)"
-                                     if config.method in ("exit", "exit-mcts") else f"no node with {config.distill_config().min_visits}"
-                                     " or more visits")
-            else:
-                reporter.log(gate_line(i, curation))
-                reporter.progress({"phase": f"iteration {i}: sft", "step": i - first, "total": total})
-                del generator
-                result = train_sft(start, samples, train_cfg, out_dir, reporter, kind=config.method,
-                                   parent=str(start))
-        else:
-            built_r = build_revisions(refs, generator, RevisionConfig(seed=config.seed + i))
-            store.save_samples(built_r.samples, prune_run=run_id, prune_kinds=("revision", "good", "recovery"))
-            train_cfg = config.sft_config()
-            share = config.revision_shares[min(i - 1, len(config.revision_shares) - 1)]
-            samples, curation = curated(store, train_cfg, [run_id], labelled_samples)
-            samples = mix_revisions(samples, share, config.seed + i)
-            record.update({"revision_share": share, "samples": len(samples), "curation": curation,
-                           "revisions": sum(s.kind == "revision" for s in samples)})
-            if not samples:
-                good = sum(s.kind == "good" for s in built_r.samples)
-                record["skipped"] = (skip_reason(curation, "revision or good trajectories") if curation["uncurated_left_out"]
-                                     else "no revision trajectory: no (good, bad) leaf pair in the trees "
-                                     f"({good} good trajectories alone would be RFT)" if good else
-                                     "no revision or good trajectories (no successful leaf in the trees)")
-            else:
-                reporter.log(gate_line(i, curation))
-                reporter.progress({"phase": f"iteration {i}: sft", "step": i - first, "total": total})
-                del generator
-                result = train_sft(start, samples, train_cfg, out_dir, reporter, kind="sft", parent=str(start))
-        if "skipped" not in record:
-            if result.stopped or result.output is None:
-                reporter.log(f"iteration {i}: training stopped")
+    def stage(i: int, name: str, unit: str) -> Within:
+        """Iteration i's (0: the base's) stage `name` (search, data, train, gate, evaluate): its own units
+        in the job's progress under "iteration i", with where it stands for the Loop view."""
+        within = Within(reporter, f"iteration {i}" if i else "base", unit=unit, loop_id=loop_id, iteration=i,
+                        stage=name, last_iteration=first + total - 1)
+        within.begin(name)
+        return within
+
+    try:
+        if config.evaluate_base and first == 1:
+            scores = _evaluate(store, policy, config, eval_tasks, make_env, stage(0, "evaluate", "episodes"), job_id, load)
+            store.save_iteration(loop_id, 0, config.method, {"model": str(policy), "eval": scores, "config": asdict(config)})
+        for i in range(first, first + total):
+            if reporter.should_stop():
+                reporter.log(f"stopped before iteration {i}")
                 break
-            store.save_model(ModelRecord(path=str(result.output), name=f"{loop_id}-it{i}", kind=config.method,
-                                         parent=str(start), job_id=job_id, data_ids=result.data_ids,
-                                         config=asdict(train_cfg), metrics=result.metrics))
-            record["model"] = str(result.output)
-            record["train"] = dict(result.metrics)
-            if gates:
-                reporter.progress({"phase": f"iteration {i}: gate", "step": i - first, "total": total})
-                if current_gate is None:
-                    current_gate = gate_episodes(policy)
-                candidate = gate_episodes(result.output)
-                decision = decide(current_gate, candidate, config.gate_confidence,
-                                  bootstrap=config.eval_config().bootstrap, seed=config.seed)
-                record["gate"] = decision.record(gate_split, config.gate_confidence)
-                reporter.log(f"iteration {i}: gate: {decision.why}")
-                if decision.promoted:
-                    policy, current_gate = result.output, candidate
+            began, began_cpu = time.perf_counter(), time.process_time()
+            batch = rng.sample(train_tasks, config.tasks_per_iteration)
+            searching = stage(i, "search", "episodes" if config.method == "exit-mcts" else "simulations")
+            generator = load(policy)
+            played: list[Any] = []
+            if config.method == "exit-mcts":  # the run's units are its episodes, not each real step's small search
+                play = config.play_config()
+                run_id, play_stats, played = play_run(store, config.env, batch, generator,
+                                                      replace(play, seeds=(play.seeds[0] + i,)), f"{loop_id}-it{i}",
+                                                      make_env=make_env, reporter=searching)
+                search_s, extra = play_stats.wall_s, {"play": play_stats.to_dict()}
             else:
-                record["gate"] = {"promoted": True, "why": "no gate (gate_split ''): every trained policy is promoted"}
-                policy = result.output
-            reporter.progress({"phase": f"iteration {i}: evaluate", "step": i - first, "total": total})
-            record["eval"] = _evaluate(store, result.output, config, eval_tasks, make_env, reporter, job_id, load)
-        else:
-            record["model"] = str(policy)
-            reporter.log(f"iteration {i}: {record['skipped']}; the policy is unchanged")
-        record["policy"] = str(policy)  # what the next iteration searches with (and Next iteration continues)
-        record["seconds"] = time.perf_counter() - began
-        record["cpu_s"] = time.process_time() - began_cpu  # every thread of this process: the loop's compute
-        store.save_iteration(loop_id, i, config.method, record)
-        reporter.progress({"phase": f"iteration {i} done", "step": i - first + 1, "total": total})
+                sims = Units(searching, "search", search.simulations * len(batch))
+                run_id, stats = new_run(store, config.env, batch, generator, replace(search, seed=search.seed + i),
+                                        f"{loop_id}-it{i}", progress=count_simulations(sims, search.success_threshold),
+                                        make_env=make_env, created=partial(sims.extra.__setitem__, "run_id"))
+                sims.finish()
+                search_s, extra = stats.wall_s, {}
+            refs = tree_refs(store, run_id, description)
+            loop_runs.append(run_id)
+            start = base if config.accumulates else policy  # the candidate trains from here
+            record: dict[str, Any] = {"run_id": run_id, "parent": str(start), "base": str(base),
+                                      "searched_with": str(policy), "tasks": [t.id for t in batch],
+                                      "solved_in_search": store.run(run_id).solved, "search_s": search_s,
+                                      "config": asdict(config), **extra}  # what a continuation of the loop runs with
+            building = stage(i, "data", "trees")
+            out_dir = out_root / f"iter-{i}"
+            if config.method == "agentq":
+                trees = Units(building, "data", len(refs), rows=0)
+                built = build_pairs(refs, PairsConfig(alpha=search.alpha, theta=config.theta),
+                                    on_tree=count_rows(trees, lambda so_far: so_far.pairs))
+                built.save(store, run_id)
+                train_cfg = config.dpo_config()
+                pairs, curation = curated(store, train_cfg, [run_id], labelled_pairs)
+                record.update({"pairs": len(pairs), "curation": curation})
+                if not pairs:
+                    record["skipped"] = (skip_reason(curation, "preference pairs") if curation["uncurated_left_out"] else
+                                         "no preference pairs (no node had two explored children differing by theta)")
+                else:
+                    reporter.log(gate_line(i, curation))
+                    training = stage(i, "train", "steps")
+                    tokens = store.node_token_counts([(p.tree_id, n) for p in pairs for n in (p.chosen_node, p.rejected_node)])
+                    del generator
+                    result = train_dpo(start, pairs, train_cfg, out_dir, training, node_tokens=tokens, parent=str(start),
+                                       backends=run_backends(store, [run_id]))
+            elif config.method in DISTILL_METHODS:
+                kind = "exit" if config.method == "exit-mcts" else config.method
+                if config.method == "exit-mcts":
+                    rows = episode_samples(played, batch, description, run_id=run_id)
+                    Units(building, "data", len(played), unit="episodes").step(len(played), rows=len(rows))
+                else:
+                    trees = Units(building, "data", len(refs), rows=0)
+                    rows = distill(refs, config.method, config.distill_config(),
+                                   on_tree=count_rows(trees, len))
+                store.save_samples(rows, prune_run=run_id, prune_kinds=(kind,))
+                train_cfg = config.sft_config()
+                samples, curation = curated(store, train_cfg, loop_runs if config.accumulates else [run_id], labelled_samples)
+                record.update({"samples": len(samples), "rows_new": len(rows), "curation": curation,
+                               "solved_trees": sum(r.tree.solved() for r in refs)})
+                if not samples:
+                    record["skipped"] = (skip_reason(curation, "search rows") if curation["uncurated_left_out"] else
+                                         "no successful trajectory in the trees (no task solved in search)"
+                                         if config.method in ("exit", "exit-mcts") else f"no node with {config.distill_config().min_visits}"
+                                         " or more visits")
+                else:
+                    reporter.log(gate_line(i, curation))
+                    training = stage(i, "train", "steps")
+                    del generator
+                    result = train_sft(start, samples, train_cfg, out_dir, training, kind=config.method,
+                                       parent=str(start))
+            else:
+                calls = Units(building, "data", 0, unit="judge calls")  # the judge's batched calls (no total known)
+                built_r = build_revisions(refs, CountedGenerator(generator, calls), RevisionConfig(seed=config.seed + i))
+                calls.extra["rows"] = len(built_r.samples)
+                calls.finish()
+                store.save_samples(built_r.samples, prune_run=run_id, prune_kinds=("revision", "good", "recovery"))
+                train_cfg = config.sft_config()
+                share = config.revision_shares[min(i - 1, len(config.revision_shares) - 1)]
+                samples, curation = curated(store, train_cfg, [run_id], labelled_samples)
+                samples = mix_revisions(samples, share, config.seed + i)
+                record.update({"revision_share": share, "samples": len(samples), "curation": curation,
+                               "revisions": sum(s.kind == "revision" for s in samples)})
+                if not samples:
+                    good = sum(s.kind == "good" for s in built_r.samples)
+                    record["skipped"] = (skip_reason(curation, "revision or good trajectories") if curation["uncurated_left_out"]
+                                         else "no revision trajectory: no (good, bad) leaf pair in the trees "
+                                         f"({good} good trajectories alone would be RFT)" if good else
+                                         "no revision or good trajectories (no successful leaf in the trees)")
+                else:
+                    reporter.log(gate_line(i, curation))
+                    training = stage(i, "train", "steps")
+                    del generator
+                    result = train_sft(start, samples, train_cfg, out_dir, training, kind="sft", parent=str(start))
+            if "skipped" not in record:
+                if result.stopped or result.output is None:
+                    reporter.log(f"iteration {i}: training stopped")
+                    break
+                store.save_model(ModelRecord(path=str(result.output), name=f"{loop_id}-it{i}", kind=config.method,
+                                             parent=str(start), job_id=job_id, data_ids=result.data_ids,
+                                             config=asdict(train_cfg), metrics=result.metrics))
+                record["model"] = str(result.output)
+                record["train"] = dict(result.metrics)
+                if gates:
+                    gating = stage(i, "gate", "episodes")
+                    if current_gate is None:
+                        current_gate = gate_episodes(policy, gating, "gate: current policy")
+                    candidate = gate_episodes(result.output, gating, "gate: candidate")
+                    decision = decide(current_gate, candidate, config.gate_confidence,
+                                      bootstrap=config.eval_config().bootstrap, seed=config.seed)
+                    record["gate"] = decision.record(gate_split, config.gate_confidence)
+                    reporter.log(f"iteration {i}: gate: {decision.why}")
+                    if decision.promoted:
+                        policy, current_gate = result.output, candidate
+                else:
+                    record["gate"] = {"promoted": True, "why": "no gate (gate_split ''): every trained policy is promoted"}
+                    policy = result.output
+                record["eval"] = _evaluate(store, result.output, config, eval_tasks, make_env, stage(i, "evaluate", "episodes"),
+                                           job_id, load)
+            else:
+                record["model"] = str(policy)
+                reporter.log(f"iteration {i}: {record['skipped']}; the policy is unchanged")
+            record["policy"] = str(policy)  # what the next iteration searches with (and Next iteration continues)
+            record["seconds"] = time.perf_counter() - began
+            record["cpu_s"] = time.process_time() - began_cpu  # every thread of this process: the loop's compute
+            store.save_iteration(loop_id, i, config.method, record)
+            reporter.progress({"phase": f"iteration {i} done", "step": i - first + 1, "total": total, "loop_id": loop_id,
+                               "iteration": i, "stage": "done", "last_iteration": first + total - 1})
+    except Cancelled as e:  # a cancel at a stage's next unit: the iteration under way is not recorded
+        reporter.log(f"stopped: {e}")
     return loop_id
