@@ -150,3 +150,31 @@ def test_a_cancel_in_the_middle_of_a_search_stops_the_loop_and_records_no_iterat
         [run] = store.runs()
         assert run.status == "interrupted"  # resumable, like any cancelled search
     assert any(line.startswith("stopped: search: cancelled after") for line in reporter.lines)
+
+
+@pytest.mark.slow
+def test_training_and_the_gate_report_steps_and_episodes(tmp_path: Path) -> None:
+    """A loop that trains (a tiny model, two SFT steps) and gates (every 10th train task of an env without
+    a val split): the trainer's steps and each gate arm's episodes under the iteration."""
+    from tiny_model_fixture import build_tiny_model
+
+    train = {"max_steps": 2, "batch_size": 4, "learning_rate": 1e-3, "device": "cpu", "precision": "fp32",
+             "num_threads": 1}
+    config = _config(tmp_path, iterations=1, evaluate_base=False, include_pending=True, gate_split="val",
+                     model=str(build_tiny_model(tmp_path / "tiny")), sft=train)
+    reporter = MemoryReporter()
+    with Store(tmp_path / "o.db") as store:
+        loop_id = run_loop(store, config, reporter, make_env=lambda: LineEnv(20),
+                           load=lambda path: ScriptedGenerator(p_right=0.6))
+        [record] = store.iterations(loop_id)
+    rows = reporter.progress_rows
+    steps = _last(rows, 1, "sft")
+    assert steps["phase"] == "iteration 1 · sft" and steps["unit"] == "steps" and steps["stage"] == "train"
+    assert steps["step"] == steps["total"] == record["train"]["steps"] == 2
+    for arm in ("current policy", "candidate"):
+        gate = _last(rows, 1, f"gate: {arm}")
+        assert gate["stage"] == "gate" and gate["unit"] == "episodes"
+        assert gate["step"] == gate["total"] == 2 * record["gate"]["tasks"]  # two seeds per gate task
+    evaluation = _last(rows, 1, "evaluate")
+    assert evaluation["step"] == evaluation["total"] == 6  # three tasks, two seeds
+    assert list(dict.fromkeys(r["stage"] for r in rows)) == ["search", "data", "train", "gate", "evaluate", "done"]
