@@ -16,6 +16,15 @@ def store_db(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, 
 
 
 @pytest.fixture()
+def db(tmp_path: Path, monkeypatch) -> Path:
+    """An empty store of the test's own, which the app and the engine open through ORCHARD_DB."""
+    path = tmp_path / "orchard.db"
+    monkeypatch.setenv("ORCHARD_DB", str(path))
+    monkeypatch.setenv("ORCHARD_HOME", str(tmp_path / "home"))
+    return path
+
+
+@pytest.fixture()
 def foreign_db(tmp_path: Path) -> Path:
     path = tmp_path / "foreign.db"
     con = sqlite3.connect(path)

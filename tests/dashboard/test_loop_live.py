@@ -23,14 +23,6 @@ CONFIG = {"method": "exit", "model": "tiny", "env": "line", "iterations": 2, "ta
           "name": "loop-l", "search": {"simulations": 64}}
 
 
-@pytest.fixture()
-def db(tmp_path: Path, monkeypatch) -> Path:
-    path = tmp_path / "orchard.db"
-    monkeypatch.setenv("ORCHARD_DB", str(path))
-    monkeypatch.setenv("ORCHARD_HOME", str(tmp_path / "home"))
-    return path
-
-
 def record(store: Store, idx: int, model: str, **extra: Any) -> None:
     """A loop record as `run_loop` saves it, with a real evaluation of `model` (its id in the record)."""
     eval_id = store.save_evaluation(model, "line", "test", ["goal-1", "goal-2"], "greedy", {}, SUCCESS, [])

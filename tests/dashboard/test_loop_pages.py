@@ -28,14 +28,6 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(build_tiny_model(tmp_path_factory.mktemp("model") / "m").resolve())
 
 
-@pytest.fixture()
-def db(tmp_path: Path, monkeypatch) -> Path:
-    path = tmp_path / "orchard.db"
-    monkeypatch.setenv("ORCHARD_DB", str(path))
-    monkeypatch.setenv("ORCHARD_HOME", str(tmp_path / "home"))
-    return path
-
-
 def open_page(page: str | None = None, **params: str) -> AppTest:
     at = AppTest.from_file(str(APP), default_timeout=90).run()
     if page is not None:
