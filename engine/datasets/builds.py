@@ -282,7 +282,8 @@ def run_refine(spec: RefineJob, reporter: Reporter, generator: Generator | None 
 
     def save() -> None:
         if store is not None and unsaved:
-            report = store.save_samples(unsaved, who=who)
+            # one row per id: two personas may yield the same chat (ids hash the content, engine.datasets.samples)
+            report = store.save_samples(list({s.id: s for s in unsaved}.values()), who=who)
             for name, value in vars(report).items():
                 setattr(saved, name, getattr(saved, name) + value)
         unsaved.clear()
