@@ -44,7 +44,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from engine.datasets.builds import RefineJob, run_refine
     from engine.datasets.refine import RefineConfig
     from engine.progress import ConsoleReporter
-
     from engine.store import Store
 
     base = load_file(RefineConfig, args.config) if args.config else RefineConfig()

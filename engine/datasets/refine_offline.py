@@ -139,11 +139,6 @@ def make_script(persona: str, seed: int, corrections: int = 2) -> dict[str, Any]
 # ---------------------------------------------------------------- trajectories
 
 
-def _dm(thought: str, observation: str, error: str = "none", detail: str = "", done: bool = False) -> dict:
-    return {"role": "dm", "thought": thought, "observation": observation,
-            "evaluation": {"error": error, "detail": detail}, "task_complete": done}
-
-
 def _held(env: Any) -> str:
     from engine.envs.textcraft_recipes import readable
 
@@ -153,7 +148,7 @@ def _held(env: Any) -> str:
 def make_trajectory(script_data: dict[str, Any], corrections: int = 2) -> list[dict[str, Any]]:
     """The log of `script_data` (a script `make_script` wrote): the expert's solution with
     `corrections` env-rejected mistakes, each followed by its refinement (the module docstring)."""
-    from engine.datasets.refine import check_script
+    from engine.datasets.refine import _dm, check_script
     from engine.envs.base import EnvError
     from engine.envs.textcraft import TextCraftEnv
     from engine.envs.textcraft_expert import TextCraftExpert, plan
