@@ -101,6 +101,8 @@ class RefineJob:
     def check(self) -> None:
         if self.out is not None and Path(self.out).is_dir():
             raise ConfigError(f"refine job: field 'out' must be a file name, got {self.out!r}")
+        if self.personas is not None and not Path(self.personas).expanduser().is_file():
+            raise ConfigError(f"refine job: field 'personas' must name a JSONL file, got {self.personas!r}")
 
     @property
     def offline(self) -> bool:
@@ -221,6 +223,7 @@ def refine_generator(spec: RefineJob, personas: list[Any], log: Any = print) -> 
     spec names, refused BEFORE its weights load when the pipeline's prompts cannot fit its positions
     (a GeneratorError naming the prompt's tokens and the model's positions: one line)."""
     from engine.datasets.refine import EXAMPLE_SCRIPT, Script, check_script, script_prompt, trajectory_prompt
+    from engine.llm.base import GeneratorError
     from engine.llm.registry import load_generator, local_model_dir
 
     if spec.offline:
@@ -239,8 +242,6 @@ def refine_generator(spec: RefineJob, personas: list[Any], log: Any = print) -> 
         misfit = prompt_fit(folder, prompts)
         if misfit is not None:
             n, new, positions = misfit
-            from engine.llm.base import GeneratorError
-
             raise GeneratorError(
                 f"model {spec.model.strip()!r}: a refine prompt of {n} tokens + {new} new tokens exceeds the model's "
                 f"{positions} positions; use a model with a longer context (or smaller script_max_tokens / "
