@@ -1,7 +1,8 @@
 """The Data pages build their own data: a pairs build (alpha, theta) on Preference pairs and a revisions
-build (judge model, alpha_good, beta_gap, ...) on Trajectories, for the run chosen in the sidebar,
-each queued as a job (engine/datasets/builds.py) and followed live — the page reruns as the job's units land,
-so the queue below fills while it runs.
+build (judge model, alpha_good, beta_gap, ...) on Trajectories, for the run chosen in the sidebar, and a
+refinement build (model, including `offline`, count, personas, seed) on Refinement data, which needs no
+run; each queued as a job (engine/datasets/builds.py) and followed live — the page reruns as the job's
+units land, so the queue below fills while it runs.
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ def _submit(db: str, form: str, kind: str, config: dict[str, Any], model: str | 
         auth.require(db, "launch_jobs")  # a login (and a maintainer) where one is needed
         with Store(db) as store:
             job_id = submit_stage(store, kind, config)
-        st.session_state[f"{form}_flash"] = f"Queued job {job_id}: {kind} build for run {config['run']}."
+        target = f" for run {md(config['run'])}" if config.get("run") else ""
+        st.session_state[f"{form}_flash"] = f"Queued job {job_id}: {kind} build{target}."
     except fm.submit_errors() as e:
         st.session_state[f"{form}_flash_error"] = f"Not queued: {fm.refusal(e)}"
 
@@ -150,3 +152,49 @@ def revisions_builder(db: str, run: RunInfo | None, default_model: str = "tiny")
         _outcome(form)
     if run is not None and (job := jp.latest_job(db, ("revisions",), run.id)) is not None:
         jp.job_panel(db, job, "rb_job", extra=build_outcome, follow=True)
+
+
+REFINE_HELP = {"model": "offline (TextCraft's scripted synthesizer: no LLM, seconds on a CPU) | tiny | PATH | "
+                        "hf:PATH | openai:URL#MODEL | vllm:PATH — a model must write JSON scripts and logs, "
+                        "and its context must hold the prompts",
+               "n": "personas sampled, one trajectory attempt each",
+               "personas": "a JSONL file of {id, persona} on the server (empty: the shipped data/personas.jsonl)",
+               "seed": "persona sampling and request seeds"}
+
+
+def refine_builder(db: str, empty: bool) -> None:
+    """The 'Build refinement data' form (model, count, personas file, seed) and its newest job, live.
+    `empty`: no refinement sample yet (the form opens)."""
+    from engine.datasets.refine_offline import OFFLINE_MODEL, is_offline
+
+    form = "rfb_build"
+    _poll(db)
+    with st.expander("Build refinement data", expanded=bool(fm.form_errors(form)) or empty):
+        with st.form(form, border=False):
+            st.markdown("AgentRefine (docs/algorithms.md §5): persona → script → Dungeon Master / player log, "
+                        "verified; the DM-flagged turns are masked. `offline` writes TextCraft scripts and "
+                        "expert logs with injected, refused mistakes and their corrections (no language model).")
+            cols = st.columns([3, 1, 3, 1])
+            model = cols[0].text_input("Model", value=OFFLINE_MODEL, key="rfb_model", help=REFINE_HELP["model"])
+            with cols[0]:
+                fm.field_error(form, "model")
+            n = cols[1].number_input("Count", min_value=1, max_value=10_000, value=8, step=1, key="rfb_n",
+                                     help=REFINE_HELP["n"])
+            personas = cols[2].text_input("Personas file", value="", key="rfb_personas",
+                                          help=REFINE_HELP["personas"])
+            seed = cols[3].number_input("Seed", min_value=0, value=0, step=1, key="rfb_seed", help=REFINE_HELP["seed"])
+            go = st.form_submit_button("Build refinement data", type="primary")
+        if go:
+            spec = model.strip() or OFFLINE_MODEL
+            config = {"model": spec, "n": int(n), "personas": personas.strip() or None, "seed": int(seed)}
+            _submit(db, form, "refine", config, None if is_offline(spec) else spec)
+            st.rerun()
+        _outcome(form)
+    if (job := jp.latest_job(db, ("refine",))) is not None:
+        jp.job_panel(db, job, "rfb_job", follow=True)
+
+
+def refine_builds(db: str) -> list[JobInfo]:
+    """The refine jobs, newest first (the Refinement page's Builds table)."""
+    with Store(db, readonly=True) as store:
+        return [j for j in reversed(store.jobs()) if j.kind == "refine"]

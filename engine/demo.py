@@ -2,9 +2,10 @@
 
 Loads (or builds) the tiny model, then: MCTS with it as actor AND critic on the demo's train tasks ->
 step pairs (eq. 10, theta), RFT and expert-iteration rows -> revision trajectories (first errors
-judged by the model, spliced) -> a short SFT job on the expert-iteration rows (the loop's default
+judged by the model, spliced) -> AgentRefine rows from the offline synthesizer (TextCraft's tasks and
+expert; the tiny model cannot write the JSON scripts) -> a short SFT job on the expert-iteration rows (the loop's default
 recipe) -> greedy evaluation of the base and the trained model on the same held-out tasks, with the
-paired difference and the plain statement that 8 tasks cannot show a gain. Everything is stored (run, pairs, samples, job with its loss curve,
+paired difference and the plain statement that 8 tasks cannot show a gain. Everything is stored (run, pairs, samples, refinement rows and their job, job with its loss curve,
 model, two evaluations, a two-record loop), so every dashboard page has content on first open.
 Prints each stage's time.
 
@@ -41,12 +42,14 @@ class DemoSettings:
     learning_rate: float = 1e-4
     eval_tasks: str = "0:8"  # held-out (test) tasks, the same for both models
     eval_max_steps: int = 10
+    refine_personas: int = 8  # offline AgentRefine rows (TextCraft's scripted synthesizer; well under a second)
 
     def __post_init__(self) -> None:
         checks = {"tasks": bool(self.tasks.strip()), "theta": self.theta >= 0, "train_steps": self.train_steps >= 1,
                   "train_epochs": self.train_epochs > 0,
                   "batch_size": self.batch_size >= 1, "learning_rate": self.learning_rate > 0,
-                  "eval_tasks": bool(self.eval_tasks.strip()), "eval_max_steps": self.eval_max_steps >= 1}
+                  "eval_tasks": bool(self.eval_tasks.strip()), "eval_max_steps": self.eval_max_steps >= 1,
+                  "refine_personas": self.refine_personas >= 1}
         for name, ok in checks.items():
             if not ok:
                 raise ConfigError(f"demo setting {name}: invalid value {getattr(self, name)!r}")
@@ -61,6 +64,7 @@ class DemoResult:
     pairs: int = 0
     revisions: int = 0
     judged: int = 0
+    refined: int = 0
     good: int = 0
     model: str | None = None
     trained_rows: int = 0
@@ -127,6 +131,25 @@ def stage_revisions(store: Any, run_id: str, judge: Any, log: Callable[[str], No
     log(f"revisions: {len(built.revision)} revision trajectories ({judged} with a judged first error), "
         f"{len(built.good)} good trajectories, {len(built.recovery)} recovery prefixes")
     return len(built.revision), judged, len(built.good)
+
+
+def stage_refine(store: Any, settings: DemoSettings, log: Callable[[str], None]) -> int:
+    """AgentRefine rows from the offline synthesizer (engine/datasets/refine_offline.py: TextCraft's task
+    generator and expert with refused mistakes and their corrections, no LLM — the tiny policy cannot write
+    the JSON scripts), through the pipeline's own verification and loss masks; recorded as a refine job
+    so the Refinement page's Builds table shows it. Returns the rows made."""
+    from engine.datasets.builds import RefineJob, run_refine
+
+    out = Path(store.path).parent / "runs" / "refine-demo.jsonl"
+    spec = RefineJob(model="offline", n=settings.refine_personas, out=str(out))
+    job = store.create_job("refine", {"model": spec.model, "n": spec.n, "out": spec.out}, "cpu", name="refine-demo")
+    reporter = _Quiet(store, job.id)
+    result = run_refine(spec, reporter, store=store, who=f"job {job.id}")
+    store.finish_job(job.id, "succeeded", output_path=result.output, expect=("queued",))
+    rows = int(store.job(job.id).progress.get("rows") or 0)
+    log(f"refine: {rows} AgentRefine rows from the offline synthesizer (TextCraft tasks, expert logs with refused "
+        f"mistakes masked) -> {out}")
+    return rows
 
 
 def stage_train(store: Any, run_id: str, base: Path, settings: DemoSettings,
@@ -227,6 +250,7 @@ def run_demo(db: str | Path | None = None, log: Callable[[str], None] = print,
         result.pairs = timed("pairs", lambda: stage_pairs(store, run_id, settings, log))
         result.revisions, result.judged, result.good = timed(
             "revisions", lambda: stage_revisions(store, run_id, generator, log))
+        result.refined = timed("refine (offline)", lambda: stage_refine(store, settings, log))
         result.eval_ids.append(timed("evaluate base", lambda: stage_evaluate(
             store, run_id, generator, str(base), eval_tasks, settings, log)))
         result.model, result.trained_rows = timed("train", lambda: stage_train(store, run_id, base, settings, log))

@@ -10,8 +10,8 @@ import pytest
 from engine.demo import DEMO, run_demo
 from engine.store import Store
 
-STAGES = ("model (load the shipped checkpoint)", "search", "pairs", "revisions", "evaluate base", "train",
-          "evaluate trained")
+STAGES = ("model (load the shipped checkpoint)", "search", "pairs", "revisions", "refine (offline)", "evaluate base",
+          "train", "evaluate trained")
 
 
 @pytest.mark.slow
@@ -23,6 +23,10 @@ def test_a_demo_run_stores_every_stage_of_the_loop(tmp_path: Path) -> None:
         assert any(line.startswith(f"time {stage}: ") and "(cpu " in line for line in lines), stage
     with Store(tmp_path / "orchard.db", must_exist=True) as store:
         assert len(store.pairs(run_id=result.run_id, kind=["step"])) >= 1
+        refined = store.samples(kind="refine")  # the Refinement page's rows, and the build that made them
+        assert len(refined) == result.refined == DEMO.refine_personas
+        assert all(sum(not t.trains for t in s.turns) >= 2 for s in refined)  # the refused mistakes, masked
+        assert [j.kind for j in store.jobs() if j.kind == "refine"] == ["refine"]
         (model,) = store.models()
         assert model.path == result.model and (Path(model.path) / "config.json").is_file()
         assert store.job(model.job_id).state == "succeeded" and store.job_metrics(model.job_id)

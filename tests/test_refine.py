@@ -512,7 +512,8 @@ def test_cli_generate_writes_jsonl_and_prints_costs(tmp_path: Path, monkeypatch,
 
     monkeypatch.setattr(engine.llm.registry, "load_generator", lambda spec, log=print: Scripted(good))
     out = tmp_path / "refine.jsonl"
-    args = _parse(["refine", "generate", "--model", "fake", "--n", "4", "--out", str(out), "--seed", "3"])
+    args = _parse(["refine", "generate", "--model", "fake", "--n", "4", "--out", str(out), "--seed", "3",
+                   "--db", str(tmp_path / "orchard.db")])
     assert args.func(args) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 4 and all(r["kind"] == "refine" and r["messages"] for r in rows)
@@ -520,23 +521,24 @@ def test_cli_generate_writes_jsonl_and_prints_costs(tmp_path: Path, monkeypatch,
     assert stats["stats"]["calls"] == 8 and stats["config"]["seed"] == 3 and len(stats["personas"]) == 4
     printed = capsys.readouterr().out
     assert "4 personas -> 4 rows, 0 failed" in printed and "8 model calls in 2 batches" in printed
-    assert f"wrote {out}" in printed
+    assert f"wrote {out}" in printed and "samples: 1 created" in printed  # 4 equal chats: one row for the Refinement page
 
 
 def test_cli_user_errors_write_nothing(tmp_path: Path, monkeypatch) -> None:
     import engine.llm.registry
 
     monkeypatch.setattr(engine.llm.registry, "load_generator", lambda spec, log=print: Scripted(good))
-    out = tmp_path / "x.jsonl"
+    out, db = tmp_path / "x.jsonl", str(tmp_path / "orchard.db")
     for extra in (["--n", "0"], ["--personas", str(tmp_path / "none.jsonl")], ["--config", str(tmp_path / "c.toml")]):
-        args = _parse(["refine", "generate", "--model", "fake", "--out", str(out), *extra])
+        args = _parse(["refine", "generate", "--model", "fake", "--out", str(out), "--db", db, *extra])
         with pytest.raises(ConfigError):
             args.func(args)
     (tmp_path / "c.toml").write_text("max_calls = 1\n")
-    args = _parse(["refine", "generate", "--model", "fake", "--out", str(out), "--config", str(tmp_path / "c.toml")])
+    args = _parse(["refine", "generate", "--model", "fake", "--out", str(out), "--db", db,
+                   "--config", str(tmp_path / "c.toml")])
     with pytest.raises(ConfigError, match="max_calls"):
         args.func(args)
-    args = _parse(["refine", "generate", "--model", "openai:http://127.0.0.1:1/v1", "--out", str(out)])
+    args = _parse(["refine", "generate", "--model", "openai:http://127.0.0.1:1/v1", "--out", str(out), "--db", db])
     monkeypatch.undo()  # the real registry: a spec without #MODEL is a one-line user error
     with pytest.raises(GeneratorError, match="model 'openai:http://127.0.0.1:1/v1': expected"):
         args.func(args)
@@ -555,11 +557,13 @@ def test_cli_a_failed_run_leaves_an_existing_output_file_alone(tmp_path: Path, m
     monkeypatch.setattr(engine.llm.registry, "load_generator", lambda spec, log=print: Unreachable())
     out = tmp_path / "precious.jsonl"
     out.write_text('{"kept": 1}\n{"kept": 2}\n')
-    args = _parse(["refine", "generate", "--model", "fake", "--n", "2", "--out", str(out)])
+    args = _parse(["refine", "generate", "--model", "fake", "--n", "2", "--out", str(out),
+                   "--db", str(tmp_path / "orchard.db")])
     with pytest.raises(GeneratorError, match="cannot reach"):
         args.func(args)
     assert out.read_text() == '{"kept": 1}\n{"kept": 2}\n'
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["precious.jsonl"]  # no partial file: nothing verified
+    left = sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("orchard.db"))
+    assert left == ["precious.jsonl"]  # no partial file: nothing verified
 
 
 # ---------------------------------------------------------------- a real server (slow)

@@ -4,6 +4,8 @@ Master's verdict on every player action.
 Why this page: refinement tuning masks the turns the DM flagged as erroneous (loss 0) and trains on
 the rest; a wrong mask teaches the mistake. Here a person reads each turn with the DM's answer and
 evaluation, flips a turn's loss flag where the DM was wrong, and approves or rejects the sample.
+The page builds its own data too: a refine job (model — `offline`, the scripted TextCraft synthesizer,
+needs no LLM — count, personas file, seed) through dashboard.builders, with a Builds table of the jobs.
 
 Every write names the version the page showed (`expected_version`); a stale one is refused by the
 store and explained, never overwritten. Env and model text is shown only in `st.code`, `st.text`,
@@ -20,11 +22,11 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from dashboard import auth, data
+from dashboard import auth, builders, data
 from dashboard.text import md
 from dashboard.versions import VersionGuard
 from engine.datasets.samples import Sample
-from engine.store import CURATION_STATUSES, ConflictError, EditError, HistoryEntry, Store, StoreError
+from engine.store import CURATION_STATUSES, ConflictError, EditError, HistoryEntry, JobInfo, Store, StoreError
 
 KIND = "refine"
 PAGE_SIZE = 100
@@ -161,6 +163,27 @@ def history_table(entries: list[HistoryEntry]) -> pd.DataFrame:
     )
 
 
+def builds_table(jobs: Sequence[JobInfo]) -> pd.DataFrame:
+    """One row per refine job: what it was asked (model, count) and what it made (rows, failed)."""
+    return pd.DataFrame([{
+        "job": j.id, "state": j.state, "model": str(j.config.get("model", "")), "count": j.config.get("n"),
+        "rows": j.progress.get("rows"), "failed": j.progress.get("failed"),
+        "queued": pd.Timestamp(j.created_at, unit="s").floor("s"), "output": j.output_path or "",
+    } for j in jobs], columns=["job", "state", "model", "count", "rows", "failed", "queued", "output"])
+
+
+def turns_table(sample: Sample, flags: set[int], evaluations: dict[int, dict[str, Any]]) -> pd.DataFrame:
+    """The sample's turns at a glance: the action, the DM's verdict and whether the turn is trained."""
+    def action(text: str) -> str:
+        return text.rsplit("Action:", 1)[-1].strip() if "Action:" in text else text
+
+    return pd.DataFrame([{
+        "turn": i + 1, "action": action(t.text),
+        "DM error": str((evaluations.get(i) or {}).get("error", "flagged" if i in flags else "none")),
+        "loss": "trained" if t.trains else "masked",
+    } for i, t in enumerate(sample.turns)], columns=["turn", "action", "DM error", "loss"])
+
+
 # --- the list -----------------------------------------------------------------------------------------------
 
 with st.sidebar:
@@ -168,19 +191,26 @@ with st.sidebar:
                               placeholder="all statuses", persist_state="session")
 
 st.title("Refinement data")
-st.caption("AgentRefine samples: one model played the Dungeon Master and the player in a generated script. "
-           "Turns the DM flagged as erroneous are masked (no loss). Make them with `orchard refine`.")
+st.caption("AgentRefine samples: one model (or the `offline` synthesizer) played the Dungeon Master and the "
+           "player in a generated script. Turns the DM flagged as erroneous are masked (no loss). Build them "
+           "here or with `orchard refine generate`.")
 
 f = data.filters(kind=KIND, status=statuses)
 counts = data.sample_counts(db, f, version)
 total = counts["total"]
+builders.refine_builder(db, empty=total == 0 and not statuses)
+builds = builders.refine_builds(db)
+if builds:
+    st.caption(f"Builds ({len(builds)}, newest first)")
+    st.dataframe(builds_table(builds), hide_index=True, key="rf_builds", height=min(38 + 35 * len(builds), 212))
 pages = max(1, -(-total // PAGE_SIZE))
 page = min(max(int(state.get(PAGE, 0)), 0), pages - 1)
 state[PAGE] = page
 samples = data.sample_page(db, f, PAGE_SIZE, page * PAGE_SIZE, version)
 ids = [s.id for s in samples]
 if not samples:
-    st.info("No refinement samples match. Make some with `orchard refine`, or widen the status filter.")
+    st.info("No refinement samples match. Build some above (model `offline` needs no LLM) or with "
+            "`orchard refine generate`, or widen the status filter.")
     st.stop()
 
 sample_id = qp.get("sample")
@@ -296,6 +326,8 @@ with st.expander("Script: persona, environment, task and actions", expanded=Fals
 st.subheader("Trajectory")
 st.caption("Each turn: the player's thought and action, then the DM's answer and its evaluation of that "
            "action. Untick “train on this turn” to mask a turn (loss 0); tick it to train on it.")
+st.dataframe(turns_table(sample, flags, evaluations), hide_index=True, key=f"rf_turns_{sample.id}_{sample.version}",
+             height=min(38 + 35 * len(sample.turns), 318))
 st.caption("DM · FIRST OBSERVATION")
 st.code(sample.task.first_user_message(), language=None, wrap_lines=True)
 for i, turn in enumerate(sample.turns):

@@ -101,6 +101,15 @@ class RefineJob:
     def check(self) -> None:
         if self.out is not None and Path(self.out).is_dir():
             raise ConfigError(f"refine job: field 'out' must be a file name, got {self.out!r}")
+        if self.personas is not None and not Path(self.personas).expanduser().is_file():
+            raise ConfigError(f"refine job: field 'personas' must name a JSONL file, got {self.personas!r}")
+
+    @property
+    def offline(self) -> bool:
+        """`model` is `offline`: the scripted synthesizer (engine/datasets/refine_offline.py), no LLM."""
+        from engine.datasets.refine_offline import is_offline
+
+        return is_offline(self.model)
 
     @property
     def settings(self) -> RefineConfig:
@@ -202,10 +211,44 @@ def run_revisions(store: Store, spec: RevisionsJob, reporter: Reporter, who: str
     return StageResult(run_id, lines)
 
 
-def run_refine(spec: RefineJob, reporter: Reporter, generator: Generator | None = None) -> StageResult:
-    """AgentRefine refinement data (docs/algorithms.md §5) into a JSONL file; unit: one persona
-    (verified or dropped). Rows stream to `OUT.partial`, renamed into place when complete, so a
-    cancel keeps what was verified there and never touches an existing OUT."""
+def refine_generator(spec: RefineJob, personas: list[Any], log: Any = print) -> Generator:
+    """The generator a refine build asks: the offline synthesizer for `offline`, else the model the
+    spec names, refused BEFORE its weights load when the pipeline's prompts cannot fit its positions
+    (a GeneratorError naming the prompt's tokens and the model's positions: one line)."""
+    from engine.datasets.refine import EXAMPLE_SCRIPT, Script, check_script, script_prompt, trajectory_prompt
+    from engine.llm.base import GeneratorError
+    from engine.llm.registry import load_generator, local_model_dir
+
+    if spec.offline:
+        from engine.datasets.refine_offline import OfflineRefineGenerator
+
+        return OfflineRefineGenerator()
+    folder = local_model_dir(spec.model, log=log)
+    if folder is not None:
+        from engine.llm.hf import prompt_fit
+
+        c = spec.settings
+        example = check_script(EXAMPLE_SCRIPT, c)
+        prompts = [(script_prompt(p, c), c.script_max_tokens) for p in {p.persona: p for p in personas}.values()]
+        if isinstance(example, Script):  # the shortest trajectory prompt a model's script can make, about
+            prompts.append((trajectory_prompt(example, c), c.trajectory_max_tokens))
+        misfit = prompt_fit(folder, prompts)
+        if misfit is not None:
+            n, new, positions = misfit
+            raise GeneratorError(
+                f"model {spec.model.strip()!r}: a refine prompt of {n} tokens + {new} new tokens exceeds the model's "
+                f"{positions} positions; use a model with a longer context (or smaller script_max_tokens / "
+                f"trajectory_max_tokens), or --model offline (TextCraft's scripted synthesizer, no LLM)")
+    return load_generator(spec.model, log=log)
+
+
+def run_refine(spec: RefineJob, reporter: Reporter, generator: Generator | None = None, store: Store | None = None,
+               who: str | None = None) -> StageResult:
+    """AgentRefine refinement data (docs/algorithms.md §5) into a JSONL file and, with `store`, the
+    store's samples (kind "refine", saved after every batch as they are verified: the Refinement page
+    fills while it runs; curated rows are kept); unit: one persona (verified or dropped). Rows stream
+    to `OUT.partial`, renamed into place when complete, so a cancel keeps what was verified there and
+    never touches an existing OUT."""
     from engine.datasets.refine import (
         DEFAULT_PERSONAS,
         generate,
@@ -214,19 +257,31 @@ def run_refine(spec: RefineJob, reporter: Reporter, generator: Generator | None 
         summary,
         to_row,
     )
-    from engine.llm.registry import load_generator
     from engine.paths import runs_dir
+    from engine.store import SaveReport
 
     settings = spec.settings
     personas = sample_personas(load_personas(spec.personas or DEFAULT_PERSONAS), spec.n, settings.seed)
     out = Path(spec.out) if spec.out else runs_dir() / f"refine-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
     if out.is_dir():
         raise ConfigError(f"--out {out} is a folder; give a file name")
-    generator = generator or load_generator(spec.model, log=reporter.log)
+    generator = generator or refine_generator(spec, personas, log=reporter.log)
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(f"{out.name}.partial")
     written = 0
+    unsaved: list[Any] = []
+    saved = SaveReport()  # the batches' saves added up
+    who = who or who_am_i()
     units = Units(reporter, "refine", len(personas))
+
+    def save() -> None:
+        if store is not None and unsaved:
+            # one row per id: two personas may yield the same chat (ids hash the content, engine.datasets.samples)
+            report = store.save_samples(list({s.id: s for s in unsaved}.values()), who=who)
+            for name, value in vars(report).items():
+                setattr(saved, name, getattr(saved, name) + value)
+        unsaved.clear()
+
     try:
         with partial.open("w", encoding="utf-8") as f:
 
@@ -235,15 +290,19 @@ def run_refine(spec: RefineJob, reporter: Reporter, generator: Generator | None 
                 f.write(json.dumps(to_row(sample), ensure_ascii=False) + "\n")
                 f.flush()
                 written += 1
+                unsaved.append(sample)
 
             def on_batch(stats: Any) -> None:
-                units.step(stats.rows + stats.failed - units.done, rows=stats.rows)
+                save()
+                units.step(stats.rows + stats.failed - units.done, rows=stats.rows, failed=stats.failed)
 
             result = generate(generator, personas, settings, on_sample=write, on_batch=on_batch)
+        save()
         units.finish()
     except BaseException:
         if written:
-            reporter.log(f"refine: stopped; the {written} verified rows so far are in {partial}")
+            reporter.log(f"refine: stopped; the {written} verified rows so far are in {partial}"
+                         + (" and the store" if store is not None else ""))
         else:
             partial.unlink(missing_ok=True)
         raise
@@ -256,4 +315,7 @@ def run_refine(spec: RefineJob, reporter: Reporter, generator: Generator | None 
         encoding="utf-8",
     )
     lines = [*summary(stats), f"wrote {out} ({stats['rows']} rows) and {stats_path}"]
+    if store is not None:
+        lines.append(f"samples: {saved}; db {store.path}")
     return StageResult(str(out), lines)
+

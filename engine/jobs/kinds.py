@@ -97,7 +97,8 @@ KINDS: dict[str, JobKind] = {
         run_pairs(store, spec, r, who=f"job {job.id}"), r)),
     "revisions": JobKind((RevisionsJob,), lambda store, job, spec, r: _stage(
         run_revisions(store, spec, r, who=f"job {job.id}"), r)),
-    "refine": JobKind((RefineJob,), lambda store, job, spec, r: _stage(run_refine(spec, r), r)),
+    "refine": JobKind((RefineJob,), lambda store, job, spec, r: _stage(
+        run_refine(spec, r, store=store, who=f"job {job.id}"), r)),
 }
 JOB_KINDS = tuple(KINDS)
 MULTI_GPU_KINDS = tuple(k for k, v in KINDS.items() if v.multi_gpu)

@@ -6,7 +6,7 @@ the model reachable, the run known, a Ray address answering) and queues it with 
 
 Devices: every job goes through the one queue, whose slots are devices. Pairs builds need none and
 take the `cpu` slot; search, revisions and refine take the `cpu` slot when their model is `tiny` or
-a remote server (`openai:`) or run on Ray (the workers load the model), else the machine's default
+a remote server (`openai:`) (or, for refine, `offline`, the scripted synthesizer) or run on Ray (the workers load the model), else the machine's default
 device (`cuda:0` where there is one).
 """
 
@@ -26,8 +26,8 @@ def stage_device(kind: str, config: dict[str, Any]) -> str:
     """The queue slot of a stage job (see the module docstring)."""
     if kind == "pairs" or (kind == "search" and config.get("ray") is not None):
         return "cpu"  # a search on Ray: the workers load the model; this job only commits
-    model = str(config.get("model") or "tiny")
-    if model == "tiny" or model.startswith("openai:"):
+    model = str(config.get("model") or "tiny").strip()
+    if model in ("tiny", "offline") or model.startswith("openai:"):
         return "cpu"
     return default_device()
 
@@ -45,7 +45,7 @@ def submit_stage(store: Any, kind: str, config: dict[str, Any], device: str | No
         run_id = store.find_run(spec.resume)
         if spec.ray is not None and not spec.model:
             check_model(store.run(run_id).model)  # Ray workers would each fail on a bad stored spec
-    if getattr(spec, "model", None):
+    if getattr(spec, "model", None) and not getattr(spec, "offline", False):  # refine's `offline` loads nothing
         check_model(spec.model)
     if kind == "search" and spec.ray is not None:
         probe_address(spec.ray)  # a HOST:PORT nothing answers: refused now, not a job that waits

@@ -65,6 +65,37 @@ def _cache_of(out: Any) -> Any:
     return cache if cache is not None else out.past_key_values
 
 
+def encode_chat(tokenizer: Any, prompt: Prompt) -> list[int]:
+    """Token ids of the chat-templated `prompt`, ending with the assistant turn header (what
+    `HFGenerator` feeds the model; a tokenizer alone counts a prompt before any weights load)."""
+    text = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def prompt_fit(model_dir: str | Path, prompts: Sequence[tuple[Prompt, int]]) -> tuple[int, int, int] | None:
+    """The first (prompt tokens, new tokens, positions) of `prompts` ((prompt, max new tokens) pairs)
+    that does not fit the model folder's positions (config.json's `max_position_embeddings`), or None.
+    Reads the tokenizer and config only: no weights are loaded."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    path = Path(model_dir)
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise GeneratorError(f"cannot read the tokenizer and config of {path}: {exc}") from None
+    positions = config.get("max_position_embeddings") if isinstance(config, dict) else None
+    if not isinstance(positions, int) or getattr(tokenizer, "chat_template", None) is None:
+        return None  # unknown: the model says so itself when it runs
+    for prompt, new in prompts:
+        n = len(encode_chat(tokenizer, prompt))
+        if n + new > positions:
+            return n, new, positions
+    return None
+
+
 @dataclass
 class _Row:
     """One completion being generated: request `req`, sample `k` of its n, prompt slot `slot`."""
@@ -187,8 +218,7 @@ class HFGenerator:
 
     def encode_prompt(self, prompt: Prompt) -> list[int]:
         """Token ids of the chat-templated prompt, ending with the assistant turn header."""
-        text = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return encode_chat(self.tokenizer, prompt)
 
     def _decode(self, ids: Sequence[int]) -> str:
         # Special tokens are kept so the text re-encodes to the same ids.

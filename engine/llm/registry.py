@@ -72,6 +72,20 @@ def load_generator(spec: str, log=print, allow_http_key: bool | None = None) -> 
     return HFGenerator(path, name=f"hf:{path}")
 
 
+def local_model_dir(spec: str, log=print) -> Path | None:
+    """The local folder a spec loads (`tiny`: the shipped checkpoint), or None for a server or a
+    spec that names no model folder (loading it says why). Nothing is loaded."""
+    parsed = parse_model_spec(spec)
+    if parsed.kind == "tiny":
+        from engine.llm.tiny_checkpoint import tiny_model_dir
+
+        return tiny_model_dir(log=log)
+    if parsed.kind == "openai":
+        return None
+    path = Path(parsed.target).expanduser()
+    return path.resolve() if (path / "config.json").is_file() else None
+
+
 def _model_dir(text: str) -> Path:
     path = Path(text).expanduser()
     if not path.is_dir():
