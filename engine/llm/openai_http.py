@@ -14,7 +14,9 @@ Targets `vllm serve`, `transformers serve` and hosted APIs, which differ in what
 
 Concurrency: a sync `httpx.Client` shared by ONE bounded thread pool per generator
 (`max_concurrency` workers and connections), which `sample` (a batch) and `submit` (one request,
-a future; search's no-barrier scheduler) share. Threads rather than asyncio because callers
+a future; search's no-barrier scheduler) share. Each pool thread keeps its own keep-alive
+connection (`_ThreadTransport`): httpcore's shared pool costs CPU per request that grows with the
+connections (docs/decisions.md). Threads rather than asyncio because callers
 (search loops, Streamlit, notebooks) may already run an event loop, where `asyncio.run` fails;
 the work is I/O-bound, so threads release the GIL while waiting. The limit is a spec setting
 (`openai:URL#MODEL?concurrency=64`); its default is fitted to the server kind: 64 for a plain
@@ -43,6 +45,7 @@ import os
 import random
 import threading
 import urllib.parse
+import urllib.request
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -265,10 +268,7 @@ class OpenAIGenerator:
         self._tokenizer: Any = None
         self._tokenizer_lock = threading.Lock()
         self._echo_supported: bool | None = None
-        self._client = httpx.Client(
-            timeout=httpx.Timeout(timeout_s),
-            limits=httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency),
-        )
+        self._client = _client(timeout_s, max_concurrency)
 
     @classmethod
     def from_spec(cls, spec: str, **kwargs: Any) -> OpenAIGenerator:
@@ -581,6 +581,76 @@ class OpenAIGenerator:
             log.warning("%s: the server ignores echo/logprobs; logprobs() gives None", self.name)
             self._echo_supported = False
         return value
+
+
+def _env_proxies() -> bool:
+    """True when the environment names an HTTP proxy (HTTP(S)_PROXY, ALL_PROXY, either case), which
+    httpx's own transport honours and `_ThreadTransport` does not."""
+    return any(k != "no" for k in urllib.request.getproxies())
+
+
+def _client(timeout_s: float, max_concurrency: int) -> httpx.Client:
+    """The generator's client: one connection per pool thread (`_ThreadTransport`), or, when the
+    environment names a proxy, httpx's own pool shared by all threads, as before."""
+    if _env_proxies():
+        return shared_pool_client(timeout_s, max_concurrency)
+    return httpx.Client(timeout=httpx.Timeout(timeout_s), transport=_ThreadTransport())
+
+
+def shared_pool_client(timeout_s: float, max_concurrency: int) -> httpx.Client:
+    """httpx's own connection pool, shared by every thread (the client before `_ThreadTransport`;
+    bench/driver_cpu.py's baseline)."""
+    return httpx.Client(
+        timeout=httpx.Timeout(timeout_s),
+        limits=httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency),
+    )
+
+
+class _ThreadTransport(httpx.BaseTransport):
+    """A transport per calling thread, each with its own one-connection pool (kept alive as httpx's
+    default, 5 s). httpcore's pool (1.0.x) takes one pool-wide lock and rescans every connection for
+    every queued request on each request and each release (O(connections^2)), so a pool shared by 256
+    threads cost the client ~13 ms of CPU per request (bench/driver_cpu.py); a pool per thread has
+    one connection to scan. Only the generator's pool threads send, so there are at most
+    `max_concurrency` connections, as with the shared pool's limit. The client above (timeouts,
+    event hooks, cookies) stays one object shared by all threads."""
+
+    _ONE = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._all: list[tuple[threading.Thread, httpx.HTTPTransport]] = []
+        self._ssl: Any = None  # one TLS context for every thread (loading CA certificates costs ms)
+        self._closed = False
+
+    def _mine(self) -> httpx.HTTPTransport:
+        transport: httpx.HTTPTransport | None = getattr(self._local, "transport", None)
+        if transport is not None:
+            return transport
+        with self._lock:
+            if self._closed:
+                raise httpx.TransportError("the generator's client is closed")
+            if self._ssl is None:
+                self._ssl = httpx.create_ssl_context(trust_env=True)
+            transport = httpx.HTTPTransport(verify=self._ssl, limits=self._ONE)
+            ended = [t for thread, t in self._all if not thread.is_alive()]  # threads gone since
+            self._all = [(thread, t) for thread, t in self._all if thread.is_alive()]
+            self._all.append((threading.current_thread(), transport))
+        for t in ended:
+            t.close()
+        self._local.transport = transport
+        return transport
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        return self._mine().handle_request(request)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            transports, self._all = [t for _, t in self._all], []
+        for t in transports:
+            t.close()
 
 
 def _init_options(options: dict[str, Any]) -> dict[str, Any]:
