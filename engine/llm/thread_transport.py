@@ -33,12 +33,17 @@ KEEPALIVE_S = 5.0  # httpx's default keepalive_expiry
 
 
 class _Conn:
-    """One thread's connection to one origin, and when it was last used."""
+    """One thread's socket to one origin, and when it was last used."""
 
-    def __init__(self, origin: tuple[str, str, int], conn: http.client.HTTPConnection) -> None:
+    def __init__(self, origin: tuple[str, str, int], sock: socket.socket) -> None:
         self.origin = origin
-        self.conn = conn
+        self.sock: socket.socket | None = sock
         self.idle_since = time.monotonic()
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
 
 
 def _readable(sock: socket.socket) -> bool:
@@ -86,34 +91,33 @@ class ThreadTransport(httpx.BaseTransport):
         """This thread's live connection to `origin`, reused when it is fresh, else a new one."""
         held: _Conn | None = getattr(self._local, "conn", None)
         if held is not None:
-            sock = held.conn.sock
             fresh = time.monotonic() - held.idle_since < KEEPALIVE_S
-            if held.origin == origin and sock is not None and fresh and not _readable(sock):
+            if held.origin == origin and held.sock is not None and fresh and not _readable(held.sock):
                 return held
-            held.conn.close()
+            held.close()
         scheme, host, port = origin
-        connect_s = _seconds(timeouts, "connect")
-        conn: http.client.HTTPConnection
-        if scheme == "https":
-            conn = http.client.HTTPSConnection(host, port, timeout=connect_s, context=self._ssl_context())
-        else:
-            conn = http.client.HTTPConnection(host, port, timeout=connect_s)
+        sock: socket.socket | None = None
         try:
-            conn.connect()
+            sock = socket.create_connection((host, port), timeout=_seconds(timeouts, "connect"))
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if scheme == "https":
+                sock = self._ssl_context().wrap_socket(sock, server_hostname=host)
         except TimeoutError as exc:
-            conn.close()
+            if sock is not None:
+                sock.close()
             raise httpx.ConnectTimeout(f"connecting to {host}:{port}: {exc}") from exc
         except OSError as exc:  # refused, unreachable, name not resolved, TLS handshake failed
-            conn.close()
+            if sock is not None:
+                sock.close()
             raise httpx.ConnectError(f"connecting to {host}:{port}: {exc}") from exc
-        held = _Conn(origin, conn)
+        held = _Conn(origin, sock)
         self._local.conn = held
         with self._lock:
             if self._closed:
-                conn.close()
+                held.close()
                 raise httpx.ConnectError("the client's transport is closed")
             for ident in [i for i, (thread, _) in self._open.items() if not thread.is_alive()]:
-                self._open.pop(ident)[1].conn.close()  # a connection whose thread has ended
+                self._open.pop(ident)[1].close()  # a connection whose thread has ended
             self._open[threading.get_ident()] = (threading.current_thread(), held)
         return held
 
@@ -121,29 +125,33 @@ class ThreadTransport(httpx.BaseTransport):
         url = request.url
         if url.scheme not in ("http", "https"):
             raise httpx.UnsupportedProtocol(f"unsupported URL scheme {url.scheme!r} in {url}")
+        lines = [b"%s %s HTTP/1.1" % (request.method.encode("ascii"), url.raw_path)]
+        for name, value in request.headers.raw:  # httpx's own: Host, Accept-Encoding, Content-Length...
+            if b"\n" in value or b"\r" in value or b"\n" in name or b"\r" in name:
+                raise httpx.LocalProtocolError(f"header {name!r} holds a line break")
+            lines.append(b"%s: %s" % (name, value))
+        lines.append(b"\r\n")
+        message = b"\r\n".join(lines) + request.read()  # headers and body in one write
         timeouts = request.extensions.get("timeout", {})
-        port = url.port or (443 if url.scheme == "https" else 80)
-        held = self._connection((url.scheme, url.host, port), timeouts)
-        conn, sock = held.conn, held.conn.sock
-        body = request.read()
+        held = self._connection((url.scheme, url.host, url.port or (443 if url.scheme == "https" else 80)),
+                                timeouts)
+        sock = held.sock
+        assert sock is not None
         stage = "sending"
         try:
             sock.settimeout(_seconds(timeouts, "write"))
-            conn.putrequest(request.method, url.raw_path.decode("ascii"),
-                            skip_host=True, skip_accept_encoding=True)  # httpx's own headers say both
-            for name, value in request.headers.raw:
-                conn.putheader(name, value)
-            conn.endheaders(body or None)  # headers and a small body in one write
+            sock.sendall(message)
             stage = "reading"
             sock.settimeout(_seconds(timeouts, "read"))
-            resp = conn.getresponse()
+            resp = http.client.HTTPResponse(sock, method=request.method)
+            resp.begin()
             content = resp.read()
         except (http.client.HTTPException, OSError) as exc:  # timed out, closed, reset, malformed answer
-            conn.close()
+            held.close()
             why = f"{stage} {request.method} {url}: {type(exc).__name__}: {exc}"
             raise _error(exc, stage == "sending")(why) from exc
         if resp.will_close:
-            conn.close()
+            held.close()
         held.idle_since = time.monotonic()
         return httpx.Response(
             resp.status,
@@ -158,4 +166,4 @@ class ThreadTransport(httpx.BaseTransport):
             self._closed = True
             held, self._open = [c for _, c in self._open.values()], {}
         for c in held:
-            c.conn.close()
+            c.close()
