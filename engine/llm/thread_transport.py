@@ -1,20 +1,20 @@
-"""`ThreadTransport`: an httpx transport with one keep-alive connection per calling thread, over the
-standard library's `http.client`.
+"""`ThreadTransport`: an httpx transport with one keep-alive socket per calling thread; each request
+is written in one `sendall` and its answer parsed by the standard library's `http.client.HTTPResponse`.
 
 WHY: `OpenAIGenerator` sends from up to `max_concurrency` pool threads (64 to 256 with many trees in
 flight). httpx's default transport is httpcore's connection pool, which takes one pool-wide lock and
 rescans every connection for every queued request on each request and each release (httpcore
-1.0.x: O(connections^2)); shared by 256 threads it cost the client ~12 ms of CPU per request, and
-more as the client fell behind (idle connections make the scan longer). A pool per thread has one
-connection to scan, but httpcore + h11 still cost ~0.6 ms of CPU per POST on the 2-core host, where
-`http.client` costs ~0.2 ms (bench/driver_cpu.py, docs/experiments.md 2026-12-03). The httpx.Client
-above stays: timeouts (the request's `timeout` extension), event hooks, headers and the decoding of
-`Content-Encoding` all work as with httpx's own transport, and its errors are httpx's
-(`httpx.TimeoutException`, `httpx.TransportError`), which the generator's retries expect.
+1.0.x: O(connections^2)); shared by 256 threads it cost the client 5-13 ms of CPU per request, more
+as the client fell behind (idle connections lengthen the scan). A pool per thread has one
+connection to scan, but httpcore + h11 still cost 0.75-1.06 ms of CPU per POST on the loaded 2-core
+host against 0.39-0.54 ms here (bare `http.client`: 0.22-0.34 ms; docs/experiments.md 2026-12-03).
+The httpx.Client above stays: timeouts (the request's `timeout` extension), event hooks, headers
+and the decoding of `Content-Encoding` work as with httpx's own transport, and its errors are
+httpx's (`httpx.TimeoutException`, `httpx.TransportError`), which the generator's retries expect.
 
 Connections are kept alive as httpx's default (5 s idle at most; one the server has closed meanwhile
-is noticed before it is used, as httpcore does). Proxies from the environment are not handled here:
-`engine.llm.openai_http` then keeps httpx's own pool.
+is noticed before it is used, as httpcore does). HTTP/1.1 only; proxies from the environment are
+not handled here: `engine.llm.openai_http` then keeps httpx's own pool.
 """
 
 from __future__ import annotations
