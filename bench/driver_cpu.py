@@ -45,7 +45,8 @@ class _PoolPerThread(httpx.BaseTransport):
     """An httpx.HTTPTransport (httpcore pool) of one connection per thread: the pool fix alone."""
 
     def __init__(self) -> None:
-        self.local, self.all = threading.local(), []
+        self.local = threading.local()
+        self.all: list[httpx.HTTPTransport] = []
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         if not hasattr(self.local, "t"):
@@ -78,7 +79,7 @@ def drive(url: str, trees: int, arm: str, warmup: float, seconds: float) -> dict
 
     def one() -> None:
         with lock:
-            i = st["next"]
+            i = int(st["next"])
             st["next"] += 1
             st["in_flight"] += 1
         req = SampleRequest([{"role": "user", "content": f"task {i % 1000}: craft a stick"}], 1,
