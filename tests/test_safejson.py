@@ -32,3 +32,36 @@ def test_hostile_text_raises_only_decode_errors(text: str) -> None:
         assert "\n" not in e.msg
     else:
         json.dumps(value, ensure_ascii=False).encode("utf-8")  # what parses is valid, writable text
+
+
+def _outcome(text: str) -> tuple[str, object]:
+    try:
+        return "value", safejson.loads(text)
+    except json.JSONDecodeError as e:
+        return type(e).__name__, e.msg
+
+
+_TRICKY = [
+    "[" * MAX_DEPTH + "]" * MAX_DEPTH, "[" * (MAX_DEPTH + 1) + "]" * (MAX_DEPTH + 1), "[" * 100_000,
+    '{"a": "' + "[" * 200 + '"}', '{"a": "\\"' + "[" * 200 + '"}', '["\\\\"' + ", [" * 70 + "]" * 70 + "]",
+    '"' + '\\"' * 5000, '["' + '\\"' * 5000 + '"]', '["a" ' + "[" * 80, "]]]", '{"a": [1, {"b": "}}}"}]}',
+    '[1, "x\\', '"[[["' + "[" * 70, "[" * 70 + '"' + "]" * 70, '{"x": 1} ' + "[" * 100,
+]
+
+
+@pytest.mark.parametrize("text", [*(p.values[0] for p in model_outputs()), *_TRICKY])
+def test_whole_document_depth_check_agrees_with_the_exact_scan(text: str, monkeypatch) -> None:
+    """loads' fast whole-document check only skips the bracket-by-bracket scan: the same value or
+    the same error either way."""
+    fast = _outcome(text)
+    monkeypatch.setattr(safejson, "_within_depth", lambda text, max_depth: False)
+    assert fast == _outcome(text)
+
+
+def test_whole_document_depth_check_is_linear_on_unclosed_strings() -> None:
+    """An unclosed string ends at the end of the text (no match that fails and restarts at each
+    later quote): 200k escaped quotes parse as one failed document, not a quadratic scan."""
+    with pytest.raises(json.JSONDecodeError):
+        safejson.loads('["' + '\\"' * 200_000)
+    assert safejson._within_depth('["' + '\\"' * 200_000, MAX_DEPTH)
+    assert not safejson._within_depth("[" * (MAX_DEPTH + 1), MAX_DEPTH)

@@ -14,7 +14,9 @@ Targets `vllm serve`, `transformers serve` and hosted APIs, which differ in what
 
 Concurrency: a sync `httpx.Client` shared by ONE bounded thread pool per generator
 (`max_concurrency` workers and connections), which `sample` (a batch) and `submit` (one request,
-a future; search's no-barrier scheduler) share. Threads rather than asyncio because callers
+a future; search's no-barrier scheduler) share. Each pool thread keeps its own keep-alive
+connection (`engine.llm.thread_transport`): httpcore's shared pool costs CPU per request that grows
+with the connections (docs/decisions.md). Threads rather than asyncio because callers
 (search loops, Streamlit, notebooks) may already run an event loop, where `asyncio.run` fails;
 the work is I/O-bound, so threads release the GIL while waiting. The limit is a spec setting
 (`openai:URL#MODEL?concurrency=64`); its default is fitted to the server kind: 64 for a plain
@@ -43,6 +45,7 @@ import os
 import random
 import threading
 import urllib.parse
+import urllib.request
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -53,6 +56,7 @@ import httpx
 
 from engine import safejson
 from engine.llm.base import Completion, GeneratorError, Prompt, SampleRequest
+from engine.llm.thread_transport import ThreadTransport
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +171,7 @@ def parse_choices(body: dict[str, Any], api: Api, stop: Sequence[str]) -> list[C
         else:
             text = choice.get("text") or ""
             token_lps = lp.get("token_logprobs") if isinstance(lp, dict) else None
-        if token_lps is not None and any(x is None for x in token_lps):
+        if not isinstance(token_lps, list) or None in token_lps:  # C-level scan: ~200 per reply
             token_lps = None
         text, cut = _cut_at_stop(text, stop)
         finish = "length" if choice.get("finish_reason") == "length" and not cut else "stop"
@@ -177,11 +181,12 @@ def parse_choices(body: dict[str, Any], api: Api, stop: Sequence[str]) -> list[C
             n_tokens = usage_tokens if len(choices) == 1 and isinstance(usage_tokens, int) else 0
         if cut:
             token_lps = None
+        floats = tuple(map(float, token_lps)) if token_lps is not None else None
         out.append(
             Completion(
                 text=text,
-                logprob=float(sum(token_lps)) if token_lps is not None else None,
-                token_logprobs=tuple(float(x) for x in token_lps) if token_lps is not None else None,
+                logprob=float(sum(floats)) if floats is not None else None,
+                token_logprobs=floats,
                 n_tokens=n_tokens,
                 finish_reason=finish,
             )
@@ -252,6 +257,7 @@ class OpenAIGenerator:
         self.allow_http_key = allow_http_key
         self.name = f"openai:{self.base_url}#{model}"
         self._pool: ThreadPoolExecutor | None = None
+        self._urls: dict[str, httpx.URL] = {}  # path -> parsed URL (httpx parses a str on every call)
         self._pool_lock = threading.Lock()
         self._key()  # a key that may not go to this URL is refused now, before any work is done
         if tokenizer_dir is None and Path(model).is_dir():
@@ -265,10 +271,7 @@ class OpenAIGenerator:
         self._tokenizer: Any = None
         self._tokenizer_lock = threading.Lock()
         self._echo_supported: bool | None = None
-        self._client = httpx.Client(
-            timeout=httpx.Timeout(timeout_s),
-            limits=httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency),
-        )
+        self._client = _client(timeout_s, max_concurrency)
 
     @classmethod
     def from_spec(cls, spec: str, **kwargs: Any) -> OpenAIGenerator:
@@ -327,13 +330,14 @@ class OpenAIGenerator:
     def _post(self, path: str, payload: dict[str, Any], abort: threading.Event) -> dict[str, Any]:
         """POST with retries; returns the JSON body or raises GeneratorError (key never shown)."""
         url = f"{self.base_url}{path}"
+        target = self._urls.get(path) or self._urls.setdefault(path, httpx.URL(url))  # parsed once
         attempts = self.retries + 1
         for attempt in range(attempts):
             key = self._key()
             headers = {"Authorization": f"Bearer {key}"} if key else {}
             last = attempt == attempts - 1
             try:
-                resp = self._client.post(url, json=payload, headers=headers)
+                resp = self._client.post(target, json=payload, headers=headers)
             except httpx.TimeoutException as exc:
                 if last:
                     raise ServerUnavailable(
@@ -581,6 +585,29 @@ class OpenAIGenerator:
             log.warning("%s: the server ignores echo/logprobs; logprobs() gives None", self.name)
             self._echo_supported = False
         return value
+
+
+def _env_proxies() -> bool:
+    """True when the environment names an HTTP proxy (HTTP(S)_PROXY, ALL_PROXY, either case), which
+    httpx's own transport honours and `ThreadTransport` does not."""
+    return any(k != "no" for k in urllib.request.getproxies())
+
+
+def _client(timeout_s: float, max_concurrency: int) -> httpx.Client:
+    """The generator's client: one connection per pool thread (`ThreadTransport`), or, when the
+    environment names a proxy, httpx's own pool shared by all threads, as before."""
+    if _env_proxies():
+        return shared_pool_client(timeout_s, max_concurrency)
+    return httpx.Client(timeout=httpx.Timeout(timeout_s), transport=ThreadTransport())
+
+
+def shared_pool_client(timeout_s: float, max_concurrency: int) -> httpx.Client:
+    """httpx's own connection pool, shared by every thread (the client before `ThreadTransport`;
+    bench/driver_cpu.py's baseline)."""
+    return httpx.Client(
+        timeout=httpx.Timeout(timeout_s),
+        limits=httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency),
+    )
 
 
 def _init_options(options: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,165 @@
+"""Client CPU per request of OpenAIGenerator with 64 / 256 requests in flight (issue 30).
+
+Starts bench/delayed_server.py as its own process (so this process's CPU time is the client's
+alone), keeps N requests in flight through the real `OpenAIGenerator.submit` (limit N: N pool
+threads, as N trees in flight with `concurrency=N`; each answer submits the next request), and
+prints, over a window after a warm-up, the process CPU time per answered request (and the kernel's
+share of it), requests/s and the mean requests in flight (Little's law: summed latency / window).
+Arms, alternating within the same run:
+- before: httpx's connection pool shared by all threads (`openai_http.shared_pool_client`) and
+  safejson's bracket-by-bracket depth scan of every reply (the code before issue 30);
+- per-thread-pool: an httpcore pool of one connection per thread (httpx.HTTPTransport per thread);
+- after: the generator's default client (`engine.llm.thread_transport`: http.client per thread)
+  and the whole-document depth check.
+Then the ratio before / after. The server answers after time_scale x (50 ms + 2.5 ms per token,
+10-180 tokens): 30-200 ms at the default 0.4.
+
+    .venv/bin/python bench/driver_cpu.py [--trees 64,256] [--seconds 7] [--repeats 2] [--time-scale 0.4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+import httpx
+from scale import start_server
+
+from engine import safejson
+from engine.llm.base import SampleRequest, SamplingParams
+from engine.llm.openai_http import OpenAIGenerator, shared_pool_client
+
+ARMS = ("before", "per-thread-pool", "after")
+
+
+class _PoolPerThread(httpx.BaseTransport):
+    """An httpx.HTTPTransport (httpcore pool) of one connection per thread: the pool fix alone."""
+
+    def __init__(self) -> None:
+        self.local = threading.local()
+        self.all: list[httpx.HTTPTransport] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if not hasattr(self.local, "t"):
+            one = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+            self.local.t = httpx.HTTPTransport(limits=one)
+            self.all.append(self.local.t)
+        return self.local.t.handle_request(request)
+
+    def close(self) -> None:
+        for t in self.all:
+            t.close()
+
+
+def drive(url: str, trees: int, arm: str, warmup: float, seconds: float) -> dict[str, float]:
+    """N requests kept in flight for warmup + seconds; the figures of the last `seconds`."""
+    gen = OpenAIGenerator(url, "m", max_concurrency=trees)
+    if arm != "after":
+        gen._client.close()
+        gen._client = (shared_pool_client(gen.timeout_s, trees) if arm == "before" else
+                       httpx.Client(timeout=httpx.Timeout(gen.timeout_s), transport=_PoolPerThread()))
+    # "before": every reply's depth checked bracket by bracket (safejson.check_depth), as before
+    safejson_fast = safejson._within_depth
+    if arm == "before":
+        safejson._within_depth = lambda text, max_depth: False
+    lock = threading.Lock()
+    st = {"next": 0, "done": 0, "latency": 0.0, "errors": 0, "in_flight": 0}
+    measuring = threading.Event()
+    stopping = threading.Event()
+    drained = threading.Event()
+
+    def one() -> None:
+        with lock:
+            i = int(st["next"])
+            st["next"] += 1
+            st["in_flight"] += 1
+        req = SampleRequest([{"role": "user", "content": f"task {i % 1000}: craft a stick"}], 1,
+                            SamplingParams(max_tokens=64, seed=i))
+        began = time.perf_counter()
+        gen.submit(req).add_done_callback(lambda f: landed(f, began))
+
+    def landed(fut, began: float) -> None:
+        took = time.perf_counter() - began
+        with lock:
+            st["in_flight"] -= 1
+            if fut.exception() is not None:
+                st["errors"] += 1
+            elif measuring.is_set():
+                st["done"] += 1
+                st["latency"] += took
+            if stopping.is_set() and st["in_flight"] == 0:
+                drained.set()
+        if not stopping.is_set():
+            one()
+
+    for _ in range(trees):
+        one()
+    time.sleep(warmup)
+    with lock:
+        measuring.set()
+        cpu, wall, sys_s = time.process_time(), time.perf_counter(), os.times().system
+    time.sleep(seconds)
+    with lock:
+        measuring.clear()
+        cpu, wall, sys_s = time.process_time() - cpu, time.perf_counter() - wall, os.times().system - sys_s
+        done, latency, errors = st["done"], st["latency"], st["errors"]
+        stopping.set()
+    drained.wait(30)
+    gen.close()
+    safejson._within_depth = safejson_fast
+    if errors:
+        print(f"  warning: {errors} requests failed ({arm}, {trees} trees)", flush=True)
+    return {"cpu_ms": 1e3 * cpu / max(done, 1), "rps": done / wall, "in_flight": latency / wall,
+            "latency_ms": 1e3 * latency / max(done, 1), "cores": cpu / wall,
+            "sys_ms": 1e3 * sys_s / max(done, 1)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trees", default="64,256", help="requests in flight (= trees in flight, = the limit)")
+    ap.add_argument("--seconds", type=float, default=7.0, help="measured window per run")
+    ap.add_argument("--warmup", type=float, default=3.0, help="seconds before the window (connections open)")
+    ap.add_argument("--repeats", type=int, default=2, help="runs per arm, alternating; medians reported")
+    ap.add_argument("--time-scale", type=float, default=0.4, help="scale every server delay")
+    ap.add_argument("--arms", default=",".join(ARMS), help=f"subset of {','.join(ARMS)}")
+    args = ap.parse_args()
+    arms = [a for a in args.arms.split(",") if a]
+    if unknown := set(arms) - set(ARMS):
+        raise SystemExit(f"unknown arm(s) {sorted(unknown)}: known {', '.join(ARMS)}")
+    proc, url = start_server(args.time_scale)
+    print(f"server delays x{args.time_scale}; window {args.seconds:.0f} s after {args.warmup:.0f} s warm-up; "
+          f"{args.repeats} runs per arm, medians; client CPU = this process's CPU time / requests answered")
+    print(f"{'trees':>5} {'arm':>15} {'CPU/request':>11} {'kernel':>8} {'req/s':>6} {'in flight':>9} "
+          f"{'latency':>8} {'cores':>5}")
+    try:
+        for trees in (int(t) for t in args.trees.split(",")):
+            runs: dict[str, list[dict[str, float]]] = {a: [] for a in arms}
+            for _ in range(args.repeats):
+                for arm in arms:
+                    runs[arm].append(drive(url, trees, arm, args.warmup, args.seconds))
+            med = {a: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for a, rs in runs.items()}
+            for arm, m in med.items():
+                each = "/".join(f"{r['cpu_ms']:.2f}" for r in runs[arm])
+                print(f"{trees:>5} {arm:>15} {m['cpu_ms']:>8.2f} ms {m['sys_ms']:>5.2f} ms "
+                      f"{m['rps']:>6.0f} {m['in_flight']:>9.0f} {m['latency_ms']:>5.0f} ms {m['cores']:>5.2f}  "
+                      f"(runs {each} ms)", flush=True)
+            if "before" in med and "after" in med:
+                ratio = med["before"]["cpu_ms"] / med["after"]["cpu_ms"]
+                print(f"{trees:>5} {'before / after':>15} {ratio:>8.1f} x  (client CPU per request)",
+                      flush=True)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+if __name__ == "__main__":
+    main()
