@@ -132,16 +132,21 @@ def test_a_refine_job_reports_personas_and_writes_its_file(tmp_path: Path, model
 
     out = tmp_path / "refine.jsonl"
     with Store(tmp_path / "orchard.db") as store:
-        job_id = submit_refine(store, model=model, n=2, out=str(out),
-                               refine={"script_max_tokens": 8, "trajectory_max_tokens": 8, "script_attempts": 1})
+        job_id = submit_refine(store, model="offline", n=2, out=str(out))
         done = JobRunner(store).wait(job_id, timeout=240)
         assert done.state == "succeeded", Path(done.log_path).read_text()[-2000:]
-        assert done.output_path == str(out) and out.exists()
+        assert done.output_path == str(out) and len(out.read_text().splitlines()) == 2
         assert done.progress["step"] == done.progress["total"] == 2  # both personas done (verified or dropped)
         assert "refine: 2 personas ->" in Path(done.log_path).read_text()
+        # A model whose context cannot hold AgentRefine's prompts fails in one line, before its weights load.
+        small = submit_refine(store, model=model, n=2, out=str(tmp_path / "small.jsonl"),
+                              refine={"script_max_tokens": 8, "trajectory_max_tokens": 8, "script_attempts": 1})
+        failed = JobRunner(store).wait(small, timeout=240)
+        assert failed.state == "failed"
+        assert "exceeds the model's 2048 positions" in Path(failed.log_path).read_text()
         with pytest.raises(ConfigError, match="'n' must be an integer >= 1"):
             submit_refine(store, model=model, n=0)
-        assert len(store.jobs()) == 1
+        assert len(store.jobs()) == 2
 
 
 @pytest.mark.slow
