@@ -23,10 +23,11 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import auth, builders, data
+from dashboard.history import history_table
 from dashboard.text import md
 from dashboard.versions import VersionGuard
 from engine.datasets.samples import Sample
-from engine.store import CURATION_STATUSES, ConflictError, EditError, HistoryEntry, JobInfo, Store, StoreError
+from engine.store import CURATION_STATUSES, ConflictError, EditError, JobInfo, Store, StoreError
 
 KIND = "refine"
 PAGE_SIZE = 100
@@ -150,17 +151,6 @@ def dm_evaluations(sample: Sample) -> dict[int, dict[str, Any]]:
         if isinstance(e, dict) and isinstance(e.get("player_turn"), int):
             out[(e["player_turn"] - 1) // 2] = e
     return out
-
-
-def history_table(entries: list[HistoryEntry]) -> pd.DataFrame:
-    def text(value: Any) -> str:
-        return "" if value is None else json.dumps(value, ensure_ascii=False)
-
-    return pd.DataFrame(
-        [{"version": h.version, "when": pd.Timestamp(h.at, unit="s").floor("s"), "who": h.who,
-          "action": h.action, "before": text(h.before), "after": text(h.after)} for h in reversed(entries)],
-        columns=["version", "when", "who", "action", "before", "after"],
-    )
 
 
 def builds_table(jobs: Sequence[JobInfo]) -> pd.DataFrame:
