@@ -5,7 +5,9 @@ imports count, as in tests/test_import_cycles.py):
   engine/search, engine/datasets, engine/train imports engine.jobs;
 - the progress types (engine/progress.py) are the ground floor: they import nothing of the engine;
 - only the store (engine/store) talks to a database driver (sqlite3, psycopg): every other module
-  sees the store's own errors, so a driver's exception never escapes it.
+  sees the store's own errors, so a driver's exception never escapes it;
+- the trainers share helpers through common modules, never through each other (sft does not import
+  dpo), and only engine/train/trl_trainers.py imports TRL (imported lazily by the trainers).
 """
 
 from __future__ import annotations
@@ -32,6 +34,11 @@ def jobs_importers(graph: dict[str, set[str]]) -> list[str]:
 
 def driver_imports(path: Path) -> list[str]:
     """The database drivers `path` imports (anywhere in the file)."""
+    return third_party_imports(path, DRIVERS)
+
+
+def third_party_imports(path: Path, roots: tuple[str, ...]) -> list[str]:
+    """The modules under `roots` (top-level names) that `path` imports, anywhere in the file."""
     found = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
         if isinstance(node, ast.Import):
@@ -40,7 +47,7 @@ def driver_imports(path: Path) -> list[str]:
             names = [node.module or ""]
         else:
             continue
-        found += [n for n in names if n.split(".")[0] in DRIVERS]
+        found += [n for n in names if n.split(".")[0] in roots]
     return found
 
 
@@ -72,3 +79,31 @@ def test_only_the_store_imports_a_database_driver() -> None:
                 continue
             offenders += [f"{rel}: {name}" for name in driver_imports(path)]
     assert not offenders, "database drivers imported outside engine/store: " + "; ".join(offenders)
+
+
+TRL_MODULE = "engine/train/trl_trainers.py"
+
+
+def test_sft_shares_helpers_with_dpo_through_common_modules_not_through_dpo() -> None:
+    graph = import_graph()
+    assert "engine.train.tokens" in graph["engine.train.sft"] and "engine.train.selection" in graph["engine.train.sft"]
+    assert "engine.train.dpo" not in graph["engine.train.sft"]
+
+
+def test_only_the_trl_module_imports_trl(tmp_path: Path) -> None:
+    probe = tmp_path / "m.py"
+    probe.write_text("def f():\n    from trl.trainer.dpo_trainer import X\n    import trl\n    import trlx\n")
+    assert third_party_imports(probe, ("trl",)) == ["trl.trainer.dpo_trainer", "trl"]
+    assert third_party_imports(ROOT / TRL_MODULE, ("trl",)), f"{TRL_MODULE} no longer imports TRL"
+    offenders = [f"{path.relative_to(ROOT)}: {name}" for package in ("engine", "dashboard")
+                 for path in sorted((ROOT / package).rglob("*.py")) if path.relative_to(ROOT).as_posix() != TRL_MODULE
+                 for name in third_party_imports(path, ("trl",))]
+    assert not offenders, f"TRL imported outside {TRL_MODULE}: " + "; ".join(offenders)
+    graph = import_graph()
+    importers = sorted(m for m, targets in graph.items() if "engine.train.trl_trainers" in targets)
+    assert importers == ["engine.train.dpo", "engine.train.sft"], importers
+    for module in importers:  # lazily: inside the functions that train, so importing a trainer stays light
+        tree = ast.parse((ROOT / (module.replace(".", "/") + ".py")).read_text(encoding="utf-8"))
+        top = [n.module for n in tree.body if isinstance(n, ast.ImportFrom)]
+        top += [a.name for n in tree.body if isinstance(n, ast.Import) for a in n.names]
+        assert "engine.train.trl_trainers" not in top, f"{module} imports the TRL module at module level"

@@ -46,6 +46,22 @@ def test_run_roundtrip(db):
             store.find_run("nope")
 
 
+def test_one_run_read_by_id_is_the_same_as_its_entry_in_runs(db):
+    with Store(db) as store:
+        searched, _ = _run(store, sims=3, n_tasks=2)
+        empty = store.create_run("empty", "line", "m", {"k": 1}, [])
+        other = store.create_run("other", "line", "m", {}, SnapshotLineEnv().tasks()[:3])
+        store.set_run_status(other, "finished", {"simulations": 0})
+        listed = {info.id: info for info in store.runs()}
+        assert set(listed) == {searched, empty, other}
+        for run_id, info in listed.items():
+            assert store.run(run_id) == info
+        assert listed[searched].nodes > 1 and listed[empty].trees == 0 and listed[other].trees == 3
+        for missing in ("nope", searched[:4], "", None, "\ud800"):
+            with pytest.raises(StoreError, match="no run|not valid Unicode"):
+                store.run(missing)
+
+
 def test_journal_is_wal(tmp_path):
     with Store(tmp_path / "o.db") as store:
         assert store.con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"

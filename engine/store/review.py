@@ -13,7 +13,7 @@ The final label (docs/decisions.md, "Final label rule"):
    curator), its curation status (approved / edited / rejected; pending has none);
 4. else unsettled: training leaves it out.
 Training with `include_pending` (the one rule for DPO, SFT, RFT, `orchard iterate` and the demo:
-`engine.train.dpo.keep_labelled`) adds only UNDECIDED items: pending, with no decision at all
+`engine.train.selection.keep_labelled`) adds only UNDECIDED items: pending, with no decision at all
 (`FinalLabel.undecided`). An item whose reviewers disagree, that has fewer reviews than required,
 or whose reviews went stale is unsettled, and is never trained on until it is settled.
 Reaching 1 or 2 also sets the item's curation status, so every page and count shows the label.

@@ -98,11 +98,24 @@ class RunsStore(Connection):
         return ids[0]
 
     def runs(self) -> list[RunInfo]:
+        return self._run_infos()
+
+    def run(self, run_id: str) -> RunInfo:
+        """One run by its exact id, read alone (a WHERE on the id, not a scan of every run)."""
+        if isinstance(run_id, str):
+            _valid_text(run_id, "run id")  # a lone surrogate: one line, not the driver's UnicodeEncodeError
+            for info in self._run_infos("WHERE r.id = ?", (run_id,)):
+                return info
+        raise StoreError(f"no run {run_id!r} in {self.path}")
+
+    def _run_infos(self, where: str = "", params: tuple[Any, ...] = ()) -> list[RunInfo]:
+        """The runs (all, or those `where` selects) in creation order with their counts, in one query."""
         rows = self.con.execute(
-            """SELECT r.id, r.name, r.env, r.model, r.config, r.task_ids, r.status, r.created_at, r.updated_at,
+            f"""SELECT r.id, r.name, r.env, r.model, r.config, r.task_ids, r.status, r.created_at, r.updated_at,
                       r.stats, COUNT(t.id), COALESCE(SUM(t.simulations), 0), COALESCE(SUM(t.solved), 0),
                       (SELECT COUNT(*) FROM nodes n JOIN trees t2 ON n.tree_id = t2.id WHERE t2.run_id = r.id)
-               FROM runs r LEFT JOIN trees t ON t.run_id = r.id GROUP BY r.id ORDER BY r.created_at"""
+               FROM runs r LEFT JOIN trees t ON t.run_id = r.id {where} GROUP BY r.id ORDER BY r.created_at""",
+            params,
         ).fetchall()
         return [
             RunInfo(
@@ -112,12 +125,6 @@ class RunsStore(Connection):
             )
             for r in rows
         ]
-
-    def run(self, run_id: str) -> RunInfo:
-        for info in self.runs():
-            if info.id == run_id:
-                return info
-        raise StoreError(f"no run {run_id!r} in {self.path}")
 
     # --- trees -------------------------------------------------------------------------------
 

@@ -62,6 +62,8 @@ from engine.train.common import (
     trl_common_args,
     with_threads,
 )
+from engine.train.selection import keep_labelled
+from engine.train.tokens import encode_completion, encode_prompt
 
 if TYPE_CHECKING:
     from engine.store import FinalLabel, Store
@@ -169,27 +171,6 @@ def labelled_pairs(store: Store, config: DPOTrainConfig,
     return keep_labelled(store, "pair", out, config.statuses, config.include_pending, config.labels)
 
 
-def keep_labelled(store: Store, kind: str, items: Sequence[Any], statuses: Sequence[str], include_pending: bool,
-                  rule: str) -> tuple[list[Any], dict[str, FinalLabel]]:
-    """`items` whose final label is in `statuses`, and with `include_pending` those nobody decided
-    anything about (`FinalLabel.undecided`); an unsettled item (reviewers disagree, too few or stale
-    reviews) never. The one selection every trainer and loop uses (engine/store/review.py)."""
-    finals = store.final_labels(kind, [i.id for i in items], rule=rule)
-    kept = [i for i in items if finals[i.id].label in statuses or (include_pending and finals[i.id].undecided)]
-    return kept, {i.id: finals[i.id] for i in kept if finals[i.id].label is not None}
-
-
-def encode_prompt(tokenizer: Any, prompt: list[dict[str, str]]) -> list[int]:
-    """The prompt's ids exactly as `HFGenerator.encode_prompt` makes them."""
-    text = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
-
-
-def encode_completion(tokenizer: Any, text: str) -> list[int]:
-    """The completion's ids exactly as `HFGenerator.logprobs` scores them: text + EOS."""
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"]) + [tokenizer.eos_token_id]
-
-
 def _trajectory_ids(tokenizer: Any, prompt: list[dict[str, str]], messages: list[dict[str, str]],
                     prompt_ids: list[int]) -> tuple[list[int], list[int]]:
     from engine.datasets.formats import tokenize_messages
@@ -249,137 +230,6 @@ def stored_reference(
     return out
 
 
-# ------------------------------------------------------------------ TRL subclass
-
-
-def _trainer_class() -> type[Any]:
-    """DPOTrainer taking pre-tokenized rows with per-token masks and partly supplied reference
-    log-probs (built lazily: TRL takes seconds to import)."""
-    import torch
-    from trl import DPOTrainer
-    from trl.trainer.dpo_trainer import DataCollatorForPreference
-
-    class MaskedPreferenceCollator(DataCollatorForPreference):
-        """TRL's collator, with the completion mask narrowed to `chosen_mask`/`rejected_mask`
-        (trajectory pairs: assistant tokens only)."""
-
-        def torch_call(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
-            out = super().torch_call(examples)
-            if "chosen_mask" not in examples[0]:
-                return out
-            masks = [[0] * len(e["prompt_ids"]) + list(e["chosen_mask"]) for e in examples]
-            masks += [[0] * len(e["prompt_ids"]) + list(e["rejected_mask"]) for e in examples]
-            width = out["completion_mask"].shape[1]
-            narrowed = torch.zeros_like(out["completion_mask"])
-            for i, m in enumerate(masks):
-                m = m[:width] if self.truncation_mode == "keep_start" or self.max_length is None else m[-width:]
-                narrowed[i, : len(m)] = torch.tensor(m, dtype=narrowed.dtype)
-            out["completion_mask"] = out["completion_mask"] * narrowed
-            return out
-
-    class OrchardDPOTrainer(DPOTrainer):
-        ref_stats: dict[str, Any]
-
-        def __init__(self, *args: Any, ref_plan: dict[str, Any] | None = None, **kwargs: Any) -> None:
-            self._ref_plan = ref_plan or {}
-            self.ref_stats = {}
-            super().__init__(*args, **kwargs)
-
-        def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
-            if "prompt_ids" not in dataset.column_names:
-                return super()._prepare_dataset(dataset, processing_class, args, dataset_name)
-            if args.max_length is not None and args.truncation_mode == "keep_start":
-                dataset = dataset.filter(lambda row: len(row["prompt_ids"]) < args.max_length)
-            return dataset
-
-        def _set_signature_columns_if_needed(self) -> None:
-            super()._set_signature_columns_if_needed()
-            # transformers' Trainer sets `_signature_columns = None` in __init__, so mypy infers the
-            # type None; the super() call above has made it the list of column names.
-            columns = [*self._signature_columns, "chosen_mask", "rejected_mask"]  # type: ignore[misc]
-            self._signature_columns = columns  # type: ignore[assignment]
-
-        def _reference_pass(self, dataset, batch_size: int) -> tuple[list[float], list[float]]:
-            """The reference's (chosen, rejected) log-probs of every row, in order, from every process.
-            TRL's own pass caches them in a file that only rank 0 writes, in a per-process temp
-            folder for an in-memory dataset, so the other ranks of a multi-GPU run cannot read it;
-            this pass keeps them in memory and gathers them instead."""
-            from torch.utils.data import DataLoader
-
-            loader = self.accelerator.prepare(DataLoader(dataset, batch_size=batch_size, shuffle=False,
-                                                         collate_fn=self.data_collator, num_workers=0))
-            model = self.ref_model or self.model
-            chosen: list[float] = []
-            rejected: list[float] = []
-            for batch in loader:
-                c, r = self.compute_ref_log_probs(model, batch)
-                c, r = self.accelerator.gather_for_metrics((c, r))
-                chosen += [float(v) for v in c.cpu()]
-                rejected += [float(v) for v in r.cpu()]
-            return chosen, rejected
-
-        def _precompute_ref_logps(self, dataset, name, batch_size):
-            """Fill only what the plan does not supply; spot-check stored values per group."""
-            plan = self._ref_plan
-            if "stored" not in plan or name != "train":
-                chosen, rejected = self._reference_pass(dataset, batch_size)
-                return dataset.add_column("ref_chosen_logps", chosen).add_column("ref_rejected_logps", rejected)
-            stored: list[tuple[float, float] | None] = list(plan["stored"])
-            groups: list[str] = plan["groups"]
-            verify: set[int] = set(plan["verify"])
-            n_tokens = [(sum(r["chosen_mask"]), sum(r["rejected_mask"])) for r in dataset]
-            computed: dict[int, tuple[float, float]] = {}
-
-            def score(indices: list[int]) -> None:
-                todo = [i for i in indices if i not in computed]
-                if not todo:
-                    return
-                chosen, rejected = self._reference_pass(dataset.select(todo), batch_size)
-                for i, c, r in zip(todo, chosen, rejected, strict=True):
-                    computed[i] = (c, r)
-
-            score(sorted(verify | {i for i, s in enumerate(stored) if s is None}))
-            worst: dict[str, float] = {}
-            for i in verify:
-                s = stored[i]
-                if s is None:
-                    continue
-                diff = max(abs(s[k] - computed[i][k]) / max(1, n_tokens[i][k]) for k in (0, 1))
-                worst[groups[i]] = max(worst.get(groups[i], 0.0), diff)
-            tolerance: dict[str, float] = plan["tolerance"]
-            rejected_groups = sorted(g for g, d in worst.items() if d > tolerance[g])
-            if rejected_groups:
-                score([i for i, g in enumerate(groups) if g in rejected_groups])
-            final: list[tuple[float, float]] = []
-            used_stored = 0
-            per_run: dict[str, dict[str, Any]] = {}
-            for i, s in enumerate(stored):
-                row = per_run.setdefault(groups[i], {"stored": 0, "rescored": 0, "verified": 0,
-                                                     "max_diff_per_token": worst.get(groups[i]),
-                                                     "tolerance": tolerance[groups[i]]})
-                row["verified"] += i in verify
-                if s is not None and groups[i] not in rejected_groups:
-                    final.append(s)
-                    used_stored += 1
-                    row["stored"] += 1
-                else:
-                    final.append(computed[i])
-                    row["rescored"] += 1
-            self.ref_stats = {
-                "ref_stored": used_stored, "ref_computed": len(computed), "ref_verified": len(verify),
-                "ref_verify_max_diff_per_token": max(worst.values(), default=None),
-                "ref_groups_rejected": rejected_groups, "ref_per_run": per_run,
-            }
-            if plan.get("require_stored") and used_stored < len(final):
-                raise TrainError(f"ref_source=stored: {len(final) - used_stored} pairs have no usable stored "
-                                 f"log-probs (groups failing the spot check: {rejected_groups or 'none'})")
-            return dataset.add_column("ref_chosen_logps", [c for c, _ in final]).add_column(
-                "ref_rejected_logps", [r for _, r in final])
-
-    OrchardDPOTrainer.collator_class = MaskedPreferenceCollator  # type: ignore[attr-defined]
-    return OrchardDPOTrainer
-
-
 def _verify_indices(groups: Sequence[str], stored: Sequence[Any], per_group: int) -> list[int]:
     chosen: dict[str, list[int]] = {}
     for i, (g, s) in enumerate(zip(groups, stored, strict=True)):
@@ -401,7 +251,8 @@ def build_trainer(
     `backends`: {run id: hf | vllm | openai}, the backend that searched each run (its tolerance)."""
     from datasets import Dataset
     from datasets.utils.logging import disable_progress_bar
-    from trl import DPOConfig
+
+    from engine.train.trl_trainers import DPOConfig, MaskedPreferenceCollator, OrchardDPOTrainer
 
     disable_progress_bar()
 
@@ -432,7 +283,6 @@ def build_trainer(
             missing = sum(s is None for s in stored)
             raise TrainError(f"ref_source=stored: {missing} of {len(stored)} pairs have no usable stored log-probs "
                              "(edited, trajectory, missing, or not ended at EOS); use ref_source=auto")
-    CLS = _trainer_class()
     args = pin_one_device(DPOConfig(
         **trl_common_args(config, device, precision, scratch or tempfile.mkdtemp(prefix="orchard-dpo-")),
         beta=config.beta,
@@ -443,13 +293,13 @@ def build_trainer(
     ref_model = None
     if mode == "live" and not config.lora:
         ref_model = copy.deepcopy(model).eval()  # never let TRL reload it from the config's path
-    collator = CLS.collator_class(pad_token_id=tokenizer.pad_token_id, max_length=config.max_length,
+    collator = MaskedPreferenceCollator(pad_token_id=tokenizer.pad_token_id, max_length=config.max_length,
                                   truncation_mode=args.truncation_mode)
     dataset = Dataset.from_list(rows)
     reporter.log(f"DPO: {len(rows)} pairs, ref_source={mode}, device={device}, precision={precision}, "
                  f"lora={config.lora}")
     began = time.perf_counter()
-    trainer = CLS(
+    trainer = OrchardDPOTrainer(
         model=model, ref_model=ref_model, args=args, train_dataset=dataset, processing_class=tokenizer,
         data_collator=collator, peft_config=lora_config(config) if config.lora else None,
         callbacks=[progress_callback(reporter, "dpo")], ref_plan=plan,

@@ -46,7 +46,8 @@ from engine.train.common import (
     trl_common_args,
     with_threads,
 )
-from engine.train.dpo import encode_completion, encode_prompt, keep_labelled
+from engine.train.selection import keep_labelled
+from engine.train.tokens import encode_completion, encode_prompt
 
 if TYPE_CHECKING:
     from engine.store import FinalLabel, Store
@@ -57,7 +58,7 @@ SFT_FORMATS = ("steps", "chat")
 @dataclass(frozen=True)
 class SFTTrainConfig(TrainConfig):
     """SFT settings. Data: samples of `kinds` whose final label is in `statuses` (+ undecided ones with
-    `include_pending`: `dpo.keep_labelled`). `revision_share`: the fraction of revision trajectories in the mix with
+    `include_pending`: `selection.keep_labelled`). `revision_share`: the fraction of revision trajectories in the mix with
     good ones (Agent-R; None = use all as selected)."""
 
     learning_rate: float = field(default=2e-5, metadata={"help": "learning rate"})
@@ -172,7 +173,8 @@ def build_trainer(
     """(trainer, tokenizer, rows) ready to `train()`."""
     from datasets import Dataset
     from datasets.utils.logging import disable_progress_bar
-    from trl import SFTConfig, SFTTrainer
+
+    from engine.train.trl_trainers import SFTConfig, SFTTrainer
 
     disable_progress_bar()
 
