@@ -40,6 +40,7 @@ class Node:
     gen_ms: float = 0.0  # this completion's share of its batched generation call
     env_ms: float = 0.0
     n_tokens: int = 0
+    author: str = "policy"  # "policy", or "human" for a node a person added from the tree
     children: list[int] = field(default_factory=list)
     screenshot: bytes | None = field(default=None, repr=False)  # JPEG of a terminal page (web env), stored apart
 
@@ -194,6 +195,7 @@ class SearchTree:
                     "reward": n.reward,
                     "progress": n.progress,
                     "terminal": n.terminal,
+                    "author": n.author,
                 }
                 for n in self.nodes
             ],
@@ -232,6 +234,7 @@ class SearchTree:
                     reward=d.get("reward"),
                     progress=d.get("progress"),
                     terminal=d.get("terminal"),
+                    author=str(d.get("author") or "policy"),
                 )
             )
         for n in nodes:
@@ -257,6 +260,7 @@ class SearchTree:
                 "thought": n.action.thought if n.action else "",
                 "terminal": n.terminal or "",
                 "format_error": n.format_error or "",
+                "author": n.author,
             }
             for key in ("Q_critic", "critic_rank", "logprob", "reward", "progress"):
                 value = getattr(n, key)
