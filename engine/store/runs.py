@@ -291,6 +291,11 @@ class RunsStore(Connection):
             )
         ]
 
+    def human_nodes(self, tree_id: int) -> list[int]:
+        """Ids of the nodes a person added from the tree (author "human"), in id order."""
+        return [r[0] for r in self.con.execute(
+            "SELECT node_id FROM nodes WHERE tree_id=? AND author='human' ORDER BY node_id", (tree_id,))]
+
     def node_screenshot(self, tree_id: int, node_id: int) -> bytes | None:
         """The JPEG stored with a terminal node (None when it has none); not loaded with the tree."""
         row = self.con.execute(
