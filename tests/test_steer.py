@@ -264,3 +264,23 @@ def test_a_seeded_human_branch_is_reproducible(tmp_path):
                       generator=ScriptedGenerator(), make_env=SnapshotLineEnv)
             trees.append([(n.observation, n.N, n.value_sum) for n in _tree(store, run_id).nodes])
     assert trees[0] == trees[1]  # same seeds, same tree
+
+
+def test_a_human_branch_beside_format_errors_keeps_the_critic_ranks_consistent(tmp_path):
+    with Store(tmp_path / "o.db") as store:
+        run_id = _run(store, ScriptedGenerator(p_garbage=0.5), simulations=3, k=4)
+        tree = _tree(store, run_id)
+        at = next(n for n in tree.nodes if n.terminal is None and any(tree.nodes[c].format_error for c in n.children))
+        taken = {tree.nodes[c].action.command for c in at.children if tree.nodes[c].action}
+        free = next(c for c in ("left", "right", "wait") if c not in taken)
+        run_steer(store, HumanBranch(run=run_id, task=TASK, at=at.id, action=free), MemoryReporter(),
+                  generator=ScriptedGenerator(), make_env=SnapshotLineEnv)
+        grown = _tree(store, run_id)
+        assert grown.nodes[-1].author == "human" and grown.nodes[-1].critic_rank is None
+        assert grown.check_invariants() == []
+        run_steer(store, MoreCandidates(run=run_id, task=TASK, at=at.id, k=2), MemoryReporter(),
+                  generator=ScriptedGenerator(p_garbage=0.5), make_env=SnapshotLineEnv)
+        again = _tree(store, run_id)
+        assert again.check_invariants() == []
+        assert again.nodes[grown.nodes[-1].id].critic_rank is not None  # ranked with the rest now
+

@@ -156,10 +156,11 @@ class SearchTree:
 
     def _rank_problems(self, parent: Node) -> list[str]:
         """Critic ranks of one expansion's K candidates: readable ones hold distinct ranks, format
-        errors tie last at K-1 (docs/decisions.md "Format-error candidates and the critic")."""
+        errors tie last at K-1 (docs/decisions.md "Format-error candidates and the critic"). K counts
+        the ranked children: a human branch holds no rank until its parent is expanded again."""
         kids = [self.nodes[c] for c in parent.children]
         ranked = [(n, n.critic_rank) for n in kids if n.critic_rank is not None]
-        k = len(parent.children)
+        k = len(ranked)
         out = [f"node {n.id}: critic rank {r} outside 0..{k - 1}" for n, r in ranked if not 0 <= r < k]
         out += [f"node {n.id}: format error with critic rank {r}, not {k - 1} (tied last)"
                 for n, r in ranked if n.format_error and r != k - 1]
