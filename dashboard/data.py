@@ -202,6 +202,13 @@ def read_node_texts(path: str, tree_id: int) -> list[tuple[int, CompositeAction 
 
 
 @st.cache_data(show_spinner=False, max_entries=32)
+def human_nodes(path: str, tree_id: int, version: Version) -> frozenset[int]:
+    """The tree's human-authored nodes (added from the Tree explorer or `orchard tree add-action`)."""
+    with Store(path, readonly=True) as store:
+        return frozenset(store.human_nodes(tree_id))
+
+
+@st.cache_data(show_spinner=False, max_entries=32)
 def node_screenshot(path: str, tree_id: int, node_id: int, version: Version) -> bytes | None:
     """The JPEG stored with a terminal node (web env), None when there is none or it is not a JPEG."""
     with Store(path, readonly=True) as store:

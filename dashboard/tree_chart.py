@@ -70,6 +70,7 @@ LEGEND = (
     "(+count; click it to draw its subtree) · size: visits N · grey: no value (Q^ of the root; Q~ and Q of a "
     "node not visited yet, N = 0: shown as —) · "
     "blue line: best path (eq. 10) · orange: the selected node and its path · magenta ring: search match · "
+    "teal square: a human-authored node (added from the tree) · "
     "red ring t': a revision's first error · green line: the revision's trained path (prefix and good suffix), "
     "red dashes: its bad steps through t' (no loss), purple dots: the revision turn back to the split · "
     "wheel: zoom, drag: pan, double-click: full view"
@@ -77,6 +78,7 @@ LEGEND = (
 BEST_COLOR = "#1565c0"
 SELECTED_COLOR = "#ff6f00"
 MATCH_COLOR = "#d500f9"
+HUMAN_COLOR = "#00897b"
 EDGE_COLOR = "#b0b0b0"
 NO_VALUE_COLOR = "#bdbdbd"
 FIRST_ERROR_COLOR = "#d50000"
@@ -111,9 +113,11 @@ def tree_rows(
     best_path: Sequence[int] = (),
     matches: Collection[int] = (),
     commands: Mapping[int, str] | None = None,
+    human: Collection[int] = (),
 ) -> pd.DataFrame:
     """One row per drawn node (`lay`), everything but the selection (`selection_data`). `commands`: the
-    drawn nodes' one-line commands (`figures.short_command`), for hover; a TreeShape has no texts."""
+    drawn nodes' one-line commands (`figures.short_command`), for hover; a TreeShape has no texts.
+    `human`: ids of the human-authored nodes (a teal square around each; "human" on hover)."""
     if measure not in MEASURES.values():
         raise ValueError(f"unknown measure {measure!r} (one of {', '.join(MEASURES.values())})")
     if commands is None:
@@ -142,6 +146,7 @@ def tree_rows(
     count_label = np.full(len(ids), "", dtype=object)
     count_label[counted] = [f"+{h}" for h in hidden[counted].tolist()]
     on_best = np.isin(ids, np.asarray([0, *best_path], dtype=np.int64))
+    by_human = np.isin(ids, np.asarray(sorted(human), dtype=np.int64))
     rows = pd.DataFrame({
         "id": ids.astype(np.int64),
         "x": x, "y": y, "px": x[par], "py": y[par],
@@ -154,6 +159,7 @@ def tree_rows(
         "kind": kind,
         "best": on_best & on_best[par] & (lay.parent_index >= 0),  # an edge of the best path ends here
         "match": np.isin(ids, np.asarray(sorted(matches), dtype=np.int64)),
+        "human": by_human,
         "count_label": count_label,
         "depth": [shape.depth[v] for v in id_list],
         "command": [commands.get(v, "") for v in id_list],
@@ -162,20 +168,22 @@ def tree_rows(
         "hidden": hidden.astype(np.int64),
         "facts": [_facts(*f) for f in zip(
             (shape.depth[v] for v in id_list), (shape.N[v] for v in id_list), q_mcts.tolist(),
-            q_critic.tolist(), q.tolist(), terminal, hidden.tolist())],
+            q_critic.tolist(), q.tolist(), terminal, hidden.tolist(), by_human.tolist())],
     })
     if measure == "outcome":
         rows["outcome"] = [OUTCOMES.get(t, "open") for t in terminal]
     return rows
 
 
-def _facts(depth: int, visits: int, q_mcts: float, q_critic: float, q: float, terminal: str, hidden: int) -> str:
-    """A node's numbers on one hover line (`terminal` and the hidden count only when there are any)."""
+def _facts(depth: int, visits: int, q_mcts: float, q_critic: float, q: float, terminal: str, hidden: int,
+           human: bool = False) -> str:
+    """A node's numbers on one hover line (`terminal`, the hidden count and "human" only when there are any)."""
     out = f"depth {depth} · N {visits} · Q~ {_fmt(q_mcts)} · Q^ {_fmt(q_critic)} · Q {_fmt(q)}"
-    return out + (f" · {terminal}" if terminal else "") + (f" · {hidden} hidden below" if hidden else "")
+    return (out + (f" · {terminal}" if terminal else "") + (f" · {hidden} hidden below" if hidden else "")
+            + (" · human" if human else ""))
 
 
-SUBSETS = ("best", "match", "labels")  # named datasets cut from the rows (`chart_data`)
+SUBSETS = ("best", "match", "human", "labels")  # named datasets cut from the rows (`chart_data`)
 SELECTION = ("path", "selected")  # named datasets of the selected node (`selection_data`)
 REVISION = ("splice_good", "splice_bad", "jump", "first_error")  # a revision on the tree (`revision_data`)
 EDGE_FIELDS = ["x", "y", "px", "py"]
@@ -186,10 +194,11 @@ def chart_data(rows: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, pd.DataFrame
     """`rows` (`tree_rows`) split for the chart: every node's marker, edge and hover fields (the chart's
     data, with `area` for the rings of `selection_data`), and the named datasets of `SUBSETS`: the best
     path's edges, the search matches' rings and the "+n" labels, only the fields their layer draws."""
-    main = rows.drop(columns=["best", "match", "count_label", "ring", *HOVER_ONLY])
+    main = rows.drop(columns=["best", "match", "human", "count_label", "ring", *HOVER_ONLY])
     subsets = {
         "best": rows.loc[rows["best"], EDGE_FIELDS],
         "match": rows.loc[rows["match"], RING_FIELDS],
+        "human": rows.loc[rows["human"], RING_FIELDS],
         "labels": rows.loc[rows["count_label"] != "", ["x", "y", "count_label"]],
     }
     return main, {name: frame.reset_index(drop=True) for name, frame in subsets.items()}
@@ -323,6 +332,9 @@ def tree_spec(measure: str = "q", height: int = FIT_HEIGHT, width: int | None = 
              "mark": {"type": "text", "dx": 9, "dy": -9, "fontSize": 12, "fontWeight": "bold",
                       "color": FIRST_ERROR_COLOR, "align": "left"},
              "encoding": {"x": x, "y": y, "text": {"field": "label"}}},
+            {"name": "human", "data": {"name": "human"},
+             "mark": {"type": "point", "shape": "square", "filled": False, "color": HUMAN_COLOR, "strokeWidth": 2.5},
+             "encoding": {"x": x, "y": y, "size": ring}},
             {"data": {"name": "match"},
              "mark": {"type": "point", "shape": "circle", "filled": False, "color": MATCH_COLOR, "strokeWidth": 2.5},
              "encoding": {"x": x, "y": y, "size": ring}},
@@ -376,4 +388,5 @@ def cached_chart_data(
     lay = figures.cached_layout(path, tree_id, version, max_depth, collapsed, budget, focus)
     matches = figures.cached_matches(path, tree_id, version, query)
     commands = {v: short_command(n) for v, n in data.read_nodes(path, tree_id, lay.ids.tolist()).items()}
-    return chart_data(tree_rows(shape, lay, measure, alpha, shape.best_path(alpha), matches, commands))
+    human = data.human_nodes(path, tree_id, version)
+    return chart_data(tree_rows(shape, lay, measure, alpha, shape.best_path(alpha), matches, commands, human))

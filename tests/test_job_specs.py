@@ -10,6 +10,7 @@ from engine.datasets.builds import PairsJob, RefineJob, RevisionsJob
 from engine.evaluate import EvalConfig, EvalJob
 from engine.jobs.kinds import KINDS, ProbeJob, load_job
 from engine.search.stage import ResumeSearch, SearchJob
+from engine.search.steer import HumanBranch, MoreCandidates, SearchHere
 from engine.train.iterate import IterateConfig, IterateJob
 from engine.train.training import DPOJob, RFTJob, SFTJob
 
@@ -33,6 +34,11 @@ OLD_JSON = {
     "iterate": ({"iterate": {"method": "exit", "iterations": 1, "search": {"simulations": 1}}},
                 IterateJob(IterateConfig(method="exit", iterations=1, search={"simulations": 1}))),
     "probe": ({"steps": 1}, ProbeJob(steps=1)),
+    "add_action": ({"run": "r1", "task": "t", "at": 2, "action": "craft stick"},
+                   HumanBranch(run="r1", task="t", at=2, action="craft stick")),
+    "search_here": ({"run": "r1", "task": "t", "at": 2, "simulations": 4}, SearchHere(run="r1", task="t", at=2,
+                                                                                     simulations=4)),
+    "more_candidates": ({"run": "r1", "task": "t", "at": 0, "k": 3}, MoreCandidates(run="r1", task="t", at=0, k=3)),
 }
 
 
@@ -78,7 +84,8 @@ def test_what_cannot_be_read_is_one_line_naming_the_kind_and_the_field() -> None
 
 
 def test_every_kind_names_its_specs_and_a_resume_is_told_from_a_new_search() -> None:
-    assert set(KINDS) == {"dpo", "sft", "rft", "eval", "iterate", "probe", "search", "pairs", "revisions", "refine"}
+    assert set(KINDS) == {"dpo", "sft", "rft", "eval", "iterate", "probe", "search", "pairs", "revisions", "refine",
+                          "add_action", "search_here", "more_candidates"}
     assert KINDS["search"].specs == (ResumeSearch, SearchJob)
     assert isinstance(load_job("search", {"resume": "r1"}), ResumeSearch)
     assert {k for k, v in KINDS.items() if v.multi_gpu} == {"dpo", "sft", "rft"}

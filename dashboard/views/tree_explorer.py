@@ -25,11 +25,13 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from dashboard import data, figures, lod, overview, tree_chart
+from dashboard import auth, data, figures, lod, overview, tree_chart
+from dashboard import forms as fm
+from dashboard import jobs_panel as jp
 from dashboard.shape import TreeShape
 from dashboard.text import md
 from engine.search.tree import TERMINALS, Node
-from engine.store import RunInfo
+from engine.store import RunInfo, Store
 
 MAX_TABLE_ROWS = 500
 NODE_INPUT = "te_node"
@@ -41,6 +43,9 @@ NO_REVISION = "(none)"
 SCROLL_HEIGHT = 760  # px of the scrolling container around a big tree's chart
 REFRESH_S = 3.0  # how often the page redraws while its run is searching
 BUDGETS = (1000, lod.DEFAULT_BUDGET, 10_000, 0)  # nodes drawn at most; 0: all of them
+STEER = "te_steer"  # the steering form at the selected node (its field messages: forms.field_error)
+STEER_KINDS = ("add_action", "search_here", "more_candidates")
+STEER_QUEUED = "te_steer_queued"
 
 path = data.db_path()
 db = str(path)
@@ -176,6 +181,81 @@ def _pick_budget() -> None:
         st.query_params.pop("max_nodes", None)
     else:
         st.query_params["max_nodes"] = "all" if value == 0 else str(value)
+
+
+def _steer(kind: str, node: int) -> None:
+    """A button of the steering form: queue a job that grows this tree at `node` (engine/search/steer.py).
+    Who may is asked first, before any check touches the env (forms.refused); every check then runs at
+    submission (the node, the action read by the policy's parser, the env's step): a refusal is shown
+    at its field and nothing is queued or stored."""
+    from engine.jobs.submit import submit_steer
+
+    state = st.session_state
+    field = {"add_action": "action", "search_here": "simulations", "more_candidates": "k"}[kind]
+    config: dict[str, Any] = {"run": run.id, "task": shown_task, "at": node}
+    if kind == "add_action":
+        config["action"] = str(state.get("te_steer_action") or "")
+    elif kind == "search_here":
+        config["simulations"] = int(state.get("te_steer_n") or 1)
+    else:
+        config["k"] = int(state.get("te_steer_k") or 1)
+    model = str(state.get("te_steer_model") or "").strip()
+    if model:
+        config["model"] = model
+    refused = fm.refused(db)
+    if refused is not None:
+        fm.set_errors(STEER, {field: f"Not queued: {refused}"})
+        return
+    try:
+        auth.require(db, "launch_jobs")  # a login (and a maintainer) where one is needed
+        with Store(db) as store:
+            job_id = submit_steer(store, kind, config)
+    except fm.submit_errors() as e:
+        fm.set_errors(STEER, {field: fm.refusal(e)})
+        return
+    fm.set_errors(STEER, {})
+    words = {"add_action": "add the branch", "search_here": f"{config.get('simulations')} simulations",
+             "more_candidates": f"{config.get('k')} more candidates"}[kind]
+    state["te_steer_flash"] = f"Queued job {job_id}: {words} at node {node} (progress below the tree)."
+    state[STEER_QUEUED] = True  # the whole page reruns: the job's live panel is drawn below the tree
+    if kind == "add_action":
+        state["te_steer_action"] = ""
+
+
+def steer_form(node: Node) -> None:
+    """At the selected node: a human branch (a command or a composite action), "Search here" (N more
+    simulations rooted here) and "More candidates" (K more proposals, ranked by the critic)."""
+    why = auth.why_not("launch_jobs")
+    with st.expander("Steer the search at this node", expanded=False):
+        if node.terminal is not None:
+            st.caption(f"This node is terminal ({node.terminal}): nothing grows below it.")
+            return
+        if why:
+            st.caption(why)
+        with st.form(STEER, border=False):
+            st.text_area("Action: a command, or a whole composite action (THOUGHT: / ACTION: / ...)",
+                         key="te_steer_action", height=90, placeholder="e.g. get 1 oak log")
+            fm.field_error(STEER, "action")
+            st.form_submit_button("Add branch", on_click=_steer, args=("add_action", node.id), disabled=bool(why),
+                                  help="Take this step in the env from this node's state and add it as a "
+                                       "human-authored child, backed up by one rollout of the policy.")
+            left, right = st.columns(2)
+            left.number_input("Simulations N", 1, 10_000, 8, key="te_steer_n")
+            with left:
+                fm.field_error(STEER, "simulations")
+                st.form_submit_button("Search here", on_click=_steer, args=("search_here", node.id),
+                                      disabled=bool(why), help="N more simulations whose selection starts here; "
+                                                               "every ancestor counts them too.")
+            right.number_input("Candidates K", 1, 64, int(run.config.get("k", 4) or 4), key="te_steer_k")
+            with right:
+                fm.field_error(STEER, "k")
+                st.form_submit_button("More candidates", on_click=_steer, args=("more_candidates", node.id),
+                                      disabled=bool(why), help="K more proposals of the policy here, ranked by "
+                                                               "the critic together with this node's children.")
+            st.text_input("Model", key="te_steer_model", placeholder="(empty: the run's own)")
+    flash = st.session_state.pop("te_steer_flash", None)
+    if flash:
+        st.success(flash)  # fixed words, ids and numbers
 
 
 def _expand_all(tid: int) -> None:
@@ -347,8 +427,8 @@ def explorer(live: bool) -> None:
     """Plot and inspector, drawn from the newest committed state of the tree. Always a fragment: a click
     in the plot, a row picked in a table or a typed node id reruns this only, not the sidebar and
     the app around it (and a timer reruns it while live)."""
-    if st.session_state.pop(JUMP, False):
-        st.rerun()  # a tile of the run overview was clicked: the page shows that tree
+    if st.session_state.pop(JUMP, False) or st.session_state.pop(STEER_QUEUED, False):
+        st.rerun()  # a tile of the run overview was clicked (the page shows that tree), or a steering job queued
     version = data.db_version(path)
     info = run
     if live:
@@ -465,9 +545,12 @@ def inspector(tree: TreeShape, node_id: int, best: list[int], inspect_col: Any, 
             f"generation {node.gen_ms:.0f} ms · env {node.env_ms:.0f} ms · "
             f"{'on' if node.id in best or node.id == 0 else 'off'} the best path"
         )
+        if node.author == "human":
+            st.caption("HUMAN-AUTHORED: a person added this step from the tree (teal square on the tree)")
         if node.children:
             label = "Expand subtree" if node.id in folded else "Collapse subtree"
             st.button(label, on_click=_toggle_collapse, args=(tree_id, node.id), key="te_collapse")
+        steer_form(node)
 
         action = node.action
         if node.parent is None:
@@ -518,3 +601,7 @@ def inspector(tree: TreeShape, node_id: int, best: list[int], inspect_col: Any, 
 
 live = bool(follow)
 st.fragment(run_every=REFRESH_S if live else None)(explorer)(live)
+steer_job = jp.latest_job(db, STEER_KINDS, run.id) if data.has_data(path) else None
+if steer_job is not None:  # the newest steering job of this run, live; the page reruns as each simulation lands
+    st.subheader("Steering job")
+    jp.job_panel(db, steer_job, "te_steer_job", follow=True)

@@ -2,7 +2,7 @@
 
 Nothing outside this package imports it. One module per command group (runs: search/runs/export
 tree; data: pairs/revisions/import/export; refine; train: train/jobs; evaluate: eval/iterate; serve:
-serve-env/demo; db: db copy; users: dashboard logins), each with `add_parsers(sub, common)`. Heavy libraries load only inside the command
+serve-env/demo; db: db copy; users: dashboard logins; tree: steering a stored tree), each with `add_parsers(sub, common)`. Heavy libraries load only inside the command
 that needs them.
 
 Every user error (bad env, task range, config, model, database) is one line on stderr naming the
@@ -23,7 +23,7 @@ __all__ = ["EXIT_USAGE", "UsageError", "build_parser", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from engine.cli import data, db, evaluate, refine, runs, serve, train, users
+    from engine.cli import data, db, evaluate, refine, runs, serve, train, tree, users
 
     p = argparse.ArgumentParser(prog="orchard", description="MCTS over LLM-agent episodes -> training data.")
     common = argparse.ArgumentParser(add_help=False)
@@ -40,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_parsers(sub, common)  # eval, iterate
     db.add_parsers(sub, common)  # db copy
     users.add_parsers(sub, common)  # users add|list|remove
+    tree.add_parsers(sub, common)  # tree add-action|more-candidates
     return p
 
 

@@ -52,6 +52,8 @@ def cmd_search(args: argparse.Namespace) -> int:
 
         os.environ[ALLOW_UNAUTHENTICATED_ENV] = "1"
     check_ray(args.ray)  # a malformed address, or no Ray installed: refused before anything is opened
+    if args.at is not None or args.task is not None:
+        return _search_here(args)
     if args.resume:
         with Store(args.db, must_exist=True) as store:
             run_id = store.find_run(args.resume)
@@ -82,6 +84,19 @@ def cmd_search(args: argparse.Namespace) -> int:
     reporter.close()
     _log(result.lines[0])
     return 0
+
+
+def _search_here(args: argparse.Namespace) -> int:
+    """`--resume RUN --task T --at NODE --simulations N`: N more simulations rooted at a node (engine/search/steer.py)."""
+    from engine.cli.tree import steer
+    from engine.search.steer import SearchHere
+
+    if not args.resume or args.task is None or args.at is None:
+        raise UsageError("search here needs --resume RUN, --task T and --at NODE together (and --simulations N)")
+    if args.ray is not None:
+        raise UsageError("--at grows one tree in this process; it does not run on Ray (drop --ray)")
+    return steer(args, SearchHere(run=args.resume, task=args.task, at=args.at, simulations=args.simulations or 8,
+                                  model=args.model, allow_http_key=bool(args.allow_http_key) or None))
 
 
 def _confirm_stored_endpoint(spec: str, run_id: str) -> None:
@@ -172,6 +187,9 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> Any:
     s.add_argument("--model", help="tiny | PATH | hf:PATH | openai:URL#MODEL | vllm:PATH (default tiny)")
     s.add_argument("--name", help="run name")
     s.add_argument("--resume", metavar="RUN", help="continue an interrupted run (id or name)")
+    s.add_argument("--task", help="with --resume and --at: the tree to grow at one node (\"search here\")")
+    s.add_argument("--at", type=int, metavar="NODE", help="with --resume and --task: N more simulations whose "
+                                                          "selection starts at this node (--simulations N, default 8)")
     s.add_argument("--config", help="TOML/JSON file with search settings")
     from engine.config import SearchConfig
 

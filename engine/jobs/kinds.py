@@ -8,7 +8,7 @@ same. A spec checks its own values (`__post_init__`); `check()`, where a spec ha
 world it names (an env that starts, a model folder, an output folder) and is run before a job is
 queued and again by the worker. JSON stored by older versions has the same keys and loads alike.
 
-The bodies live beside their domain (engine/search/stage.py, engine/datasets/builds.py,
+The bodies live beside their domain (engine/search/stage.py, engine/search/steer.py, engine/datasets/builds.py,
 engine/evaluate.py, engine/train/training.py, engine/train/iterate.py); only the probe, the
 runner's own check, lives here.
 """
@@ -26,6 +26,7 @@ from engine.datasets.builds import PairsJob, RefineJob, RevisionsJob, run_pairs,
 from engine.evaluate import EvalJob, run_eval_job
 from engine.progress import Reporter, StageResult
 from engine.search.stage import ResumeSearch, SearchJob, run_search
+from engine.search.steer import HumanBranch, MoreCandidates, SearchHere, run_steer
 from engine.train.iterate import IterateJob, run_loop
 from engine.train.training import DPOJob, RFTJob, SFTJob, run_training
 
@@ -93,6 +94,10 @@ KINDS: dict[str, JobKind] = {
                                                                            job_id=job.id), stops_at_once=True),
     "probe": JobKind((ProbeJob,), lambda store, job, spec, r: run_probe(spec, r)),
     "search": JobKind((ResumeSearch, SearchJob), lambda store, job, spec, r: _stage(run_search(store, spec, r), r)),
+    # Steering a stored tree from the Tree explorer (engine/search/steer.py): live progress, one unit a simulation.
+    "add_action": JobKind((HumanBranch,), lambda store, job, spec, r: _stage(run_steer(store, spec, r), r)),
+    "search_here": JobKind((SearchHere,), lambda store, job, spec, r: _stage(run_steer(store, spec, r), r)),
+    "more_candidates": JobKind((MoreCandidates,), lambda store, job, spec, r: _stage(run_steer(store, spec, r), r)),
     "pairs": JobKind((PairsJob,), lambda store, job, spec, r: _stage(
         run_pairs(store, spec, r, who=f"job {job.id}"), r)),
     "revisions": JobKind((RevisionsJob,), lambda store, job, spec, r: _stage(

@@ -61,6 +61,29 @@ def _name(kind: str, config: dict[str, Any]) -> str:
     return f"{kind}-{config['run']}" if config.get("run") else kind
 
 
+STEER_KINDS = ("add_action", "search_here", "more_candidates")
+
+
+def submit_steer(store: Any, kind: str, config: dict[str, Any], device: str | None = None,
+                 runner: JobRunner | None = None) -> str:
+    """Queue a job that grows a stored tree at one node (engine/search/steer.py): the run, task and
+    node exist, the run is not being searched, a human action reads and the env takes it, all checked
+    first (nothing stored, no model loaded); its slot is its model's (default: the run's own)."""
+    from engine.search.steer import check_steer
+
+    if kind not in STEER_KINDS:
+        raise ConfigError(f"not a steering job kind: {kind!r} (expected one of {', '.join(STEER_KINDS)})")
+    spec = validate_job(kind, config)
+    check_steer(store, spec)
+    model = spec.model or store.run(store.find_run(spec.run)).model
+    if spec.model:
+        check_model(spec.model)
+    runner = runner or JobRunner(store)
+    job = runner.submit(kind, config, device=device or stage_device(kind, {"model": model}),
+                        name=f"{kind}-{spec.run}-{spec.task}-{spec.at}", validate=False)
+    return job.id
+
+
 def submit_search(store: Any, env: str = "textcraft", tasks: str = "", split: str = "train", model: str | None = None,
                   name: str | None = None, search: dict[str, Any] | None = None, resume: str | None = None,
                   device: str | None = None, ray: str | None = None) -> str:

@@ -152,6 +152,11 @@ class TreeJob:
     session: EnvSession | None = None
     share_ms: float = 0.0  # per-completion share of the last generation call
     grammar: ActionGrammar | None = None  # the task's, on a constrained run's first actor request
+    # Steering from the tree (engine/search/steer.py; docs/decisions.md "Steering the search from the tree"):
+    start: int = 0  # selection starts here ("search here"); its path from the root is backed up too
+    pending: int | None = None  # a child added outside the policy (a human branch): the next simulation rolls out from it
+    expand_at: int | None = None  # the next simulation expands this node again ("more candidates")
+    reranked: list[int] = field(default_factory=list)  # older nodes whose critic ranks the last expansion rewrote
 
     @property
     def remaining(self) -> int:
@@ -409,14 +414,25 @@ class MCTS:
 
     def _simulate(self, job: TreeJob) -> Coroutine[Requests, Replies, Simulation]:
         tree, cfg = job.tree, self.config
-        node, path = tree.root, []
-        while node.children and node.terminal is None:  # selection
-            node = select_child(tree, node, cfg)
-            path.append(node.id)
-        if node.terminal is None:
+        node = tree.nodes[job.start]
+        path = [n.id for n in tree.path(node)]  # the start's ancestors count this simulation too (eq. 8)
+        if job.pending is not None:  # a child added from outside the policy: rolled out like a new expansion's
+            node, job.pending = tree.nodes[job.pending], None
+            path = [n.id for n in tree.path(node)]
+        elif job.expand_at is not None:  # more candidates at a node that has some already
+            node, job.expand_at = tree.nodes[job.expand_at], None
+            path = [n.id for n in tree.path(node)]
             yield from self._expand(job, node)
             node = select_child(tree, node, cfg)
             path.append(node.id)
+        else:
+            while node.children and node.terminal is None:  # selection
+                node = select_child(tree, node, cfg)
+                path.append(node.id)
+            if node.terminal is None:
+                yield from self._expand(job, node)
+                node = select_child(tree, node, cfg)
+                path.append(node.id)
         rollout: tuple[str, ...] = ()
         turns: tuple[tuple[str, str], ...] = ()
         if node.terminal is not None:
@@ -457,6 +473,35 @@ class MCTS:
             return "depth_limit"
         return None
 
+    def step_child(self, job: TreeJob, node: Node, action: CompositeAction, **fields: Any) -> Node:
+        """Restore the env at `node`, take `action`'s step and add the child it leads to (`fields`:
+        the proposal's own, e.g. raw text and log-prob, or author="human"). Every expansion's
+        candidates and a human branch (engine/search/steer.py) come in through here."""
+        tree, session = job.tree, job.session
+        assert session is not None
+        session.goto(tree, node)
+        step = session.step(action.command)
+        env_ms = 1000.0 * session.step_s
+        terminal = self._terminal(step, action, node.depth + 1)
+        # Every terminal node keeps a picture of its final state where the env takes one: the
+        # env's own at episode end, else one taken now (a STOP or depth-limit leaf's page).
+        screenshot = step.info.get("screenshot") if step.done else None
+        if terminal is not None and screenshot is None:
+            screenshot = session.screenshot()
+        child = tree.add_child(
+            node,
+            observation=step.observation,
+            action=action,
+            reward=step.reward,
+            progress=step.progress,
+            terminal=terminal,
+            env_ms=env_ms,
+            screenshot=screenshot,
+            **fields,
+        )
+        session.arrived(child)
+        return child
+
     def _expand(self, job: TreeJob, node: Node) -> Coroutine[Requests, Replies, None]:
         tree, cfg, session = job.tree, self.config, job.session
         assert session is not None
@@ -468,10 +513,14 @@ class MCTS:
         share = job.share_ms
         if not completions:  # a backend that answered nothing still yields a visible node
             completions = [Completion(text="", finish_reason="error")]
-        seen: set[Any] = set()
-        valid: list[Node] = []
-        actions: list[CompositeAction] = []  # valid[i].action, typed as set (never None here)
-        errors: list[Node] = []
+        # A node expanded again ("more candidates") keeps its children: a proposal repeating one is
+        # dropped, and the critic ranks the old and the new candidates together (ranks stay 0..K-1).
+        older = [tree.nodes[c] for c in node.children]
+        valid: list[Node] = [n for n in older if not n.format_error and n.action is not None]
+        actions: list[CompositeAction] = [n.action for n in valid if n.action is not None]
+        errors: list[Node] = [n for n in older if n.format_error or n.action is None]
+        seen: set[Any] = {normalize_command(a.command) for a in actions} | {("error", n.raw) for n in errors}
+        job.reranked = [n.id for n in older]
         for c in completions:
             parsed = parse(c.text)
             # A sample whose ids are not the canonical encoding of its text keeps no log-prob: it is
@@ -493,27 +542,7 @@ class MCTS:
             if key in seen:  # dedupe identical env commands
                 continue
             seen.add(key)
-            session.goto(tree, node)
-            step = session.step(parsed.command)
-            env_ms = 1000.0 * session.step_s
-            terminal = self._terminal(step, parsed, node.depth + 1)
-            # Every terminal node keeps a picture of its final state where the env takes one: the
-            # env's own at episode end, else one taken now (a STOP or depth-limit leaf's page).
-            screenshot = step.info.get("screenshot") if step.done else None
-            if terminal is not None and screenshot is None:
-                screenshot = session.screenshot()
-            child = tree.add_child(
-                node,
-                observation=step.observation,
-                action=parsed,
-                reward=step.reward,
-                progress=step.progress,
-                terminal=terminal,
-                env_ms=env_ms,
-                screenshot=screenshot,
-                **gen,
-            )
-            session.arrived(child)
+            child = self.step_child(job, node, parsed, **gen)
             valid.append(child)
             actions.append(parsed)
         if cfg.critic:

@@ -40,6 +40,7 @@ class Node:
     gen_ms: float = 0.0  # this completion's share of its batched generation call
     env_ms: float = 0.0
     n_tokens: int = 0
+    author: str = "policy"  # "policy", or "human" for a node a person added from the tree
     children: list[int] = field(default_factory=list)
     screenshot: bytes | None = field(default=None, repr=False)  # JPEG of a terminal page (web env), stored apart
 
@@ -155,10 +156,11 @@ class SearchTree:
 
     def _rank_problems(self, parent: Node) -> list[str]:
         """Critic ranks of one expansion's K candidates: readable ones hold distinct ranks, format
-        errors tie last at K-1 (docs/decisions.md "Format-error candidates and the critic")."""
+        errors tie last at K-1 (docs/decisions.md "Format-error candidates and the critic"). K counts
+        the ranked children: a human branch holds no rank until its parent is expanded again."""
         kids = [self.nodes[c] for c in parent.children]
         ranked = [(n, n.critic_rank) for n in kids if n.critic_rank is not None]
-        k = len(parent.children)
+        k = len(ranked)
         out = [f"node {n.id}: critic rank {r} outside 0..{k - 1}" for n, r in ranked if not 0 <= r < k]
         out += [f"node {n.id}: format error with critic rank {r}, not {k - 1} (tied last)"
                 for n, r in ranked if n.format_error and r != k - 1]
@@ -194,6 +196,7 @@ class SearchTree:
                     "reward": n.reward,
                     "progress": n.progress,
                     "terminal": n.terminal,
+                    "author": n.author,
                 }
                 for n in self.nodes
             ],
@@ -232,6 +235,7 @@ class SearchTree:
                     reward=d.get("reward"),
                     progress=d.get("progress"),
                     terminal=d.get("terminal"),
+                    author=str(d.get("author") or "policy"),
                 )
             )
         for n in nodes:
@@ -257,6 +261,7 @@ class SearchTree:
                 "thought": n.action.thought if n.action else "",
                 "terminal": n.terminal or "",
                 "format_error": n.format_error or "",
+                "author": n.author,
             }
             for key in ("Q_critic", "critic_rank", "logprob", "reward", "progress"):
                 value = getattr(n, key)

@@ -20,6 +20,8 @@ from engine.store.records import RunInfo, StoreError, TreeSkeleton, TreeSummary
 
 JPEG_MAGIC = b"\xff\xd8\xff"
 NODES_PER_QUERY = 500  # ids bound in one IN (...): far below SQLite's and PostgreSQL's limits
+NODE_COLUMNS = ("tree_id, node_id, parent_id, depth, action, raw, format_error, obs_hash, n, value_sum, q_critic, "
+                "critic_rank, critic_reason, logprob, reward, progress, terminal, gen_ms, env_ms, n_tokens, author")
 
 
 def _simulation(path: list[int], reward: float, rollout: Any) -> Simulation:
@@ -32,13 +34,13 @@ def _simulation(path: list[int], reward: float, rollout: Any) -> Simulation:
 
 
 def _node(r: Sequence[Any]) -> Node:
-    """A node from a row of load_tree's / load_nodes' columns (node_id .. n_tokens, observation text 7th)."""
+    """A node from a row of load_tree's / load_nodes' columns (node_id .. author, observation text 7th)."""
     return Node(
         id=r[0], parent=r[1], depth=r[2], observation=r[6],
         action=CompositeAction.from_dict(json.loads(r[3])) if r[3] else None,
         raw=r[4], format_error=r[5], N=r[7], value_sum=r[8], Q_critic=r[9], critic_rank=r[10],
         critic_reason=r[11], logprob=r[12], reward=r[13], progress=r[14], terminal=r[15],
-        gen_ms=r[16] or 0.0, env_ms=r[17] or 0.0, n_tokens=r[18] or 0,
+        gen_ms=r[16] or 0.0, env_ms=r[17] or 0.0, n_tokens=r[18] or 0, author=r[19] or "policy",
     )
 
 
@@ -155,8 +157,10 @@ class RunsStore(Connection):
             raise StoreError(f"run {run_id} has no task {task_id!r} (tasks: {known}...)")
         return row[0]
 
-    def save_simulation(self, tree_id: int, tree: SearchTree, sim: Simulation, first_new: int) -> None:
-        """One transaction: nodes created since `first_new`, the values along the path, the row."""
+    def save_simulation(self, tree_id: int, tree: SearchTree, sim: Simulation, first_new: int,
+                        reranked: Sequence[int] = ()) -> None:
+        """One transaction: nodes created since `first_new`, the values along the path, the row, and
+        the critic's new ranks of older nodes `reranked` (siblings ranked again with "more candidates")."""
         new = tree.nodes[first_new:]
         touched = {0, *sim.path} - {n.id for n in new}
         with self.transaction() as con:
@@ -165,14 +169,14 @@ class RunsStore(Connection):
                 [(_obs_hash(n.observation), n.observation) for n in new],
             )
             con.executemany(
-                "INSERT INTO nodes VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                f"INSERT INTO nodes ({NODE_COLUMNS}) VALUES ({','.join('?' * 21)})",
                 [
                     (
                         tree_id, n.id, n.parent, n.depth,
                         json.dumps(n.action.to_dict()) if n.action else None,
                         n.raw, n.format_error, _obs_hash(n.observation), n.N, n.value_sum,
                         n.Q_critic, n.critic_rank, n.critic_reason, n.logprob, n.reward, n.progress,
-                        n.terminal, n.gen_ms, n.env_ms, n.n_tokens,
+                        n.terminal, n.gen_ms, n.env_ms, n.n_tokens, n.author,
                     )
                     for n in new
                 ],
@@ -180,6 +184,11 @@ class RunsStore(Connection):
             con.executemany(
                 "UPDATE nodes SET n=?, value_sum=? WHERE tree_id=? AND node_id=?",
                 [(tree.nodes[i].N, tree.nodes[i].value_sum, tree_id, i) for i in sorted(touched)],
+            )
+            con.executemany(
+                "UPDATE nodes SET q_critic=?, critic_rank=?, critic_reason=? WHERE tree_id=? AND node_id=?",
+                [(tree.nodes[i].Q_critic, tree.nodes[i].critic_rank, tree.nodes[i].critic_reason, tree_id, i)
+                 for i in sorted(set(reranked)) if i < first_new],
             )
             con.execute(
                 "INSERT INTO simulations VALUES (?,?,?,?,?,?)",
@@ -206,7 +215,7 @@ class RunsStore(Connection):
         rows = self.con.execute(
             """SELECT n.node_id, n.parent_id, n.depth, n.action, n.raw, n.format_error, o.text, n.n, n.value_sum,
                       n.q_critic, n.critic_rank, n.critic_reason, n.logprob, n.reward, n.progress, n.terminal,
-                      n.gen_ms, n.env_ms, n.n_tokens
+                      n.gen_ms, n.env_ms, n.n_tokens, n.author
                FROM nodes n JOIN observations o ON o.hash = n.obs_hash
                WHERE n.tree_id=? ORDER BY n.node_id""",
             (tree_id,),
@@ -270,7 +279,7 @@ class RunsStore(Connection):
             rows = self.con.execute(
                 f"""SELECT n.node_id, n.parent_id, n.depth, n.action, n.raw, n.format_error, o.text, n.n,
                           n.value_sum, n.q_critic, n.critic_rank, n.critic_reason, n.logprob, n.reward,
-                          n.progress, n.terminal, n.gen_ms, n.env_ms, n.n_tokens
+                          n.progress, n.terminal, n.gen_ms, n.env_ms, n.n_tokens, n.author
                    FROM nodes n JOIN observations o ON o.hash = n.obs_hash
                    WHERE n.tree_id=? AND n.node_id IN ({','.join('?' * len(chunk))})""",
                 (tree_id, *chunk),
@@ -288,6 +297,11 @@ class RunsStore(Connection):
                 "SELECT node_id, action, raw FROM nodes WHERE tree_id=? ORDER BY node_id", (tree_id,)
             )
         ]
+
+    def human_nodes(self, tree_id: int) -> list[int]:
+        """Ids of the nodes a person added from the tree (author "human"), in id order."""
+        return [r[0] for r in self.con.execute(
+            "SELECT node_id FROM nodes WHERE tree_id=? AND author='human' ORDER BY node_id", (tree_id,))]
 
     def node_screenshot(self, tree_id: int, node_id: int) -> bytes | None:
         """The JPEG stored with a terminal node (None when it has none); not loaded with the tree."""

@@ -313,6 +313,14 @@ MIGRATIONS: list[tuple[int, str]] = [
             WHERE role = 'review';
         """,
     ),
+    (
+        8,
+        # Human branches (docs/decisions.md "Human branches from the Tree explorer"): who proposed a
+        # node, the policy or a person at the tree; every older node is the policy's.
+        """
+        ALTER TABLE nodes ADD COLUMN author TEXT NOT NULL DEFAULT 'policy';
+        """,
+    ),
 ]
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 

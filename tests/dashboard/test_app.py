@@ -181,7 +181,7 @@ def test_only_the_selection_datasets_change_when_only_the_node_changes(db) -> No
     at = open_tree(run=runs["main"], task="goal-4")
     spec, rows, element = tree_chart_of(at)
     before = chart_datasets(at)
-    assert "datasets" not in spec and set(before) == {"", "best", "match", "labels", "path", "selected",
+    assert "datasets" not in spec and set(before) == {"", "best", "match", "human", "labels", "path", "selected",
                                                       "splice_good", "splice_bad", "jump", "first_error"}
     assert len(before["selected"]) == 1 and before["path"].empty  # the root: no edge into it
     at.text_input(key="te_node").input("5").run()
@@ -190,7 +190,7 @@ def test_only_the_selection_datasets_change_when_only_the_node_changes(db) -> No
     now = chart_datasets(at)
     assert (spec_now, element_now) == (spec, element) and rows_now.equals(rows)
     assert now[""] == before[""] and all(now[k].equals(before[k]) for k in (
-        "best", "match", "labels", "splice_good", "splice_bad", "jump", "first_error"))
+        "best", "match", "human", "labels", "splice_good", "splice_bad", "jump", "first_error"))
     at5 = rows.set_index("id").loc[5]
     assert now["selected"][["x", "y"]].values.tolist() == [[at5["x"], at5["y"]]]
     assert not now["path"].empty and at5["x"] in now["path"]["x"].tolist()
