@@ -63,14 +63,11 @@ def main() -> None:
     args = ap.parse_args()
     bench(str(Path(tempfile.mkdtemp(prefix="orchard-bench-")) / "store.db"), args)
     if args.postgres:
-        import psycopg
-        from pg_fixture import start_server, stop_server, with_schema
+        from pg_fixture import PgSchemas, start_server, stop_server
 
         base, data, bindir = start_server()
         try:
-            with psycopg.connect(base, autocommit=True) as con:
-                con.execute("CREATE SCHEMA bench")
-            bench(with_schema(base, "bench"), args)
+            bench(PgSchemas(base).new(), args)  # a throwaway schema on a throwaway server
         finally:
             stop_server(data, bindir)
 

@@ -15,7 +15,7 @@ STAGES = ("model (load the shipped checkpoint)", "search", "pairs", "revisions",
 
 
 @pytest.mark.slow
-def test_a_demo_run_stores_every_stage_of_the_loop(tmp_path: Path) -> None:
+def test_a_demo_run_stores_every_stage_of_the_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """One real demo run (a few minutes; one test, so that test workers never run it twice)."""
     lines: list[str] = []
     result = run_demo(db=tmp_path / "orchard.db", log=lines.append)
@@ -52,6 +52,13 @@ def test_a_demo_run_stores_every_stage_of_the_loop(tmp_path: Path) -> None:
         judged = [s for s in store.samples(run_id=result.run_id, kind="revision") if s.source["error_found"]]
     assert len(success_leaves) >= 1, "no success leaf in the demo's trees"
     assert len(judged) >= 1, "no revision trajectory with a judged first error"
+    # Every dashboard page renders the demo's store without an exception or an error box.
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent / "dashboard"))
+    from test_every_page import every_page
+
+    every_page(monkeypatch, tmp_path / "orchard.db")
 
 
 @pytest.mark.parametrize(("flag", "value", "field"), [("--simulations", "0", "simulations"),
