@@ -25,6 +25,11 @@ from engine.store import Store
 TASKS = [TaskSpec(id=f"goal-{i}", goal=f"reach {i}") for i in range(4)]
 
 
+# The columns the rows below fill, by name (later migrations add columns with defaults).
+NODE_COLUMNS = ("tree_id, node_id, parent_id, depth, action, raw, format_error, obs_hash, n, value_sum, q_critic, "
+                "critic_rank, critic_reason, logprob, reward, progress, terminal, gen_ms, env_ms, n_tokens")
+
+
 def fill(store: Store, runs: int, nodes: int) -> list[str]:
     with store.transaction() as con:
         con.execute("INSERT INTO observations VALUES (?, ?)", ("h", "obs"))
@@ -34,7 +39,7 @@ def fill(store: Store, runs: int, nodes: int) -> list[str]:
         rows = [(tree_id, n, n - 1 if n else None, n, None, None, None, "h", 1, 0.0, *[None] * 9, 0)
                 for tree_id, _ in store.tree_ids(run_id) for n in range(nodes)]
         with store.transaction() as con:
-            con.executemany("INSERT INTO nodes VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", rows)
+            con.executemany(f"INSERT INTO nodes ({NODE_COLUMNS}) VALUES ({', '.join('?' * len(rows[0]))})", rows)
         ids.append(run_id)
     return ids
 
