@@ -40,6 +40,7 @@ class Node:
     gen_ms: float = 0.0  # this completion's share of its batched generation call
     env_ms: float = 0.0
     n_tokens: int = 0
+    author: str = "policy"  # "policy", or "human" for a node a person added from the tree
     children: list[int] = field(default_factory=list)
     screenshot: bytes | None = field(default=None, repr=False)  # JPEG of a terminal page (web env), stored apart
 
