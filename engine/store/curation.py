@@ -206,6 +206,11 @@ class CurationStore(Connection):
                 inserts,
             )
             con.executemany("UPDATE pairs SET merge_key=? WHERE id=?", keyed)
+            # Other runs' pairs this run was a source of (and is no longer): pruned below once nothing makes them.
+            was = {r[0] for r in con.execute(
+                f"""SELECT DISTINCT s.pair_id FROM pair_sources s JOIN pairs p ON p.id = s.pair_id
+                    WHERE s.run_id=? AND p.run_id != ? AND p.kind IN ({marks})""", (run_id, run_id, *kinds))}
+            was -= {target for _, target, _, _ in sources.values()}
             con.execute(f"""DELETE FROM pair_sources WHERE run_id=? AND pair_id IN
                             (SELECT id FROM pairs WHERE kind IN ({marks}))""", (run_id, *kinds))
             con.executemany("INSERT INTO pair_sources (source_id, pair_id, run_id, data) VALUES (?,?,?,?)",
@@ -219,6 +224,12 @@ class CurationStore(Connection):
             con.executemany("INSERT INTO pair_history VALUES (?,?,?,?,?,?,?)", history)
             stale = [pid for pid, old in existing.items() if not old[1]]
             report.stale_curated = len(existing) - len(stale)
+            curated = _CURATED.format(table="pair_history", key="pair_id", row="p.id")
+            for pid in sorted(was):  # no source left and uncurated: no build makes it any more
+                row = con.execute(f"""SELECT {curated}, EXISTS (SELECT 1 FROM pair_sources s WHERE s.pair_id = p.id)
+                                      FROM pairs p WHERE p.id=?""", (pid,)).fetchone()
+                if row is not None and not row[0] and not row[1]:
+                    stale.append(pid)
             shared: set[str] = set()  # leftovers other runs' builds are still a source of: kept
             for start in range(0, len(stale), _CHUNK):
                 part = stale[start:start + _CHUNK]
