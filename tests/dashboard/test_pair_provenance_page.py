@@ -20,12 +20,9 @@ from engine.store import Store
 PAIRS = "views/pairs.py"
 
 
-@pytest.fixture()
-def merged_db(store_db, tmp_path: Path, monkeypatch) -> tuple[Path, dict[str, str]]:
-    """The fixture store and a run "again" searched exactly as its run "main" (dash_fixtures.build_store)."""
-    source, runs = store_db
-    path = copy_store(source, tmp_path / "orchard.db")
-    monkeypatch.setenv("ORCHARD_DB", str(path))
+def search_again(path: Path) -> str:
+    """A run searched exactly as the fixture store's run "main" (dash_fixtures.build_store), its pairs
+    built and saved: every one of them is one of "main"'s, merged as a second source. Returns its id."""
     env = XssLineEnv()
     with Store(path) as store:
         again, _ = new_run(store, "line", env.tasks()[2:5], ScriptedGenerator(p_right=0.4, p_garbage=0.15),
@@ -34,8 +31,17 @@ def merged_db(store_db, tmp_path: Path, monkeypatch) -> tuple[Path, dict[str, st
         built = build_pairs(tree_refs(store, again, env.describe()),
                             PairsConfig(alpha=store.run(again).config.get("alpha", 0.5)))
         report = built.save(store, again)[0]
-    assert built.pairs and report.merged == built.pairs  # every pair of "again" is one of "main"'s
-    return path, {**runs, "again": again}
+    assert built.pairs and report.merged == built.pairs
+    return again
+
+
+@pytest.fixture()
+def merged_db(store_db, tmp_path: Path, monkeypatch) -> tuple[Path, dict[str, str]]:
+    """A copy of the fixture store with `search_again`'s run as "again"."""
+    source, runs = store_db
+    path = copy_store(source, tmp_path / "orchard.db")
+    monkeypatch.setenv("ORCHARD_DB", str(path))
+    return path, {**runs, "again": search_again(path)}
 
 
 def frame(at: AppTest, column: str):
