@@ -22,6 +22,7 @@ them across runs).
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -168,28 +169,36 @@ def command_key(tree: SearchTree, node_id: int) -> str:
     return "text:" + (node.raw or "")
 
 
-def merge_key(kind: str, prompt: str, chosen: object, rejected: object) -> str:
-    """The identity of a pair's content: its prompt (JSON) and the command keys of its two sides."""
-    return stable_id("pair-content", kind, prompt, chosen, rejected)
+def merge_key(kind: str, prompt: list[dict[str, Any]], chosen: object, rejected: object) -> str:
+    """The identity of a pair's content: its prompt and the command keys of its two sides."""
+    return merge_key_of(kind, prompt_digest(prompt), chosen, rejected)
 
 
-def _side(ref: TreeRef, node: Node, q: float, human: bool) -> dict[str, Any]:
-    return {"q": q, "q_mcts": node.Q_mcts, "q_critic": node.Q_critic, "visits": node.N,
-            "model": None if human else ref.model, "seed": None if human else ref.seed,
-            "author": "human" if human else "policy"}
+def prompt_digest(prompt: list[dict[str, Any]]) -> str:
+    """The prompt's JSON, hashed once per node (its pairs share it)."""
+    return hashlib.sha1(json.dumps(prompt).encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def source(ref: TreeRef, pair_id: str, node_id: int, chosen: Node, rejected: Node, sides: tuple[dict, dict],
-           alpha: float) -> dict[str, Any]:
+def merge_key_of(kind: str, digest: str, chosen: object, rejected: object) -> str:
+    """`merge_key` from the prompt's digest (20 hex chars, as ids)."""
+    text = "\x1f".join((kind, digest, repr(chosen), repr(rejected)))
+    return hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()[:20]
+
+
+def _side(ref: TreeRef, node: Node, q: float, human: bool, name: str) -> dict[str, Any]:
+    """One side's provenance fields, named for its role (`name`: chosen or rejected)."""
+    return {f"q_{name}": q, f"q_mcts_{name}": node.Q_mcts, f"q_critic_{name}": node.Q_critic,
+            f"visits_{name}": node.N, f"model_{name}": None if human else ref.model,
+            f"seed_{name}": None if human else ref.seed, f"author_{name}": "human" if human else "policy"}
+
+
+def source(ref: TreeRef, pair_id: str, node_id: int, chosen: Node, rejected: Node,
+           sides: tuple[dict[str, Any], dict[str, Any]], alpha: float) -> dict[str, Any]:
     """One pair's provenance as flat JSON-able fields (the export's provenance columns): where it was
-    built, both sides' values, visits, model, seed and author (`human` or `policy`), and the margin."""
-    out: dict[str, Any] = {"pair_id": pair_id, "run_id": ref.run_id, "tree_id": ref.tree_id,
-                           "task_id": ref.tree.task.id, "node_id": node_id, "chosen_node": chosen.id,
-                           "rejected_node": rejected.id, "alpha": alpha,
-                           "margin": sides[0]["q"] - sides[1]["q"]}
-    for name, side in zip(("chosen", "rejected"), sides, strict=True):
-        out.update({f"{k}_{name}": v for k, v in side.items()})
-    return out
+    built, both sides' values, visits, model, seed and author (`human` or `policy`; `_side`), and the margin."""
+    return {"pair_id": pair_id, "run_id": ref.run_id, "tree_id": ref.tree_id, "task_id": ref.tree.task.id,
+            "node_id": node_id, "chosen_node": chosen.id, "rejected_node": rejected.id, "alpha": alpha,
+            "margin": sides[0]["q_chosen"] - sides[1]["q_rejected"], **sides[0], **sides[1]}
 
 
 SIDE_FIELDS = ("q", "q_mcts", "q_critic", "visits", "model", "seed", "author")
@@ -225,7 +234,8 @@ def step_pairs(ref: TreeRef, config: PairsConfig, refused: list[Refusal] | None 
             continue
         values = [c.value(alpha) for c in explored]
         prompt: list[dict[str, Any]] | None = None
-        prompt_json = ""
+        digest = ""
+        sides: dict[tuple[int, str], dict[str, Any]] = {}
         texts: dict[int, str] = {}
         commands = {c.id: command_key(tree, c.id) for c in explored}
         for i, a in enumerate(explored):
@@ -243,20 +253,22 @@ def step_pairs(ref: TreeRef, config: PairsConfig, refused: list[Refusal] | None 
                 if prompt is None:
                     prompt = actor_prompt(ref.env_description, task.goal, task.context, tree.history(node),
                                           node.observation)
-                    prompt_json = json.dumps(prompt)
+                    digest = prompt_digest(prompt)
                 for n in (w, lo):
                     if n.id not in texts:
                         texts[n.id] = action_text(tree, n.id)
                 pid = stable_id("step", ref.run_id, task.id, node.id, w.id, lo.id)
-                sides = (_side(ref, w, qw, w.author == "human"), _side(ref, lo, ql, lo.author == "human"))
+                for n, q, name in ((w, qw, "chosen"), (lo, ql, "rejected")):
+                    if (n.id, name) not in sides:
+                        sides[n.id, name] = _side(ref, n, q, n.author == "human", name)
                 out.append(
                     Pair(
                         id=pid, kind="step", run_id=ref.run_id, tree_id=ref.tree_id, task_id=task.id,
                         node_id=node.id, chosen_node=w.id, rejected_node=lo.id, prompt=prompt,
                         chosen=texts[w.id], rejected=texts[lo.id], q_chosen=qw, q_rejected=ql,
                         logprob_chosen=w.logprob, logprob_rejected=lo.logprob, depth=node.depth,
-                        merge_key=merge_key("step", prompt_json, commands[w.id], commands[lo.id]),
-                        sources=(source(ref, pid, node.id, w, lo, sides, alpha),),
+                        merge_key=merge_key_of("step", digest, commands[w.id], commands[lo.id]),
+                        sources=(source(ref, pid, node.id, w, lo, (sides[w.id, "chosen"], sides[lo.id, "rejected"]), alpha),),
                     )
                 )
     return out
@@ -307,7 +319,7 @@ def trajectory_pairs(ref: TreeRef, config: PairsConfig, refused: list[Refusal] |
         w, lo = tree.nodes[win], tree.nodes[lose]
         qw, ql = w.reward or 0.0, lo.reward or 0.0
         human = [any(n.author == "human" for n in tree.path(leaf)) for leaf in (w, lo)]
-        sides = (_side(ref, w, qw, human[0]), _side(ref, lo, ql, human[1]))
+        sides = (_side(ref, w, qw, human[0], "chosen"), _side(ref, lo, ql, human[1], "rejected"))
         out.append(
             Pair(
                 id=pid, kind="trajectory", run_id=ref.run_id, tree_id=ref.tree_id, task_id=tree.task.id, node_id=0,
@@ -316,7 +328,7 @@ def trajectory_pairs(ref: TreeRef, config: PairsConfig, refused: list[Refusal] |
                 rejected=json.dumps([{"role": m["role"], "content": m["content"]} for m in rejected[n_prompt:]]),
                 q_chosen=qw, q_rejected=ql,
                 logprob_chosen=_path_logprob(ref, win), logprob_rejected=_path_logprob(ref, lose), depth=0,
-                merge_key=merge_key("trajectory", json.dumps(prompt), keys[0], keys[1]),
+                merge_key=merge_key("trajectory", prompt, keys[0], keys[1]),
                 sources=(source(ref, pid, 0, w, lo, sides, config.alpha),),
             )
         )
