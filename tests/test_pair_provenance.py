@@ -165,6 +165,25 @@ def test_a_swapped_pair_is_not_the_merge_target_of_the_original_direction(tmp_pa
         assert len(store.pair(target.id).sources) == 1  # still the build it came from, no more
 
 
+def test_duplicates_in_one_save_are_merged_there_and_stay_merged_on_a_rebuild(tmp_path: Path) -> None:
+    """A caller that saves unmerged pairs (step_pairs directly): the store merges them, and again the same way."""
+    from engine.datasets.pairs import step_pairs
+    from engine.envs.base import TaskSpec
+
+    tree, _ = human_tree()
+    with Store(tmp_path / "o.db") as store:
+        run_id = store.create_run("r", "line", "m", {}, [TaskSpec(id=tree.task.id, goal=tree.task.goal)])
+        ((tree_id, _),) = store.tree_ids(run_id)
+        pairs = step_pairs(TreeRef(tree, run_id, tree_id, DESC), PairsConfig())
+        first = store.save_pairs(run_id, pairs)
+        assert (first.created, first.merged) == (len(pairs) - 1, 1)  # the person's and the policy's right vs left
+        again = store.save_pairs(run_id, pairs)
+        assert (again.created, again.unchanged, again.merged, again.pruned) == (0, len(pairs) - 1, 1, 0)
+        stored = store.pairs(run_id=run_id)
+        assert len(stored) == len(pairs) - 1 and max(len(p.sources) for p in stored) == 2
+        assert sum(len(p.sources) for p in stored) == len(pairs)  # every source kept
+
+
 @pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
 def test_exports_carry_the_provenance_columns_and_every_source(tmp_path: Path, suffix: str) -> None:
     import datasets

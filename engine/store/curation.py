@@ -162,6 +162,10 @@ class CurationStore(Connection):
                         f"""SELECT merge_key, id FROM pairs WHERE merge_key IN ({','.join('?' * len(part))})
                             AND run_id != ? ORDER BY updated_at, id""", (*part, run_id)):
                     elsewhere.setdefault(key, pid)
+            built = {p.id for p in pairs}
+            for pid, old in existing.items():  # then this run's own rows the build makes again
+                if old[3] and pid in built:
+                    elsewhere.setdefault(old[3], pid)
             report, now = SaveReport(), time.time()
             inserts: list[tuple[Any, ...]] = []
             updates: list[tuple[Any, ...]] = []
@@ -207,14 +211,19 @@ class CurationStore(Connection):
             )
             con.executemany("UPDATE pairs SET merge_key=? WHERE id=?", keyed)
             # Other runs' pairs this run was a source of (and is no longer): pruned below once nothing makes them.
-            was = {r[0] for r in con.execute(
-                f"""SELECT DISTINCT s.pair_id FROM pair_sources s JOIN pairs p ON p.id = s.pair_id
-                    WHERE s.run_id=? AND p.run_id != ? AND p.kind IN ({marks})""", (run_id, run_id, *kinds))}
+            # This run's sources: those the build no longer makes, or makes otherwise, are replaced
+            # (a rebuild that changes nothing writes none).
+            stored = {r[0]: r[1:] for r in con.execute(
+                f"""SELECT s.source_id, s.pair_id, s.data, p.run_id FROM pair_sources s JOIN pairs p ON p.id = s.pair_id
+                    WHERE s.run_id=? AND p.kind IN ({marks})""", (run_id, *kinds))}
+            # Other runs' pairs this run was a source of (and is no longer): pruned below once nothing makes them.
+            was = {pid for pid, _, owner in stored.values() if owner != run_id}
             was -= {target for _, target, _, _ in sources.values()}
-            con.execute(f"""DELETE FROM pair_sources WHERE run_id=? AND pair_id IN
-                            (SELECT id FROM pairs WHERE kind IN ({marks}))""", (run_id, *kinds))
+            changed = {sid for sid, row in sources.items() if stored.get(sid, (None, None))[:2] != (row[1], row[3])}
+            con.executemany("DELETE FROM pair_sources WHERE source_id=?",
+                            [(sid,) for sid in stored if sid not in sources or sid in changed])
             con.executemany("INSERT INTO pair_sources (source_id, pair_id, run_id, data) VALUES (?,?,?,?)",
-                            list(sources.values()))
+                            [sources[sid] for sid in changed])
             con.executemany(
                 """UPDATE pairs SET tree_id=?, task_id=?, node_id=?, chosen_node=?, rejected_node=?, kind=?, prompt=?,
                    chosen=?, rejected=?, q_chosen=?, q_rejected=?, logprob_chosen=?, logprob_rejected=?, depth=?,
