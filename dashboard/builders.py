@@ -102,12 +102,13 @@ def pairs_builder(db: str, run: RunInfo | None) -> None:
                 st.rerun()
         _outcome(form)
     if run is not None and (job := jp.latest_job(db, ("pairs",), run.id)) is not None:
-        jp.job_panel(db, job, "pb_job", follow=True)
+        jp.job_panel(db, job, "pb_job", extra=build_outcome, follow=True)
 
 
 def build_outcome(job: JobInfo) -> None:
     """Under a finished revisions job: why it made no revision trajectory with a judged first error, with
-    the counts (engine.datasets.revisions.why_little, recorded in the job's progress)."""
+    the counts (engine.datasets.revisions.why_little, recorded in the job's progress); under a pairs job,
+    its counts, refused same-command pairs and merged duplicates among them."""
     counts, note = job.progress.get("counts"), job.progress.get("note")
     if job.state != "succeeded" or not isinstance(counts, dict):
         return

@@ -82,19 +82,30 @@ def random_trees(draw):
     return tree, exact
 
 
-def brute_force(tree: SearchTree, exact, alpha: Fraction, theta: Fraction) -> set[tuple[int, int, int]]:
-    """Every ordered (node, a, b) of explored siblings with exact Q(a) - Q(b) > theta."""
+def brute_force(tree: SearchTree, exact, alpha: Fraction, theta: Fraction,
+                refused: set | None = None) -> set[tuple[int, int, int]]:
+    """Every ordered (node, a, b) of explored siblings with exact Q(a) - Q(b) > theta whose commands
+    differ (both format errors with the same text count as the same); the others go to `refused`."""
 
     def q(nid: int) -> Fraction:
         q_mcts, q_critic = exact[nid]
         return q_mcts if q_critic is None else alpha * q_mcts + (1 - alpha) * q_critic
+
+    def same(a: int, b: int) -> bool:
+        x, y = tree.nodes[a], tree.nodes[b]
+        if x.action is None or y.action is None:
+            return x.action is None and y.action is None and x.raw == y.raw
+        return x.action.command == y.action.command
 
     out = set()
     for node in tree.nodes:
         for a in node.children:
             for b in node.children:
                 if a != b and tree.nodes[a].N > 0 and tree.nodes[b].N > 0 and q(a) - q(b) > theta:
-                    out.add((node.id, a, b))
+                    if not same(a, b):
+                        out.add((node.id, a, b))
+                    elif refused is not None:
+                        refused.add((node.id, a, b))
     return out
 
 
@@ -103,8 +114,11 @@ def brute_force(tree: SearchTree, exact, alpha: Fraction, theta: Fraction) -> se
 @pytest.mark.slow
 def test_step_pairs_match_brute_force(data, alpha, theta):
     tree, exact = data
-    pairs = step_pairs(TreeRef(tree, "run1", 7, DESC), PairsConfig(alpha=float(alpha), theta=float(theta)))
-    assert keys(pairs) == brute_force(tree, exact, alpha, theta)
+    refusals: list = []
+    pairs = step_pairs(TreeRef(tree, "run1", 7, DESC), PairsConfig(alpha=float(alpha), theta=float(theta)), refusals)
+    refused: set = set()
+    assert keys(pairs) == brute_force(tree, exact, alpha, theta, refused)
+    assert {(r.node_id, r.chosen_node, r.rejected_node) for r in refusals} == refused
     assert len(pairs) == len(keys(pairs))  # no duplicates
     for p in pairs:
         assert p.q_chosen - p.q_rejected > float(theta)

@@ -1,7 +1,9 @@
 """Preference pairs: the curation queue for Agent Q's step pairs (and the trajectory-level baseline's).
 
 Filter the queue (run / task / kind / status / depth / Q gap), compare chosen with rejected (side by
-side, with a word diff and their Q values), and approve, reject, swap or edit each pair. Next /
+side, with a word diff and their Q values), see why the pair exists ("Why this pair": both sides' nodes,
+Q~ / Q^ / Q, visits, model, seed, author, and every run that built it), and approve, reject, swap or
+edit each pair. Next /
 Previous and "approve & next" keep the flow at keyboard speed (the buttons carry shortcuts).
 
 Why the version bookkeeping: two people may curate the same pair. The page remembers the version of
@@ -248,6 +250,62 @@ def fmt(value: float | None, spec: str = ".3f") -> str:
     return "—" if value is None else format(value, spec)
 
 
+def _text(value: object) -> str:
+    return "—" if value is None else str(value)
+
+
+def _num(value: object) -> float | None:
+    return round(float(value), 3) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def sides_table(pair: Pair) -> pd.DataFrame:
+    """Both sides of the pair's first source: node, Q (eq. 10), Q~, Q^, visits, author, model, seed."""
+    src = pair.provenance
+    rows = [{
+        "side": side, "node": src.get(f"{side}_node"), "Q": _num(src.get(f"q_{side}")),
+        "Q~ (MCTS)": _num(src.get(f"q_mcts_{side}")), "Q^ (critic)": _num(src.get(f"q_critic_{side}")),
+        "visits": src.get(f"visits_{side}"), "proposed by": src.get(f"author_{side}") or "policy",
+        "model": _text(src.get(f"model_{side}")), "seed": _text(src.get(f"seed_{side}")),
+    } for side in ("chosen", "rejected")]
+    return pd.DataFrame(rows)
+
+
+def sources_table(pair: Pair) -> pd.DataFrame:
+    """Every build that made the pair (one row per run / node it came from), its own first."""
+    rows = [{
+        "run": str(s.get("run_id", "")), "task": str(s.get("task_id", "")), "node": s.get("node_id"),
+        "chosen node": s.get("chosen_node"), "rejected node": s.get("rejected_node"),
+        "margin": _num(s.get("margin")), "Q chosen": _num(s.get("q_chosen")), "Q rejected": _num(s.get("q_rejected")),
+        "visits": f"{s.get('visits_chosen')} / {s.get('visits_rejected')}",
+        "authors": f"{s.get('author_chosen') or 'policy'} / {s.get('author_rejected') or 'policy'}",
+        "model": " / ".join(_text(s.get(f"model_{side}")) for side in ("chosen", "rejected")),
+        "seed": " / ".join(_text(s.get(f"seed_{side}")) for side in ("chosen", "rejected")),
+        "alpha": _num(s.get("alpha")), "source id": str(s.get("pair_id", "")),
+    } for s in pair.sources]
+    return pd.DataFrame(rows)
+
+
+def why_this_pair(pair: Pair) -> None:
+    """The pair's provenance and every source, as text and data frames only (ids and model names are untrusted)."""
+    if not pair.sources:
+        st.info("This pair was stored before pairs kept their provenance: rebuild the run's pairs to record it.")
+        return
+    src = pair.provenance
+    why = (f"Q(chosen) − Q(rejected) = {fmt(_num(src.get('margin')))} (eq. 10, alpha {src.get('alpha')}) is over "
+           "the build's theta, and the two sides ask the env for different commands."
+           if pair.kind == "step" else
+           f"a successful trajectory against a failed one (reward margin {fmt(_num(src.get('margin')))}), with "
+           "different commands.")
+    st.text(f"Built from run {src.get('run_id')} · task {src.get('task_id')} · node {src.get('node_id')}: {why}")
+    st.dataframe(sides_table(pair), hide_index=True, key=f"pp_sides_{pair.id}_{pair.version}")
+    n = len(pair.sources)
+    st.caption(f"Sources: {n} build{'s' if n != 1 else ''} made this pair"
+               + (" (the same prompt and the same two commands: merged into one pair)" if n > 1 else ""))
+    st.dataframe(sources_table(pair), hide_index=True, key=f"pp_sources_{pair.id}_{pair.version}")
+    if pair.status == "edited":
+        st.caption("A person edited or swapped this pair since it was built: the provenance is the build's.")
+
+
 # --- resolve the filters (run and task from the URL) --------------------------------------------------------
 
 notes: list[str] = []
@@ -358,7 +416,7 @@ with st.expander(f"Queue: page {page + 1} of {pages}", expanded=True):
             "": "▶" if p.id == pair_id else "",
             "pair": p.id, "task": p.task_id, "node": p.node_id, "depth": p.depth, "kind": p.kind,
             "Q chosen": round(p.q_chosen, 3), "Q rejected": round(p.q_rejected, 3), "gap": round(p.gap, 3),
-            "status": p.status,
+            "status": p.status, "sources": len(p.sources),
             "chosen": command_of(p.chosen) if p.kind == "step" else "(trajectory)",
             "rejected": command_of(p.rejected) if p.kind == "step" else "(trajectory)",
         } for p in rows])
@@ -440,6 +498,9 @@ cells[5].metric("Version", pair.version)
 st.text(f"pair {pair.id} · {pair.kind} pair · run {pair.run_id} · task {pair.task_id} · node {pair.node_id} "
         f"(chosen node {pair.chosen_node}, rejected node {pair.rejected_node}) · last changed by "
         f"{pair.updated_by or '—'}")
+
+with st.expander(f"Why this pair ({len(pair.sources)} source{'s' if len(pair.sources) != 1 else ''})"):
+    why_this_pair(pair)
 
 if pair.prompt:
     last = pair.prompt[-1]

@@ -163,8 +163,15 @@ def run_pairs(store: Store, spec: PairsJob, reporter: Reporter, who: str | None 
              f"pairs (alpha={config.alpha}, theta={config.theta}), {len(built.rft)} RFT rows, "
              f"{len(built.exit)} expert-iteration rows"),
              f"pairs: {pairs}; RFT and expert-iteration rows: {rft}; db {store.path}"]
+    if built.refused or built.merged or pairs.merged:
+        lines.append(f"hygiene: {len(built.refused)} pairs refused (both sides the same command), "
+                     f"{built.merged} duplicates merged within the run, {pairs.merged} merged into other runs' "
+                     "same pairs (as more sources)")
     hint = None if built.rft else rollout_only_hint(refs, 1.0)
     lines += [hint] if hint else []
+    # the Preference pairs page says what the build refused and merged (dashboard.builders.build_outcome)
+    units.extra.update(counts={**built.counts(), "merged_into_other_runs": pairs.merged})
+    units.finish()
     return StageResult(run_id, lines)
 
 

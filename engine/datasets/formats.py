@@ -3,7 +3,9 @@ reads and TRL trains on.
 
 Exports:
 - `dpo_rows`: TRL conversational preference rows (`prompt` messages, `chosen`/`rejected` assistant
-  message lists) plus metadata: run, tree, task, nodes, Q values, stored log-probs, curation status.
+  message lists) plus metadata: run, tree, task, nodes, Q values, stored log-probs, curation status,
+  and the provenance columns (engine.datasets.pairs.SOURCE_FIELDS: margin, each side's Q~ / Q^, visits,
+  model, seed, author) with every source in `sources`; TRL's DPOTrainer ignores columns it does not use.
   The log-probs are named `logprob_*`, not `ref_*_logps`, because TRL would take those as the
   reference log-probs of whatever model it trains, which they are only for the generating one.
 - `sft_rows`: `messages` with a per-message `train` flag (bool on assistant messages, null on others).
@@ -30,7 +32,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, BinaryIO, NoReturn
 
-from engine.datasets.pairs import Pair
+from engine.datasets.pairs import SOURCE_FIELDS, Pair
 from engine.datasets.samples import (
     KINDS,
     DatasetError,
@@ -65,6 +67,10 @@ def _plain(messages: list[dict[str, Any]]) -> list[dict[str, str]]:
     return [{"role": m["role"], "content": m["content"]} for m in messages]
 
 
+# Source fields a DPO row has already (as the pair row's own columns, `id` for `pair_id`): not repeated.
+_ROW_FIELDS = ("pair_id", "run_id", "tree_id", "task_id", "node_id", "chosen_node", "rejected_node", "q_chosen", "q_rejected")
+
+
 def dpo_rows(pairs: Iterable[Pair]) -> list[dict[str, Any]]:
     return [
         {
@@ -85,9 +91,19 @@ def dpo_rows(pairs: Iterable[Pair]) -> list[dict[str, Any]]:
             "logprob_chosen": p.logprob_chosen,
             "logprob_rejected": p.logprob_rejected,
             "status": p.status,
+            **_provenance_columns(p),
         }
         for p in pairs
     ]
+
+
+def _provenance_columns(p: Pair) -> dict[str, Any]:
+    """The pair's provenance (its first source; None where it has none) as flat columns, and every
+    source it was built from (`sources`, one record each: several for a pair that runs built alike)."""
+    first = p.provenance
+    extra = [k for k in SOURCE_FIELDS if k not in _ROW_FIELDS]
+    return {**{k: first.get(k) for k in extra}, "n_sources": len(p.sources),
+            "sources": [{k: s.get(k) for k in SOURCE_FIELDS} for s in p.sources]}
 
 
 def _meta(s: Sample) -> dict[str, Any]:

@@ -42,22 +42,28 @@ def stable_id(*parts: object) -> str:
 @dataclass(frozen=True)
 class TreeRef:
     """A tree with the labels builders need but the tree does not carry: which run and store row it
-    belongs to, and the env description that was in the actor's system prompt."""
+    belongs to, the env description that was in the actor's system prompt, and the run's model and
+    seed (from its settings)."""
 
     tree: SearchTree
     run_id: str
     tree_id: int | None = None
     env_description: str = ""
+    model: str | None = None  # the run's model and seed: who proposed the tree's policy nodes (pair provenance)
+    seed: int | None = None
 
 
 def tree_refs(store: Any, run_id: str, description: str) -> list[TreeRef]:
     """The run's committed trees as TreeRefs (what the pairs and revisions builders read), with
     `description`, the env description their prompts used."""
     refs = []
+    info = store.run(run_id)
+    seed = info.config.get("seed")
     for tree_id, _ in store.tree_ids(run_id):
         tree = store.load_tree(tree_id)
         if tree is not None:
-            refs.append(TreeRef(tree=tree, run_id=run_id, tree_id=tree_id, env_description=description))
+            refs.append(TreeRef(tree=tree, run_id=run_id, tree_id=tree_id, env_description=description,
+                                model=info.model, seed=seed if isinstance(seed, int) else None))
     return refs
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from engine.actions import FormatError, parse
@@ -23,8 +24,9 @@ _STATUS_ACTIONS = {"approved": "approve", "rejected": "reject", "pending": "rese
 _CURATED = "EXISTS (SELECT 1 FROM {table} h WHERE h.{key} = {row} AND h.action NOT IN ('create', 'rebuild'))"
 _PAIR_COLUMNS = (
     "id, kind, run_id, tree_id, task_id, node_id, chosen_node, rejected_node, prompt, chosen, rejected, q_chosen, "
-    "q_rejected, logprob_chosen, logprob_rejected, depth, status, version, updated_at, updated_by"
+    "q_rejected, logprob_chosen, logprob_rejected, depth, status, version, updated_at, updated_by, merge_key"
 )
+_CHUNK = 500  # ids per IN (...) list
 _PAIR_ORDERS = {
     # Within a run, the content (not the run-salted id) orders the pairs: two runs with the same trees
     # give the same training order, so the same DPO job.
@@ -54,7 +56,10 @@ def _pair_where(filters: dict[str, Any]) -> tuple[str, list[Any]]:
     if unknown:
         raise StoreError(f"unknown pair filter(s): {', '.join(sorted(unknown))}")
     where, args = ["1=1"], []
-    for key in ("run_id", "task_id", "node_id"):
+    if filters.get("run_id") is not None:  # a run's pairs: those it built first, and those it is a source of
+        where.append("(run_id=? OR id IN (SELECT pair_id FROM pair_sources WHERE run_id=?))")
+        args += [filters["run_id"], filters["run_id"]]
+    for key in ("task_id", "node_id"):
         if filters.get(key) is not None:
             where.append(f"{key}=?")
             args.append(filters[key])
@@ -88,8 +93,22 @@ def _pair_from_row(r: tuple) -> Pair:
         id=r[0], kind=r[1], run_id=r[2], tree_id=r[3], task_id=r[4], node_id=r[5], chosen_node=r[6],
         rejected_node=r[7], prompt=json.loads(r[8]), chosen=r[9], rejected=r[10], q_chosen=r[11], q_rejected=r[12],
         logprob_chosen=r[13], logprob_rejected=r[14], depth=r[15], status=r[16], version=r[17], updated_at=r[18],
-        updated_by=r[19],
+        updated_by=r[19], merge_key=r[20] or "",
     )
+
+
+def _with_sources(con: Any, pairs: list[Pair]) -> list[Pair]:
+    """`pairs` with their sources (pair_sources), each pair's own build first, then by run."""
+    found: dict[str, list[dict[str, Any]]] = {}
+    ids = [p.id for p in pairs]
+    for start in range(0, len(ids), _CHUNK):
+        part = ids[start:start + _CHUNK]
+        rows = con.execute(
+            f"""SELECT pair_id, data FROM pair_sources WHERE pair_id IN ({','.join('?' * len(part))})
+                ORDER BY pair_id, CASE WHEN source_id = pair_id THEN 0 ELSE 1 END, run_id, source_id""", part)
+        for pair_id, data in rows:
+            found.setdefault(pair_id, []).append(json.loads(data))
+    return [replace(p, sources=tuple(found[p.id])) if p.id in found else p for p in pairs]
 
 
 def _sample_from_row(r: tuple) -> Sample:
@@ -127,39 +146,84 @@ class CurationStore(Connection):
                 r[0]: r[1:]
                 for r in con.execute(
                     f"""SELECT p.id, p.version, {_CURATED.format(table="pair_history", key="pair_id", row="p.id")},
-                               p.tree_id, p.task_id, p.node_id, p.chosen_node, p.rejected_node, p.kind, p.prompt,
+                               p.status, p.merge_key, p.tree_id, p.task_id, p.node_id, p.chosen_node, p.rejected_node, p.kind, p.prompt,
                                p.chosen, p.rejected, p.q_chosen, p.q_rejected, p.logprob_chosen, p.logprob_rejected,
                                p.depth
                         FROM pairs p WHERE p.run_id=? AND p.kind IN ({marks})""",
                     (run_id, *kinds),
                 )
             }
+            # Another run's pair with the same content key takes this build's pair as one more source.
+            keys = sorted({p.merge_key for p in pairs if p.merge_key and p.id not in existing})
+            elsewhere: dict[str, str] = {}
+            for start in range(0, len(keys), _CHUNK):
+                part = keys[start:start + _CHUNK]
+                for key, pid in con.execute(
+                        f"""SELECT merge_key, id FROM pairs WHERE merge_key IN ({','.join('?' * len(part))})
+                            AND run_id != ? ORDER BY updated_at, id""", (*part, run_id)):
+                    elsewhere.setdefault(key, pid)
+            built = {p.id for p in pairs}
+            for pid, old in existing.items():  # then this run's own rows the build makes again
+                if old[3] and pid in built:
+                    elsewhere.setdefault(old[3], pid)
             report, now = SaveReport(), time.time()
             inserts: list[tuple[Any, ...]] = []
             updates: list[tuple[Any, ...]] = []
             history: list[tuple[Any, ...]] = []
+            keyed: list[tuple[str, str]] = []
+            sources: dict[str, tuple[str, str, str, str]] = {}
             for p in pairs:
                 row = content(p)
                 old = existing.pop(p.id, None)
+                target = p.id
                 if old is None:
-                    inserts.append((p.id, run_id, *row, "pending", 1, now, who))
-                    history.append((p.id, 1, now, who, "create", None, json.dumps({"status": "pending"})))
-                    report.created += 1
-                elif old[1]:
-                    report.kept += 1
-                elif tuple(old[2:]) == row:
-                    report.unchanged += 1
+                    if p.merge_key and p.merge_key in elsewhere:
+                        target = elsewhere[p.merge_key]
+                        report.merged += 1
+                    else:
+                        inserts.append((p.id, run_id, *row, "pending", 1, now, who, p.merge_key or None))
+                        history.append((p.id, 1, now, who, "create", None, json.dumps({"status": "pending"})))
+                        report.created += 1
+                        if p.merge_key:
+                            elsewhere[p.merge_key] = p.id  # a later duplicate in this save joins it
                 else:
-                    version = old[0] + 1
-                    updates.append((*row, version, now, who, p.id))
-                    history.append((p.id, version, now, who, "rebuild", None, None))
-                    report.updated += 1
+                    # A rebuild keys its rows (those stored before keys existed too), except a row a person
+                    # edited or swapped: its content is theirs now, and no build's duplicate of it.
+                    if p.merge_key and old[2] != "edited" and old[3] != p.merge_key:
+                        keyed.append((p.merge_key, p.id))
+                    if old[1]:
+                        report.kept += 1
+                    elif tuple(old[4:]) == row:
+                        report.unchanged += 1
+                    else:
+                        version = old[0] + 1
+                        updates.append((*row, version, now, who, p.id))
+                        history.append((p.id, version, now, who, "rebuild", None, None))
+                        report.updated += 1
+                for src in p.sources:
+                    sid = str(src.get("pair_id") or p.id)
+                    sources[sid] = (sid, target, run_id, json.dumps(src))
             con.executemany(
                 """INSERT INTO pairs (id, run_id, tree_id, task_id, node_id, chosen_node, rejected_node, kind, prompt,
                    chosen, rejected, q_chosen, q_rejected, logprob_chosen, logprob_rejected, depth, status, version,
-                   updated_at, updated_by) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
+                   updated_at, updated_by, merge_key) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
                 inserts,
             )
+            con.executemany("UPDATE pairs SET merge_key=? WHERE id=?", keyed)
+            # Other runs' pairs this run was a source of (and is no longer): pruned below once nothing makes them.
+            # This run's sources: those the build no longer makes, or makes otherwise, are replaced
+            # (a rebuild that changes nothing writes none).
+            stored = {r[0]: r[1:] for r in con.execute(
+                f"""SELECT s.source_id, s.pair_id, s.data, p.run_id FROM pair_sources s JOIN pairs p ON p.id = s.pair_id
+                    WHERE s.run_id=? AND p.kind IN ({marks})""", (run_id, *kinds))}
+            # Other runs' pairs this run was a source of (and is no longer): pruned below once nothing makes them.
+            was = {pid for pid, _, owner in stored.values() if owner != run_id}
+            was -= {target for _, target, _, _ in sources.values()}
+            changed = {sid for sid, row in sources.items() if stored.get(sid, (None, None))[:2] != (row[1], row[3])}
+            con.executemany("DELETE FROM pair_sources WHERE source_id=?",
+                            [(sid,) for sid in stored if sid not in sources or sid in changed])
+            con.executemany("INSERT INTO pair_sources (source_id, pair_id, run_id, data) VALUES (?,?,?,?)",
+                            [sources[sid] for sid in changed])
             con.executemany(
                 """UPDATE pairs SET tree_id=?, task_id=?, node_id=?, chosen_node=?, rejected_node=?, kind=?, prompt=?,
                    chosen=?, rejected=?, q_chosen=?, q_rejected=?, logprob_chosen=?, logprob_rejected=?, depth=?,
@@ -167,11 +231,23 @@ class CurationStore(Connection):
                 updates,
             )
             con.executemany("INSERT INTO pair_history VALUES (?,?,?,?,?,?,?)", history)
-            stale = [(pid,) for pid, old in existing.items() if not old[1]]
+            stale = [pid for pid, old in existing.items() if not old[1]]
             report.stale_curated = len(existing) - len(stale)
-            con.executemany("DELETE FROM pairs WHERE id=?", stale)
-            con.executemany("DELETE FROM pair_history WHERE pair_id=?", stale)
-            report.pruned = len(stale)
+            curated = _CURATED.format(table="pair_history", key="pair_id", row="p.id")
+            for pid in sorted(was):  # no source left and uncurated: no build makes it any more
+                row = con.execute(f"""SELECT {curated}, EXISTS (SELECT 1 FROM pair_sources s WHERE s.pair_id = p.id)
+                                      FROM pairs p WHERE p.id=?""", (pid,)).fetchone()
+                if row is not None and not row[0] and not row[1]:
+                    stale.append(pid)
+            shared: set[str] = set()  # leftovers other runs' builds are still a source of: kept
+            for start in range(0, len(stale), _CHUNK):
+                part = stale[start:start + _CHUNK]
+                shared.update(r[0] for r in con.execute(
+                    f"SELECT DISTINCT pair_id FROM pair_sources WHERE pair_id IN ({','.join('?' * len(part))})", part))
+            gone = [(pid,) for pid in stale if pid not in shared]
+            con.executemany("DELETE FROM pairs WHERE id=?", gone)
+            con.executemany("DELETE FROM pair_history WHERE pair_id=?", gone)
+            report.pruned, report.kept_for_other_runs = len(gone), len(shared)
         return report
 
     def pairs(self, limit: int | None = None, offset: int = 0, order: str = "tree", **filters: Any) -> list[Pair]:
@@ -184,13 +260,13 @@ class CurationStore(Connection):
         rows = self.con.execute(
             f"SELECT {_PAIR_COLUMNS} FROM pairs WHERE {where} ORDER BY {_PAIR_ORDERS[order]}{page}", args
         ).fetchall()
-        return [_pair_from_row(r) for r in rows]
+        return _with_sources(self.con, [_pair_from_row(r) for r in rows])
 
     def pair(self, pair_id: str) -> Pair:
         row = self.con.execute(f"SELECT {_PAIR_COLUMNS} FROM pairs WHERE id=?", (pair_id,)).fetchone()
         if row is None:
             raise StoreError(f"no pair {pair_id!r}")
-        return _pair_from_row(row)
+        return _with_sources(self.con, [_pair_from_row(row)])[0]
 
     def pair_counts(self, **filters: Any) -> dict[str, int]:
         """How many pairs match `filters`, per status, plus "total"."""
@@ -228,7 +304,7 @@ class CurationStore(Connection):
             before = {"chosen": old["chosen"], "rejected": old["rejected"]}
             after = {"chosen": chosen, "rejected": rejected}
             _write(con, "pairs", "pair_history", "pair_id", pair_id, old, who, "edit", before, after,
-                   {**after, "status": "edited"})
+                   {**after, "status": "edited", "merge_key": None})  # a person's content: no build's duplicate
             return self.pair(pair_id)  # read in the transaction: this save's version, not a later one
 
     def swap_pair(self, pair_id: str, who: str, expected_version: int) -> Pair:
@@ -243,7 +319,7 @@ class CurationStore(Connection):
             before = {"chosen_node": old["chosen_node"], "rejected_node": old["rejected_node"]}
             after = {"chosen_node": old["rejected_node"], "rejected_node": old["chosen_node"]}
             _write(con, "pairs", "pair_history", "pair_id", pair_id, old, who, "swap", before, after,
-                   {**swapped, "status": "edited"})
+                   {**swapped, "status": "edited", "merge_key": None})  # the reverse of what builds make
             return self.pair(pair_id)  # read in the transaction: this save's version, not a later one
 
     def bulk_set_pair_status(self, status: str, who: str, **filters: Any) -> int:

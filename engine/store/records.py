@@ -43,7 +43,9 @@ class RunInfo:
 @dataclass
 class SaveReport:
     """What a save did: created, refreshed (updated), identical (unchanged), curated rows left
-    as they were (kept), untouched leftovers deleted (pruned), curated leftovers kept (stale_curated)."""
+    as they were (kept), untouched leftovers deleted (pruned), curated leftovers kept (stale_curated);
+    for pairs also those saved as one more source of another run's same pair (merged) and leftovers
+    kept because other runs still make them (kept_for_other_runs)."""
 
     created: int = 0
     updated: int = 0
@@ -51,6 +53,8 @@ class SaveReport:
     kept: int = 0
     pruned: int = 0
     stale_curated: int = 0
+    merged: int = 0
+    kept_for_other_runs: int = 0
 
     def __str__(self) -> str:
         return ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in self.__dict__.items() if v) or "nothing changed"

@@ -321,6 +321,24 @@ MIGRATIONS: list[tuple[int, str]] = [
         ALTER TABLE nodes ADD COLUMN author TEXT NOT NULL DEFAULT 'policy';
         """,
     ),
+    (
+        9,
+        # Pair provenance (docs/decisions.md "Pairs carry their sources"): a pair's content key (same
+        # prompt, same two commands: the same pair, whichever run built it) and one row per build that
+        # made it, `source_id` being the id that build gave it and `data` its provenance as JSON.
+        """
+        ALTER TABLE pairs ADD COLUMN merge_key TEXT;
+        CREATE INDEX pairs_by_merge_key ON pairs (merge_key);
+        CREATE TABLE pair_sources (
+            source_id TEXT PRIMARY KEY,
+            pair_id TEXT NOT NULL,
+            run_id TEXT NOT NULL,
+            data TEXT NOT NULL
+        );
+        CREATE INDEX pair_sources_by_pair ON pair_sources (pair_id);
+        CREATE INDEX pair_sources_by_run ON pair_sources (run_id);
+        """,
+    ),
 ]
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 

@@ -165,9 +165,13 @@ def labelled_pairs(store: Store, config: DPOTrainConfig,
     """The pairs a DPO job trains on, and the final label of each that has one (the decisions it
     rests on: what the job records)."""
     out: list[Pair] = []
+    seen: set[str] = set()
     for run in runs if runs else [None]:
         run_id = store.find_run(run) if run is not None else None
-        out.extend(store.pairs(run_id=run_id, kind=list(config.kinds), min_gap=config.min_gap))
+        # a pair several runs built is one pair (merged, with a source per run): trained once
+        got = store.pairs(run_id=run_id, kind=list(config.kinds), min_gap=config.min_gap)
+        out.extend(p for p in got if p.id not in seen)
+        seen.update(p.id for p in got)
     return keep_labelled(store, "pair", out, config.statuses, config.include_pending, config.labels)
 
 

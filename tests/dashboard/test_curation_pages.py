@@ -454,8 +454,8 @@ def test_the_queue_pages_through_more_pairs_than_fit_one_page(db) -> None:
     with Store(path) as store:
         real = store.pairs(run_id=runs["main"])
         template = next(p for p in real if p.kind == "step")
-        extra = [replace(template, id=f"extra{i:03d}", node_id=1000 + i, q_chosen=0.9, q_rejected=0.1)
-                 for i in range(60)]
+        extra = [replace(template, id=f"extra{i:03d}", node_id=1000 + i, q_chosen=0.9, q_rejected=0.1, merge_key="",
+                         sources=()) for i in range(60)]  # distinct pairs: no content key, so never merged
         store.save_pairs(runs["main"], [*real, *extra])
         ordered = [p.id for p in store.pairs(run_id=runs["main"], kind="step")]
     assert len(ordered) > 50
