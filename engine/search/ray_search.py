@@ -68,6 +68,7 @@ _SUMMED = ("rounds", "requests", "completions", "critic_fallbacks", "replays", "
 ALLOW_UNAUTHENTICATED_ENV = "ORCHARD_ALLOW_UNAUTHENTICATED_RAY"
 
 Progress = Callable[[TreeJob, Simulation], None]
+COMMIT_BATCH = 256  # simulations that arrived together are committed in one transaction, at most this many
 
 
 def import_ray() -> Any:
@@ -494,37 +495,48 @@ class ShardedSearch:
                 start(s)
             by_shard = [{m.tree_id: m for m in group} for group in groups]
             while running:
-                shard, attempt, kind, payload = events.get()
-                if attempt != self.attempts[shard]:
-                    continue  # a late message of an attempt already replaced
-                if kind == "sim":
-                    mirrors = by_shard[shard]
-                    tree_id, first, new, values, sim, pid = check_sim_message(loads_message(payload), mirrors)
-                    self.pids[shard] = pid
-                    mirror = mirrors[tree_id]
-                    mirror.apply(first, new, values, sim)
-                    t = time.perf_counter()
-                    assert mirror.job is not None
-                    self.store.save_simulation(tree_id, mirror.job.tree, sim, first)
-                    stats.commit_s += time.perf_counter() - t
-                    stats.simulations += 1  # committed ones: a lost attempt's work is not counted
-                    if self.progress is not None:
-                        self.progress(mirror.job, sim)
-                elif kind == "done":
-                    if payload is not None:
-                        shard_stats = check_done_message(loads_message(payload))
-                        self.shard_stats[shard] = shard_stats
-                        for key in _SUMMED:
-                            if key != "commit_s":
-                                setattr(stats, key, getattr(stats, key) + getattr(shard_stats, key))
-                        stats.batch_sizes.extend(shard_stats.batch_sizes)
-                    running.discard(shard)
-                elif kind == "lost":  # the worker died: start again from what was committed
-                    if attempt > self.max_retries:
-                        raise GeneratorError(f"{self.label} {shard} failed {attempt} times; the last: {payload}")
-                    start(shard)
-                else:  # "error": the search itself failed; not retried
-                    raise GeneratorError(f"{self.label} {shard}: {payload}")
+                batch = [events.get()]  # and everything that arrived meanwhile: one transaction for its simulations
+                while len(batch) < COMMIT_BATCH:
+                    try:
+                        batch.append(events.get_nowait())
+                    except queue.Empty:
+                        break
+                batch = [e for e in batch if e[1] == self.attempts[e[0]]]  # late messages of replaced attempts
+                committed: list[tuple[TreeJob, Simulation]] = []
+                t = time.perf_counter()
+                with self.store.transaction():
+                    for shard, _, kind, payload in batch:
+                        if kind != "sim":
+                            continue
+                        mirrors = by_shard[shard]
+                        tree_id, first, new, values, sim, pid = check_sim_message(loads_message(payload), mirrors)
+                        self.pids[shard] = pid
+                        mirror = mirrors[tree_id]
+                        mirror.apply(first, new, values, sim)
+                        assert mirror.job is not None
+                        self.store.save_simulation(tree_id, mirror.job.tree, sim, first)
+                        committed.append((mirror.job, sim))
+                stats.commit_s += time.perf_counter() - t
+                stats.simulations += len(committed)  # committed ones: a lost attempt's work is not counted
+                if self.progress is not None:
+                    for job, sim in committed:
+                        self.progress(job, sim)
+                for shard, attempt, kind, payload in batch:
+                    if kind == "done":
+                        if payload is not None:
+                            shard_stats = check_done_message(loads_message(payload))
+                            self.shard_stats[shard] = shard_stats
+                            for key in _SUMMED:
+                                if key != "commit_s":
+                                    setattr(stats, key, getattr(stats, key) + getattr(shard_stats, key))
+                            stats.batch_sizes.extend(shard_stats.batch_sizes)
+                        running.discard(shard)
+                    elif kind == "lost":  # the worker died: start again from what was committed
+                        if attempt > self.max_retries:
+                            raise GeneratorError(f"{self.label} {shard} failed {attempt} times; the last: {payload}")
+                        start(shard)
+                    elif kind == "error":  # the search itself failed; not retried
+                        raise GeneratorError(f"{self.label} {shard}: {payload}")
         except BaseException:
             self._stop()
             stats.wall_s = time.perf_counter() - t0
