@@ -21,7 +21,7 @@ commit share.
 
     .venv/bin/python bench/scale.py [--simulations 2] [--time-scale 1.0] [--workers 1,2,4] [--no-table]
     .venv/bin/python bench/scale.py --drive [--sizes 256,1024] [--limits 64,256] [--servers 1,2]
-        [--shards 1,auto] [--simulations 1] [--k 2] [--depth 3] [--time-scale 0.2]
+        [--shards 1,2] [--simulations 2] [--k 2] [--depth 3] [--time-scale 0.2]
 """
 
 from __future__ import annotations
@@ -174,23 +174,30 @@ def drive_run(urls: list[str], trees: int, limit: int, shards: str, cfg: SearchC
     tasks = env_factory(repeat_env.NAME)().tasks("train")[:trees]  # 1024 trees: TextCraft's tasks repeated
     n = auto_shards(trees, cfg.trees_in_flight, spec) if shards == "auto" else int(shards)
     busy, cpu, metered = _busy(urls), _cpu(), None
+    first: list[float] = []
+
+    def progress(job: Any, sim: Any) -> None:
+        if not first:
+            first.append(time.perf_counter())
+
     with Store(db) as store:
         t = time.perf_counter()
         if n == 1:
             metered = Metered(load_generator(spec), time_scale)
-            _, stats = new_run(store, repeat_env.NAME, tasks, metered, cfg, "drive")
+            _, stats = new_run(store, repeat_env.NAME, tasks, metered, cfg, "drive", progress=progress)
             metered.gen.close()
             share = (stats.engine_s + stats.commit_s) / stats.wall_s
         else:
-            search = prepare_run(store, repeat_env.NAME, tasks, spec, cfg, "drive", shards=n)
+            search = prepare_run(store, repeat_env.NAME, tasks, spec, cfg, "drive", shards=n, progress=progress)
             stats = search.run()
             share = sum((s.engine_s + s.commit_s) / s.wall_s for s in search.shard_stats.values()) / n
         wall = time.perf_counter() - t
     cpu = _cpu() - cpu - (metered.cpu if metered else 0.0)
     total = _busy(urls) - busy
-    return {"shards": n, "wall": wall, "total": total, "in_flight": total / wall, "requests": stats.requests,
+    return {"shards": n, "auto": auto_shards(trees, cfg.trees_in_flight, spec), "wall": wall, "total": total, "in_flight": total / wall, "requests": stats.requests,
             "cpu_ms": 1e3 * cpu / max(stats.requests, 1), "share": share, "commit": stats.commit_s / wall,
-            "chain": max(metered.chain.values()) if metered else None, "sims": stats.simulations}
+            "chain": max(metered.chain.values()) if metered else None, "sims": stats.simulations,
+            "first": first[0] - t if first else float("nan")}
 
 
 def drive(args: argparse.Namespace) -> None:
@@ -201,9 +208,9 @@ def drive(args: argparse.Namespace) -> None:
                        trees_in_flight=max(int(x) for x in args.sizes.split(",")))
     print(f"delays x{args.time_scale}; {cfg.simulations} simulation(s) per tree, k={cfg.k}, depth {cfg.depth_limit} "
           f"(TextCraft), every tree in flight; load average {os.getloadavg()[0]:.1f} at the start")
-    print(f"{'trees':>5} {'limit':>5} {'servers':>7} {'shards':>6} {'requests':>8} | {'wall':>7} {'bound':>7} "
+    print(f"{'trees':>5} {'limit':>5} {'servers':>7} {'shards':>6} {'auto':>4} {'requests':>8} | {'wall':>7} {'bound':>7} "
           f"{'over':>6} | {'in flight':>9} {'target':>6} {'ratio':>5} | {'CPU/req':>8} | {'eng+commit':>10} "
-          f"{'writer commit':>13}")
+          f"{'writer commit':>13} {'1st sim':>7}")
     chains: dict[int, float] = {}
     with tempfile.TemporaryDirectory() as d:
         for n_servers in (int(x) for x in args.servers.split(",")):
@@ -224,10 +231,10 @@ def drive(args: argparse.Namespace) -> None:
                             cap = limit * n_servers
                             bound = max(r["total"] / cap, chains.get(trees, 0.0))
                             target = min(trees, cap)
-                            print(f"{trees:>5} {limit:>5} {n_servers:>7} {r['shards']:>6} {r['requests']:>8} | "
+                            print(f"{trees:>5} {limit:>5} {n_servers:>7} {r['shards']:>6} {r['auto']:>4} {r['requests']:>8} | "
                                   f"{r['wall']:>6.1f}s {bound:>6.1f}s {100 * (r['wall'] / bound - 1):>5.0f}% | "
                                   f"{r['in_flight']:>9.1f} {target:>6} {r['in_flight'] / target:>5.2f} | "
-                                  f"{r['cpu_ms']:>5.2f} ms | {100 * r['share']:>9.1f}% {100 * r['commit']:>12.1f}%",
+                                  f"{r['cpu_ms']:>5.2f} ms | {100 * r['share']:>9.1f}% {100 * r['commit']:>12.1f}% {r['first']:>6.1f}s",
                                   flush=True)
             finally:
                 for proc in procs:
@@ -246,7 +253,7 @@ def main() -> None:
     ap.add_argument("--sizes", default="256,1024", help="--drive: tree counts")
     ap.add_argument("--limits", default="64,256", help="--drive: concurrency limits (per server)")
     ap.add_argument("--servers", default="1,2", help="--drive: delayed server processes")
-    ap.add_argument("--shards", default="1,auto", help="--drive: shard counts (1: one process; auto: the rule)")
+    ap.add_argument("--shards", default="1,2", help="--drive: shard counts (1: one process; auto: the rule's)")
     ap.add_argument("--k", type=int, default=2, help="--drive: candidates per expansion")
     ap.add_argument("--depth", type=int, default=3, help="--drive: depth limit")
     args = ap.parse_args()
