@@ -194,7 +194,8 @@ def drive_run(urls: list[str], trees: int, limit: int, shards: str, cfg: SearchC
         wall = time.perf_counter() - t
     cpu = _cpu() - cpu - (metered.cpu if metered else 0.0)
     total = _busy(urls) - busy
-    return {"shards": n, "auto": auto_shards(trees, cfg.trees_in_flight, spec), "wall": wall, "total": total, "in_flight": total / wall, "requests": stats.requests,
+    return {"shards": n, "auto": auto_shards(trees, cfg.trees_in_flight, spec), "wall": wall, "total": total,
+            "in_flight": total / wall, "requests": stats.requests,
             "cpu_ms": 1e3 * cpu / max(stats.requests, 1), "share": share, "commit": stats.commit_s / wall,
             "chain": max(metered.chain.values()) if metered else None, "sims": stats.simulations,
             "first": first[0] - t if first else float("nan")}
@@ -208,7 +209,8 @@ def drive(args: argparse.Namespace) -> None:
                        trees_in_flight=max(int(x) for x in args.sizes.split(",")))
     print(f"delays x{args.time_scale}; {cfg.simulations} simulation(s) per tree, k={cfg.k}, depth {cfg.depth_limit} "
           f"(TextCraft), every tree in flight; load average {os.getloadavg()[0]:.1f} at the start")
-    print(f"{'trees':>5} {'limit':>5} {'servers':>7} {'shards':>6} {'auto':>4} {'requests':>8} | {'wall':>7} {'bound':>7} "
+    print(f"{'trees':>5} {'limit':>5} {'servers':>7} {'shards':>6} {'auto':>4} {'requests':>8} | {'wall':>7} "
+          f"{'bound':>7} "
           f"{'over':>6} | {'in flight':>9} {'target':>6} {'ratio':>5} | {'CPU/req':>8} | {'eng+commit':>10} "
           f"{'writer commit':>13} {'1st sim':>7}")
     chains: dict[int, float] = {}
@@ -231,7 +233,8 @@ def drive(args: argparse.Namespace) -> None:
                             cap = limit * n_servers
                             bound = max(r["total"] / cap, chains.get(trees, 0.0))
                             target = min(trees, cap)
-                            print(f"{trees:>5} {limit:>5} {n_servers:>7} {r['shards']:>6} {r['auto']:>4} {r['requests']:>8} | "
+                            print(f"{trees:>5} {limit:>5} {n_servers:>7} {r['shards']:>6} {r['auto']:>4} "
+                                  f"{r['requests']:>8} | "
                                   f"{r['wall']:>6.1f}s {bound:>6.1f}s {100 * (r['wall'] / bound - 1):>5.0f}% | "
                                   f"{r['in_flight']:>9.1f} {target:>6} {r['in_flight'] / target:>5.2f} | "
                                   f"{r['cpu_ms']:>5.2f} ms | {100 * r['share']:>9.1f}% {100 * r['commit']:>12.1f}% {r['first']:>6.1f}s",
