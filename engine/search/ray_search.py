@@ -5,7 +5,10 @@ goes to shard i mod S; S = the cluster's CPUs, at most one per tree) and runs ea
 streaming-generator task that runs the same MCTS scheduler with its own envs and model client and
 yields every finished simulation as it ends: the nodes new since the last one, the visit counts
 and value sums along its path, the simulation. The driver mirrors each tree, commits every
-simulation as it arrives (it stays the single writer of the store) and reports progress.
+simulation as it arrives (it stays the single writer of the store; the simulations that arrived
+together go in one transaction) and reports progress. The driver is `ShardedSearch`, whatever runs
+the shards: `RaySearch` starts them as Ray tasks, engine/search/local_shards.py as worker processes
+of this machine (`orchard search --shards N`).
 
 A shard whose worker dies (process killed, node lost) is started again from the driver's mirrors,
 which hold exactly what was committed, so nothing committed is lost or sent twice and at most

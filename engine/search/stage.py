@@ -10,7 +10,9 @@ installed and the address well formed) without loading a model or writing anythi
 Unit of progress: one simulation. A cancel (the reporter's `should_stop`) stops at the next one by
 raising `Cancelled`, leaving the run `interrupted`, resumable like any other. `ray` (null: a local
 search) is the address `orchard search --ray` takes: HOST:PORT, auto, or "" (start a local Ray); the
-trees then grow on Ray workers and this process is the one store writer.
+trees then grow on Ray workers and this process is the one store writer. `shards` (null: the rule of
+engine.search.local_shards.auto_shards, 1 below 256 requests in flight) grows a local search's trees in
+that many worker processes feeding this one, the store's one writer; on Ray it is the number of Ray tasks.
 """
 
 from __future__ import annotations
