@@ -51,12 +51,12 @@ def _killer(search, after: int, killed: list):
 def served(tmp_path_factory):
     """(server URL, tasks, the trees one process grows with CFG)."""
     tasks = env_factory("textcraft")().tasks("train")[:4]
-    with delayed_server(commands=None, time_scale=0.1) as (url, _):
-        with Store(tmp_path_factory.mktemp("local") / "local.db") as store:
-            gen = OpenAIGenerator(url, "m")
-            run_id, _ = new_run(store, "textcraft", tasks, gen, CFG, "local")
-            gen.close()
-            yield url, tasks, _trees(store, run_id)
+    with delayed_server(commands=None, time_scale=0.1) as (url, _), \
+            Store(tmp_path_factory.mktemp("local") / "local.db") as store:
+        gen = OpenAIGenerator(url, "m")
+        run_id, _ = new_run(store, "textcraft", tasks, gen, CFG, "local")
+        gen.close()
+        yield url, tasks, _trees(store, run_id)
 
 
 def test_two_shards_grow_the_trees_one_process_grows_and_a_killed_worker_loses_nothing(served, tmp_path):
