@@ -121,6 +121,18 @@ def test_the_cli_and_a_job_take_a_shard_count(served, tmp_path, capsys):
     with Store(db, must_exist=True) as store:
         for task_id, tree in _trees(store, store.find_run("cli")).items():
             assert _texts(tree) == _texts(local[task_id])
+    from pathlib import Path
+
+    from engine.jobs.runner import JobRunner
+    from engine.jobs.submit import submit_search
+
+    with Store(db) as store:  # a queued job carries the count to the job's worker, which runs the same stage
+        job_id = submit_search(store, tasks="0:2", model=f"openai:{url}#m", name="job", shards=2,
+                               search={"simulations": 2, "k": 2, "depth_limit": 2})
+        assert store.job(job_id).config["shards"] == 2
+        done = JobRunner(store).wait(job_id, timeout=240)
+        assert done.state == "succeeded", Path(done.log_path).read_text()[-2000:]
+        assert "2 trees, 4 simulations in 2 local shards" in Path(done.log_path).read_text()
     assert load_job("search", {"tasks": "0:2", "shards": 3}).shards == 3
     assert load_job("search", {"resume": "x", "shards": 2}).shards == 2
     with pytest.raises(ConfigError, match="shards"):
