@@ -10,23 +10,38 @@ With `--workers 1,2,4` (needs orchard[ray]) it also searches on a local Ray clus
 with its own client (limit 8), and prints simulations/s and the scaling efficiency
 (rate at W / (W x rate at 1)).
 
+With `--drive` it prints instead the driver table (issue 30): trees x concurrency limit x servers x
+shards, each run committing to a store as `orchard search` does (one process: runner.new_run; shards:
+engine/search/local_shards.py), with per run: wall, the no-barrier bound (total server delay /
+(limit x servers), or the longest tree's chain), mean requests in flight (total server delay / wall)
+against min(trees, limit x servers), driver CPU per request (this process and its reaped worker
+processes, user + system, over the requests sent; the servers are separate processes), and the share
+of wall the engine (scheduler) + commits take in the processes that grow trees and the writer's
+commit share.
+
     .venv/bin/python bench/scale.py [--simulations 2] [--time-scale 1.0] [--workers 1,2,4] [--no-table]
+    .venv/bin/python bench/scale.py --drive [--sizes 256,1024] [--limits 64,256] [--servers 1,2]
+        [--shards 1,2] [--simulations 2] [--k 2] [--depth 3] [--time-scale 0.2]
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import subprocess
 import sys
 import threading
 import time
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
+import repeat_env
 from delayed_server import request_delay
 
 from engine.config import SearchConfig
@@ -34,21 +49,27 @@ from engine.envs.registry import env_factory
 from engine.llm.openai_http import OpenAIGenerator
 from engine.search.mcts import MCTS, start_tree
 
+repeat_env.register()  # at import: a local shard's worker process re-imports this module (spawn)
+
 
 class Metered:
     """Wraps an OpenAIGenerator; adds up each request's server delay (total and per tree)."""
 
-    def __init__(self, gen: OpenAIGenerator, time_scale: float) -> None:
+    def __init__(self, gen: Any, time_scale: float) -> None:
         self.gen, self.scale, self.name = gen, time_scale, gen.name
         self.total = 0.0
         self.chain: dict[object, float] = defaultdict(float)
         self.lock = threading.Lock()
 
+    cpu = 0.0  # CPU time spent metering (taken off the driver's CPU in the --drive table)
+
     def _meter(self, req, affinity=None) -> None:
-        d = self.scale * request_delay(self.gen._payload(req, req.n, 0))
+        t = time.thread_time()
+        d = self.scale * request_delay({"seed": req.params.seed, "messages": req.prompt, "n": req.n})
         with self.lock:
             self.total += d
             self.chain[affinity] += d
+            self.cpu += time.thread_time() - t
 
     def sample(self, requests):
         for r in requests:
@@ -96,7 +117,7 @@ def workers(url: str, counts: list[int], trees: int, simulations: int) -> None:
     from engine.search.ray_search import prepare_run_on_ray
     from engine.store import Store
 
-    ray.init(num_cpus=max(counts), include_dashboard=False, log_to_driver=False, logging_level="ERROR",
+    ray.init(num_cpus=max(counts), include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR,
              runtime_env={"py_modules": [str(HERE.parent / "engine")]})
     tasks = env_factory("textcraft")().tasks("train")[:trees]
     cfg = SearchConfig(simulations=simulations, k=4, depth_limit=5, trees_in_flight=trees, seed=1)
@@ -127,6 +148,103 @@ def workers(url: str, counts: list[int], trees: int, simulations: int) -> None:
     ray.shutdown()
 
 
+def _busy(urls: list[str]) -> float:
+    """Seconds of answer delay the servers have served so far (their /stats), summed."""
+    import httpx
+
+    return sum(httpx.get(u.removesuffix("/v1") + "/stats", timeout=10).json()["busy_s"] for u in urls)
+
+
+def _cpu() -> float:
+    import resource
+
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def drive_run(urls: list[str], trees: int, limit: int, shards: str, cfg: SearchConfig, time_scale: float,
+              db: Path) -> dict:
+    """One run of the driver table (see the module docstring); `shards`: a count or "auto"."""
+    from engine.llm.registry import load_generator
+    from engine.search.local_shards import auto_shards, prepare_run
+    from engine.search.runner import new_run
+    from engine.store import Store
+
+    spec = f"openai:{','.join(urls)}#m?concurrency={limit}"
+    tasks = env_factory(repeat_env.NAME)().tasks("train")[:trees]  # 1024 trees: TextCraft's tasks repeated
+    n = auto_shards(trees, cfg.trees_in_flight, spec) if shards == "auto" else int(shards)
+    busy, cpu, metered = _busy(urls), _cpu(), None
+    first: list[float] = []
+
+    def progress(job: Any, sim: Any) -> None:
+        if not first:
+            first.append(time.perf_counter())
+
+    with Store(db) as store:
+        t = time.perf_counter()
+        if n == 1:
+            metered = Metered(load_generator(spec), time_scale)
+            _, stats = new_run(store, repeat_env.NAME, tasks, metered, cfg, "drive", progress=progress)
+            metered.gen.close()
+            share = (stats.engine_s + stats.commit_s) / stats.wall_s
+        else:
+            search = prepare_run(store, repeat_env.NAME, tasks, spec, cfg, "drive", shards=n, progress=progress)
+            stats = search.run()
+            share = sum((s.engine_s + s.commit_s) / s.wall_s for s in search.shard_stats.values()) / n
+        wall = time.perf_counter() - t
+    cpu = _cpu() - cpu - (metered.cpu if metered else 0.0)
+    total = _busy(urls) - busy
+    return {"shards": n, "auto": auto_shards(trees, cfg.trees_in_flight, spec), "wall": wall, "total": total,
+            "in_flight": total / wall, "requests": stats.requests,
+            "cpu_ms": 1e3 * cpu / max(stats.requests, 1), "share": share, "commit": stats.commit_s / wall,
+            "chain": max(metered.chain.values()) if metered else None, "sims": stats.simulations,
+            "first": first[0] - t if first else float("nan")}
+
+
+def drive(args: argparse.Namespace) -> None:
+    import os
+    import tempfile
+
+    cfg = SearchConfig(simulations=args.simulations, k=args.k, depth_limit=args.depth, seed=1,
+                       trees_in_flight=max(int(x) for x in args.sizes.split(",")))
+    print(f"delays x{args.time_scale}; {cfg.simulations} simulation(s) per tree, k={cfg.k}, depth {cfg.depth_limit} "
+          f"(TextCraft), every tree in flight; load average {os.getloadavg()[0]:.1f} at the start")
+    print(f"{'trees':>5} {'limit':>5} {'servers':>7} {'shards':>6} {'auto':>4} {'requests':>8} | {'wall':>7} "
+          f"{'bound':>7} "
+          f"{'over':>6} | {'in flight':>9} {'target':>6} {'ratio':>5} | {'CPU/req':>8} | {'eng+commit':>10} "
+          f"{'writer commit':>13} {'1st sim':>7}")
+    chains: dict[int, float] = {}
+    with tempfile.TemporaryDirectory() as d:
+        for n_servers in (int(x) for x in args.servers.split(",")):
+            procs, urls = [], []
+            try:
+                for _ in range(n_servers):
+                    proc, url = start_server(args.time_scale)
+                    procs.append(proc)
+                    urls.append(url)
+                for trees in (int(x) for x in args.sizes.split(",")):
+                    for limit in (int(x) for x in args.limits.split(",")):
+                        for shards in args.shards.split(","):
+                            db = Path(d) / f"{trees}-{limit}-{n_servers}-{shards}.db"
+                            r = drive_run(urls, trees, limit, shards, replace(cfg, trees_in_flight=trees),
+                                          args.time_scale, db)
+                            if r["chain"] is not None:
+                                chains[trees] = r["chain"]
+                            cap = limit * n_servers
+                            bound = max(r["total"] / cap, chains.get(trees, 0.0))
+                            target = min(trees, cap)
+                            print(f"{trees:>5} {limit:>5} {n_servers:>7} {r['shards']:>6} {r['auto']:>4} "
+                                  f"{r['requests']:>8} | "
+                                  f"{r['wall']:>6.1f}s {bound:>6.1f}s {100 * (r['wall'] / bound - 1):>5.0f}% | "
+                                  f"{r['in_flight']:>9.1f} {target:>6} {r['in_flight'] / target:>5.2f} | "
+                                  f"{r['cpu_ms']:>5.2f} ms | {100 * r['share']:>9.1f}% {100 * r['commit']:>12.1f}% {r['first']:>6.1f}s",
+                                  flush=True)
+            finally:
+                for proc in procs:
+                    proc.kill()
+                    proc.wait()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--simulations", type=int, default=2)
@@ -134,7 +252,17 @@ def main() -> None:
     ap.add_argument("--workers", help="also search on a local Ray cluster with these worker counts, e.g. 1,2,4")
     ap.add_argument("--trees", type=int, default=64, help="trees for --workers (default 64)")
     ap.add_argument("--no-table", action="store_true", help="skip the barrier / no-barrier table")
+    ap.add_argument("--drive", action="store_true", help="the driver table instead (issue 30): see the docstring")
+    ap.add_argument("--sizes", default="256,1024", help="--drive: tree counts")
+    ap.add_argument("--limits", default="64,256", help="--drive: concurrency limits (per server)")
+    ap.add_argument("--servers", default="1,2", help="--drive: delayed server processes")
+    ap.add_argument("--shards", default="1,2", help="--drive: shard counts (1: one process; auto: the rule's)")
+    ap.add_argument("--k", type=int, default=2, help="--drive: candidates per expansion")
+    ap.add_argument("--depth", type=int, default=3, help="--drive: depth limit")
     args = ap.parse_args()
+    if args.drive:
+        drive(args)
+        return
     proc, url = start_server(args.time_scale)
     try:
         if args.workers:

@@ -45,8 +45,9 @@ def cmd_search(args: argparse.Namespace) -> int:
     from engine.store import Store
 
     reporter = ConsoleReporter(unit="sim")
-    # On Ray the workers load the model: the driver's --allow-http-key travels with the spec.
-    ray = {"ray": args.ray, "allow_http_key": bool(args.allow_http_key)} if args.ray is not None else {}
+    ray = {"ray": args.ray} if args.ray is not None else {}
+    # On Ray or in local shards the workers load the model: the driver's choices travel with the spec.
+    workers = {"allow_http_key": bool(args.allow_http_key), "shards": args.shards}
     if args.allow_unauthenticated_ray:  # this command's driver only (engine.search.ray_search.check_auth)
         from engine.search.ray_search import ALLOW_UNAUTHENTICATED_ENV
 
@@ -61,17 +62,18 @@ def cmd_search(args: argparse.Namespace) -> int:
             if args.model is None:
                 _confirm_stored_endpoint(info.model, run_id)
             if ray:  # the workers load the model; the spec is checked first (engine.search.stage)
-                result = run_search(store, ResumeSearch(resume=run_id, model=args.model, **ray), reporter)
+                result = run_search(store, ResumeSearch(resume=run_id, model=args.model, **ray, **workers), reporter)
             else:
                 generator = load_generator(args.model or info.model, log=_log, allow_http_key=args.allow_http_key)
-                result = run_search(store, ResumeSearch(resume=run_id), reporter, prepared=(None, [], generator))
+                result = run_search(store, ResumeSearch(resume=run_id, **workers), reporter,
+                                    prepared=(None, [], generator))
         reporter.close()
         _log(result.lines[0])
         return 0
 
     spec = SearchJob(env=args.env, tasks=args.tasks or "", split=args.split, model=args.model or "tiny",
                      name=args.name or f"{args.env}-{time.strftime('%Y%m%d-%H%M%S')}",
-                     search=_search_config(args), **ray)
+                     search=_search_config(args), **ray, **workers)
     make_env, tasks = search_tasks(spec)  # an env that cannot start is refused before anything is loaded
     if ray:  # the workers load the model: its spec is checked here, before the database is opened
         from engine.search.ray_search import connect
@@ -178,6 +180,12 @@ def cmd_export_tree(args: argparse.Namespace) -> int:
     return 0
 
 
+def _shard_count(text: str) -> int:
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return int(text)
+
+
 def add_parsers(sub: Any, common: argparse.ArgumentParser) -> Any:
     """Register `search`, `runs` and `export tree`; returns the `export` subparsers for other targets."""
     s = sub.add_parser("search", parents=[common], help="grow search trees for a set of tasks")
@@ -198,6 +206,9 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> Any:
     s.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
                    help="grow the trees on a Ray cluster (HOST:PORT or auto; none: start a local Ray); needs "
                         "orchard[ray]; with --resume, the rest of the run")
+    s.add_argument("--shards", type=_shard_count, metavar="N",
+                   help="grow the trees in N worker processes feeding this one (default: min(cores, "
+                        "ceil(requests in flight / 256)) for an openai: model, else 1); with --ray, N Ray tasks")
     s.add_argument("--allow-unauthenticated-ray", action="store_true",
                    help="join a --ray cluster beyond loopback although Ray's token auth (RAY_AUTH_MODE=token) is "
                         "off (refused by default: anyone reaching it could run code there)")

@@ -86,10 +86,11 @@ def submit_steer(store: Any, kind: str, config: dict[str, Any], device: str | No
 
 def submit_search(store: Any, env: str = "textcraft", tasks: str = "", split: str = "train", model: str | None = None,
                   name: str | None = None, search: dict[str, Any] | None = None, resume: str | None = None,
-                  device: str | None = None, ray: str | None = None) -> str:
+                  device: str | None = None, ray: str | None = None, shards: int | None = None) -> str:
     """Queue a new search (model default `tiny`) or, with `resume`, the rest of an interrupted run
     (model default: the run's own); `ray`: grow the trees on Ray (the address `--ray` takes: HOST:PORT,
-    auto, or "" for a local Ray); returns the job id."""
+    auto, or "" for a local Ray); `shards`: worker processes (or Ray tasks) that grow them (None: the
+    automatic count, engine.search.local_shards.auto_shards); returns the job id."""
     if resume:
         config: dict[str, Any] = {"resume": resume, **({"model": model} if model else {})}
     else:
@@ -98,6 +99,8 @@ def submit_search(store: Any, env: str = "textcraft", tasks: str = "", split: st
                   "search": search or {}}
     if ray is not None:
         config["ray"] = ray
+    if shards is not None:
+        config["shards"] = shards
     return submit_stage(store, "search", config, device=device)
 
 

@@ -5,7 +5,10 @@ goes to shard i mod S; S = the cluster's CPUs, at most one per tree) and runs ea
 streaming-generator task that runs the same MCTS scheduler with its own envs and model client and
 yields every finished simulation as it ends: the nodes new since the last one, the visit counts
 and value sums along its path, the simulation. The driver mirrors each tree, commits every
-simulation as it arrives (it stays the single writer of the store) and reports progress.
+simulation as it arrives (it stays the single writer of the store; the simulations that arrived
+together go in one transaction) and reports progress. The driver is `ShardedSearch`, whatever runs
+the shards: `RaySearch` starts them as Ray tasks, engine/search/local_shards.py as worker processes
+of this machine (`orchard search --shards N`).
 
 A shard whose worker dies (process killed, node lost) is started again from the driver's mirrors,
 which hold exactly what was committed, so nothing committed is lost or sent twice and at most
@@ -42,6 +45,7 @@ import pickle
 import queue
 import re
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -67,6 +71,7 @@ _SUMMED = ("rounds", "requests", "completions", "critic_fallbacks", "replays", "
 ALLOW_UNAUTHENTICATED_ENV = "ORCHARD_ALLOW_UNAUTHENTICATED_RAY"
 
 Progress = Callable[[TreeJob, Simulation], None]
+COMMIT_BATCH = 256  # simulations that arrived together are committed in one transaction, at most this many
 
 
 def import_ray() -> Any:
@@ -317,19 +322,20 @@ class RayUnavailable(GeneratorError):
 # --------------------------------------------------------------------- worker side
 
 
-def run_shard(env_spec: str, model_spec: str, config: dict[str, Any],
-              items: list[tuple[int, TaskSpec, SearchTree | None]],
-              allow_http_key: bool | None = None) -> Iterator[bytes]:
-    """The body of a shard task: MCTS over `items` (tree id, task, committed tree or None), yielding
-    one pickled message per finished simulation, then ("done", stats). Runs anywhere (no Ray)."""
+def shard_messages(env_spec: str, model_spec: str, config: dict[str, Any],
+                   items: list[tuple[int, TaskSpec, SearchTree | None]],
+                   allow_http_key: bool | None = None) -> Iterator[tuple[str, bytes]]:
+    """The body of a shard, anywhere (a Ray task, a local worker process, this process): MCTS over
+    `items` (tree id, task, committed tree or None), yielding ("sim", pickled message) per finished
+    simulation, then ("done", pickled ("done", stats)), or ("error", one line in UTF-8) and stop."""
     from engine.envs.registry import env_factory
     from engine.llm.registry import load_generator
     from engine.search.mcts import MCTS, start_tree
 
-    cfg = from_dict(SearchConfig, config, where="ray shard config")
+    cfg = from_dict(SearchConfig, config, where="shard config")
     make_env = env_factory(env_spec)
     generator = load_generator(model_spec, log=lambda *a, **k: None, allow_http_key=allow_http_key)
-    out: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+    out: queue.SimpleQueue[tuple[str, bytes]] = queue.SimpleQueue()
     pid = (os.getpid(), _node_id())
 
     def on_simulation(job: TreeJob, sim: Simulation) -> None:
@@ -356,9 +362,9 @@ def run_shard(env_spec: str, model_spec: str, config: dict[str, Any],
                 job.tree_id = tree_id
                 jobs.append(job)
             stats = MCTS(generator, cfg, on_simulation=on_simulation).run(jobs)
-            out.put(("done", pickle.dumps(stats)))
+            out.put(("done", pickle.dumps(("done", stats))))
         except BaseException as e:  # noqa: BLE001 - sent to the driver, which reports it
-            out.put(("error", pickle.dumps(RuntimeError(f"{type(e).__name__}: {e}"))))
+            out.put(("error", f"{type(e).__name__}: {e}".encode()))
         finally:
             close_envs(jobs)
             close = getattr(generator, "close", None)
@@ -369,20 +375,28 @@ def run_shard(env_spec: str, model_spec: str, config: dict[str, Any],
     thread.start()
     while True:
         kind, payload = out.get()
-        if kind == "error":
-            raise pickle.loads(payload)
-        yield payload if kind == "sim" else pickle.dumps(("done", pickle.loads(payload)))
-        if kind == "done":
+        yield kind, payload
+        if kind != "sim":
             break
     thread.join()
 
 
-def _node_id() -> str:
-    try:
-        import ray
+def run_shard(env_spec: str, model_spec: str, config: dict[str, Any],
+              items: list[tuple[int, TaskSpec, SearchTree | None]],
+              allow_http_key: bool | None = None) -> Iterator[bytes]:
+    """A shard as a Ray streaming task (`shard_messages`): one pickled message per finished
+    simulation, then ("done", stats); the search's own error is raised (a RayTaskError on the driver)."""
+    for kind, payload in shard_messages(env_spec, model_spec, config, items, allow_http_key):
+        if kind == "error":
+            raise RuntimeError(payload.decode(errors="replace"))
+        yield payload
 
-        return ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
-    except Exception:  # noqa: BLE001 - outside Ray, or an API change: the id is only informative
+
+def _node_id() -> str:
+    ray = sys.modules.get("ray")  # a Ray worker has it; a local worker process never imports it
+    try:
+        return ray.get_runtime_context().get_node_id() if ray is not None and ray.is_initialized() else ""
+    except Exception:  # noqa: BLE001 - an API change: the id is only informative
         return ""
 
 
@@ -419,10 +433,18 @@ def _no_env():
     raise RuntimeError("a mirrored tree has no env")
 
 
+Events = queue.SimpleQueue  # of (shard, attempt, kind, payload): kind "sim" | "done" | "lost" | "error"
+
+
 @dataclass
-class RaySearch:
-    """Drives the shards of one run (see the module docstring). `pids[shard]` is (worker process id,
-    Ray node id) of each shard's latest attempt; `attempts[shard]` counts its starts."""
+class ShardedSearch:
+    """Drives the shards of one run, wherever they run (see the module docstring): tree i goes to
+    shard i mod S; every shard's simulations are checked, mirrored and committed here, the one store
+    writer. Subclasses say where a shard attempt runs (`_launch`), how many shards there are by
+    default (`_default_shards`) and how running attempts are stopped (`_stop`): `RaySearch` here,
+    `engine.search.local_shards.LocalShards` in worker processes of this machine. `pids[shard]` is
+    (worker process id, Ray node id or "") of each shard's latest attempt; `attempts[shard]` counts
+    its starts; `shard_stats[shard]` is the search statistics its last attempt reported."""
 
     store: Store
     run_id: str
@@ -430,24 +452,34 @@ class RaySearch:
     model_spec: str
     config: SearchConfig
     mirrors: list[_Mirror]
-    address: str | None = None
     shards: int | None = None
     max_retries: int = 3
     progress: Progress | None = None
     allow_http_key: bool | None = None  # the driver's --allow-http-key, for the workers' model (None: their env)
     pids: dict[int, tuple[int, str]] = field(default_factory=dict)
     attempts: dict[int, int] = field(default_factory=dict)
+    shard_stats: dict[int, SearchStats] = field(default_factory=dict)
+
+    label = "shard"  # names a shard in errors
+
+    def _default_shards(self) -> int:
+        raise NotImplementedError
+
+    def _launch(self, shard: int, attempt: int, n_shards: int, items: list[tuple[int, TaskSpec, SearchTree | None]],
+                events: Events) -> None:
+        """Start shard `shard`'s attempt `attempt` over `items`; its messages go to `events`."""
+        raise NotImplementedError
+
+    def _stop(self) -> None:
+        """Stop every running attempt (the run ends here; resume continues it)."""
 
     def run(self) -> SearchStats:
-        ray = connect(self.address)
-        n_shards = self.shards or max(1, int(ray.cluster_resources().get("CPU", 1)))
+        n_shards = self.shards or self._default_shards()
         n_shards = max(1, min(n_shards, len(self.mirrors)))
         groups = [self.mirrors[s::n_shards] for s in range(n_shards)]
-        remote = ray.remote(num_cpus=1, max_retries=0, num_returns="streaming")(run_shard)
-        events: queue.SimpleQueue[tuple[int, int, str, Any]] = queue.SimpleQueue()
+        events: Events = queue.SimpleQueue()
         stats = SearchStats()
         t0 = time.perf_counter()
-        streams: dict[int, Any] = {}  # shard -> its latest attempt's stream
 
         def start(shard: int) -> None:
             attempt = self.attempts.get(shard, 0) + 1
@@ -457,58 +489,102 @@ class RaySearch:
             if not items:
                 events.put((shard, attempt, "done", None))
                 return
-            gen = remote.remote(self.env_spec, self.model_spec, asdict(self.config), items, self.allow_http_key)
-            streams[shard] = gen
-            threading.Thread(target=_consume, args=(ray, gen, shard, attempt, events), daemon=True).start()
+            self._launch(shard, attempt, n_shards, items, events)
 
         self.store.set_run_status(self.run_id, "running")
         try:
             running = set(range(n_shards))
             for s in range(n_shards):
                 start(s)
+            by_shard = [{m.tree_id: m for m in group} for group in groups]
             while running:
-                shard, attempt, kind, payload = events.get()
-                if attempt != self.attempts[shard]:
-                    continue  # a late message of an attempt already replaced
-                if kind == "sim":
-                    mirrors = {m.tree_id: m for m in groups[shard]}
-                    tree_id, first, new, values, sim, pid = check_sim_message(loads_message(payload), mirrors)
-                    self.pids[shard] = pid
-                    mirror = mirrors[tree_id]
-                    mirror.apply(first, new, values, sim)
-                    t = time.perf_counter()
-                    assert mirror.job is not None
-                    self.store.save_simulation(tree_id, mirror.job.tree, sim, first)
-                    stats.commit_s += time.perf_counter() - t
-                    stats.simulations += 1  # committed ones: a lost attempt's work is not counted
-                    if self.progress is not None:
-                        self.progress(mirror.job, sim)
-                elif kind == "done":
-                    if payload is not None:
-                        shard_stats = check_done_message(loads_message(payload))
-                        for key in _SUMMED:
-                            if key != "commit_s":
-                                setattr(stats, key, getattr(stats, key) + getattr(shard_stats, key))
-                        stats.batch_sizes.extend(shard_stats.batch_sizes)
-                    running.discard(shard)
-                elif kind == "lost":  # the worker died: start again from what was committed
-                    if attempt > self.max_retries:
-                        raise GeneratorError(f"ray shard {shard} failed {attempt} times; the last: {payload}")
-                    start(shard)
-                else:  # "error": the search itself failed; not retried
-                    raise GeneratorError(f"ray shard {shard}: {payload}")
+                batch = [events.get()]  # and everything that arrived meanwhile: one transaction for its simulations
+                while len(batch) < COMMIT_BATCH:
+                    try:
+                        batch.append(events.get_nowait())
+                    except queue.Empty:
+                        break
+                batch = [e for e in batch if e[1] == self.attempts[e[0]]]  # late messages of replaced attempts
+                committed: list[tuple[TreeJob, Simulation]] = []
+                t = time.perf_counter()
+                with self.store.transaction():
+                    for shard, _, kind, payload in batch:
+                        if kind != "sim":
+                            continue
+                        mirrors = by_shard[shard]
+                        tree_id, first, new, values, sim, pid = check_sim_message(loads_message(payload), mirrors)
+                        self.pids[shard] = pid
+                        mirror = mirrors[tree_id]
+                        mirror.apply(first, new, values, sim)
+                        assert mirror.job is not None
+                        self.store.save_simulation(tree_id, mirror.job.tree, sim, first)
+                        committed.append((mirror.job, sim))
+                stats.commit_s += time.perf_counter() - t
+                stats.simulations += len(committed)  # committed ones: a lost attempt's work is not counted
+                if self.progress is not None:
+                    for job, sim in committed:
+                        self.progress(job, sim)
+                for shard, attempt, kind, payload in batch:
+                    if kind == "done":
+                        if payload is not None:
+                            shard_stats = check_done_message(loads_message(payload))
+                            self.shard_stats[shard] = shard_stats
+                            for key in _SUMMED:
+                                if key != "commit_s":
+                                    setattr(stats, key, getattr(stats, key) + getattr(shard_stats, key))
+                            stats.batch_sizes.extend(shard_stats.batch_sizes)
+                        running.discard(shard)
+                    elif kind == "lost":  # the worker died: start again from what was committed
+                        if attempt > self.max_retries:
+                            raise GeneratorError(f"{self.label} {shard} failed {attempt} times; the last: {payload}")
+                        start(shard)
+                    elif kind == "error":  # the search itself failed; not retried
+                        raise GeneratorError(f"{self.label} {shard}: {payload}")
         except BaseException:
-            for gen in streams.values():  # stop the other shards: the run ends here (resume continues it)
-                try:
-                    ray.cancel(gen, force=True)
-                except Exception:  # noqa: BLE001, S110 - a finished or dead shard cannot be cancelled
-                    pass
+            self._stop()
             stats.wall_s = time.perf_counter() - t0
             self.store.set_run_status(self.run_id, "interrupted", stats.to_dict())
             raise
         stats.wall_s = time.perf_counter() - t0
         self.store.set_run_status(self.run_id, "finished", stats.to_dict())
         return stats
+
+
+@dataclass
+class RaySearch(ShardedSearch):
+    """Shards as Ray streaming-generator tasks (`run_shard`) on the cluster at `address`; S defaults
+    to the cluster's CPUs."""
+
+    address: str | None = None
+    label = "ray shard"
+
+    def __post_init__(self) -> None:
+        self._ray: Any = None
+        self._remote: Any = None
+        self._streams: dict[int, Any] = {}  # shard -> its latest attempt's stream
+
+    def _connected(self) -> Any:
+        if self._ray is None:
+            self._ray = connect(self.address)
+            self._remote = self._ray.remote(num_cpus=1, max_retries=0, num_returns="streaming")(run_shard)
+        return self._ray
+
+    def _default_shards(self) -> int:
+        return max(1, int(self._connected().cluster_resources().get("CPU", 1)))
+
+    def _launch(self, shard: int, attempt: int, n_shards: int, items: list[tuple[int, TaskSpec, SearchTree | None]],
+                events: Events) -> None:
+        ray = self._connected()
+        gen = self._remote.remote(self.env_spec, self.model_spec, asdict(self.config), items, self.allow_http_key)
+        self._streams[shard] = gen
+        threading.Thread(target=_consume, args=(ray, gen, shard, attempt, events), daemon=True).start()
+
+    def _stop(self) -> None:
+        for gen in self._streams.values():
+            try:
+                self._ray.cancel(gen, force=True)
+            except Exception:  # noqa: BLE001, S110 - a finished or dead shard cannot be cancelled
+                pass
 
 
 def _consume(ray: Any, gen: Any, shard: int, attempt: int, events: queue.SimpleQueue) -> None:
@@ -554,10 +630,16 @@ def prepare_run_on_ray(store: Store, env_spec: str, tasks: list[TaskSpec], model
     """Join the cluster, then create the run in the store and the search that grows it (options:
     RaySearch fields): a cluster that cannot be reached leaves no run behind."""
     connect(options.get("address"))
+    run_id, mirrors = new_mirrors(store, env_spec, tasks, model_spec, config, name)
+    return RaySearch(store, run_id, env_spec, model_spec, config, mirrors, **options)
+
+
+def new_mirrors(store: Store, env_spec: str, tasks: list[TaskSpec], model_spec: str, config: SearchConfig,
+                name: str) -> tuple[str, list[_Mirror]]:
+    """Create the run in the store; (its id, an empty mirror per tree) for a sharded search."""
     run_id = store.create_run(name, env_spec, model_spec, asdict(config), tasks)
     by_task = {t.id: t for t in tasks}
-    mirrors = [_Mirror(tree_id, by_task[task_id]) for tree_id, task_id in store.tree_ids(run_id)]
-    return RaySearch(store, run_id, env_spec, model_spec, config, mirrors, **options)
+    return run_id, [_Mirror(tree_id, by_task[task_id]) for tree_id, task_id in store.tree_ids(run_id)]
 
 
 def new_run_on_ray(
@@ -581,11 +663,18 @@ def prepare_resume_on_ray(store: Store, run_key: str, model_spec: str | None = N
     """The search that continues run `run_key` (id, id prefix or name) to its configured simulation
     count on Ray, with the run's model unless `model_spec`: its mirrors start as the committed trees,
     so the shards continue from exactly what was committed (`runner.resume_run` on Ray)."""
+    run_id = store.find_run(run_key)
+    connect(options.get("address"))  # before the run is touched
+    info, config, mirrors = resume_mirrors(store, run_id)
+    return RaySearch(store, run_id, info.env, model_spec or info.model, config, mirrors, **options)
+
+
+def resume_mirrors(store: Store, run_id: str) -> tuple[Any, SearchConfig, list[_Mirror]]:
+    """(run info, its config, a mirror per tree holding exactly what was committed) of run `run_id`,
+    for a sharded search that continues it; a tree that never committed starts afresh from its task."""
     from engine.envs.registry import env_factory
 
-    run_id = store.find_run(run_key)
     info = store.run(run_id)
-    connect(options.get("address"))  # before the run is touched
     config = from_dict(SearchConfig, info.config, where=f"run {run_id} config")
     mirrors: list[_Mirror] = []
     catalogue: dict[str, TaskSpec] | None = None
@@ -605,7 +694,7 @@ def prepare_resume_on_ray(store: Store, run_key: str, model_spec: str | None = N
         if task_id not in catalogue:
             raise StoreError(f"run {run_id}: task {task_id!r} no longer exists in env {info.env}")
         mirrors.append(_Mirror(tree_id, catalogue[task_id]))
-    return RaySearch(store, run_id, info.env, model_spec or info.model, config, mirrors, **options)
+    return info, config, mirrors
 
 
 def resume_run_on_ray(store: Store, run_key: str, model_spec: str | None = None, progress: Progress | None = None,

@@ -10,7 +10,9 @@ installed and the address well formed) without loading a model or writing anythi
 Unit of progress: one simulation. A cancel (the reporter's `should_stop`) stops at the next one by
 raising `Cancelled`, leaving the run `interrupted`, resumable like any other. `ray` (null: a local
 search) is the address `orchard search --ray` takes: HOST:PORT, auto, or "" (start a local Ray); the
-trees then grow on Ray workers and this process is the one store writer.
+trees then grow on Ray workers and this process is the one store writer. `shards` (null: the rule of
+engine.search.local_shards.auto_shards, 1 below 256 requests in flight) grows a local search's trees in
+that many worker processes feeding this one, the store's one writer; on Ray it is the number of Ray tasks.
 """
 
 from __future__ import annotations
@@ -50,6 +52,11 @@ def _text(field_name: str, value: str | None) -> None:
         raise ConfigError(f"search job: field {field_name!r} must be a non-empty string, got {value!r}")
 
 
+def _shards(value: int | None) -> None:
+    if value is not None and value < 1:
+        raise ConfigError(f"search job: field 'shards' must be a whole number >= 1 (or left out), got {value!r}")
+
+
 @dataclass(frozen=True)
 class SearchJob:
     """A new search: `tasks` of `env`'s `split` ("" = its first `DEFAULT_TASKS`), grown by `model`
@@ -61,12 +68,14 @@ class SearchJob:
     model: str = "tiny"
     name: str | None = None
     search: SearchConfig = field(default_factory=SearchConfig)
-    allow_http_key: bool | None = None  # on Ray the workers load the model: the driver's choice travels here
+    allow_http_key: bool | None = None  # on Ray or in shards the workers load the model: the driver's choice
     ray: str | None = None
+    shards: int | None = None  # None: engine.search.local_shards.auto_shards (or the Ray cluster's CPUs)
 
     def __post_init__(self) -> None:
         _text("model", self.model)
         _text("env", self.env)
+        _shards(self.shards)
 
     def check(self) -> None:
         check_ray(self.ray)
@@ -84,10 +93,12 @@ class ResumeSearch:
     model: str | None = None
     allow_http_key: bool | None = None
     ray: str | None = None
+    shards: int | None = None
 
     def __post_init__(self) -> None:
         _text("resume", self.resume)
         _text("model", self.model)
+        _shards(self.shards)
 
     def check(self) -> None:
         check_ray(self.ray)
@@ -134,6 +145,9 @@ def run_search(store: Store, spec: SearchJob | ResumeSearch, reporter: Reporter,
 
     if spec.ray is not None:
         return _run_search_on_ray(store, spec, reporter, prepared)
+    model_spec, n_shards = _local_shards(store, spec, prepared, make_env)
+    if n_shards > 1:
+        return _run_search_in_shards(store, spec, reporter, prepared, model_spec, n_shards)
     if isinstance(spec, ResumeSearch):
         run_id = store.find_run(spec.resume)
         info = store.run(run_id)
@@ -163,6 +177,72 @@ def run_search(store: Store, spec: SearchJob | ResumeSearch, reporter: Reporter,
     return StageResult(run_id, [line])
 
 
+def _local_shards(store: Store, spec: SearchJob | ResumeSearch, prepared: Prepared | None,
+                  make_env: Callable[[], Any] | None) -> tuple[str, int]:
+    """(model spec, shard count) of a local search: the spec's `shards`, else `auto_shards`'s rule
+    (1 when the caller passes its own env factory: worker processes can only build the run's env by name)."""
+    from engine.search.local_shards import auto_shards
+
+    loaded = prepared[2] if prepared else None
+    if isinstance(spec, ResumeSearch):
+        info = store.run(store.find_run(spec.resume))
+        model = loaded.name if loaded is not None else spec.model or info.model
+        trees, in_flight = info.trees, int(info.config.get("trees_in_flight") or SearchConfig().trees_in_flight)
+    else:
+        model = loaded.name if loaded is not None else spec.model
+        trees = len(prepared[1]) if prepared else -1
+        in_flight = spec.search.trees_in_flight
+    if spec.shards is not None:
+        return model, spec.shards
+    if make_env is not None or auto_shards(trees if trees >= 0 else in_flight, in_flight, model) == 1:
+        return model, 1  # (the tree count only lowers the rule's answer: a job's tasks are not read for a 1)
+    if trees < 0:  # a job: its tasks are read (and the env started) once, here
+        trees = len(search_tasks(spec)[1]) if isinstance(spec, SearchJob) else 0
+    return model, auto_shards(trees, in_flight, model)
+
+
+def _run_search_in_shards(store: Store, spec: SearchJob | ResumeSearch, reporter: Reporter, prepared: Prepared | None,
+                          model_spec: str, n_shards: int) -> StageResult:
+    """`run_search` with the trees grown by `n_shards` worker processes of this machine
+    (engine/search/local_shards.py); this process is the one store writer. The workers load the model:
+    a generator the caller loaded is closed unused, a spec nobody loaded yet is checked first."""
+    from engine.llm.registry import check_model
+    from engine.search.local_shards import prepare_resume, prepare_run
+
+    loaded = prepared[2] if prepared else None
+    if loaded is not None:
+        close = getattr(loaded, "close", None)
+        if callable(close):
+            close()
+    else:
+        check_model(model_spec)
+    options = {"shards": n_shards, "allow_http_key": spec.allow_http_key}
+    if isinstance(spec, ResumeSearch):
+        search = prepare_resume(store, spec.resume, model_spec, **options)
+    else:
+        tasks = prepared[1] if prepared else search_tasks(spec)[1]
+        search = prepare_run(store, spec.env, tasks, model_spec, spec.search, spec.run_name(), **options)
+    return _drive(store, spec, reporter, search, f"in {n_shards} local shards")
+
+
+def _drive(store: Store, spec: SearchJob | ResumeSearch, reporter: Reporter, search: Any, where: str) -> StageResult:
+    """Run a sharded search (engine.search.ray_search.ShardedSearch) with progress; the stage's result."""
+    if isinstance(spec, ResumeSearch):
+        done = sum(len(m.job.tree.simulations) for m in search.mirrors if m.job)
+        units = Units(reporter, f"resume {search.run_id}",
+                      max(0, search.config.simulations * len(search.mirrors) - done), run_id=search.run_id)
+        search.progress = lambda job, sim: units.step()
+    else:
+        units = Units(reporter, "search", search.config.simulations * len(search.mirrors), run_id=search.run_id)
+        search.progress = count_simulations(units, search.config.success_threshold)
+    stats = search.run()
+    units.finish()
+    info = store.run(search.run_id)
+    line = (f"run {search.run_id} ({info.name}): {info.trees} trees, {stats.simulations} simulations {where}, "
+            f"{info.solved} solved, {stats.wall_s:.1f}s; db {store.path}")
+    return StageResult(search.run_id, [line])
+
+
 def _run_search_on_ray(store: Store, spec: SearchJob | ResumeSearch, reporter: Reporter,
                        prepared: Prepared | None) -> StageResult:
     """`run_search` with the trees grown by Ray workers (engine/search/ray_search.py). The workers
@@ -178,22 +258,12 @@ def _run_search_on_ray(store: Store, spec: SearchJob | ResumeSearch, reporter: R
         run_id = store.find_run(spec.resume)
         model = spec.model or store.run(run_id).model
         check_model(model)
-        search = prepare_resume_on_ray(store, run_id, model, address=address, allow_http_key=spec.allow_http_key)
-        done = sum(len(m.job.tree.simulations) for m in search.mirrors if m.job)
-        units = Units(reporter, f"resume {run_id}", max(0, search.config.simulations * len(search.mirrors) - done),
-                      run_id=run_id)
+        search = prepare_resume_on_ray(store, run_id, model, address=address, allow_http_key=spec.allow_http_key,
+                                       shards=spec.shards)
     else:
         if not prepared:  # the CLI checks the model and the tasks before it opens the database
             check_model(spec.model)
         tasks = prepared[1] if prepared else search_tasks(spec)[1]
         search = prepare_run_on_ray(store, spec.env, tasks, spec.model, spec.search, spec.run_name(),
-                                    address=address, allow_http_key=spec.allow_http_key)
-        units = Units(reporter, "search", spec.search.simulations * len(tasks), run_id=search.run_id)
-    search.progress = (lambda job, sim: units.step()) if isinstance(spec, ResumeSearch) else count_simulations(
-        units, search.config.success_threshold)
-    stats = search.run()
-    units.finish()
-    info = store.run(search.run_id)
-    line = (f"run {search.run_id} ({info.name}): {info.trees} trees, {stats.simulations} simulations on Ray, "
-            f"{info.solved} solved, {stats.wall_s:.1f}s; db {store.path}")
-    return StageResult(search.run_id, [line])
+                                    address=address, allow_http_key=spec.allow_http_key, shards=spec.shards)
+    return _drive(store, spec, reporter, search, "on Ray")
