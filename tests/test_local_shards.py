@@ -152,3 +152,26 @@ def test_the_automatic_shard_count_follows_the_requests_in_flight_and_the_cores(
     assert shard_model_spec("openai:http://a:1/v1,http://b:1/v1#m?concurrency=5&retries=0", 0, 2) == \
         "openai:http://a:1/v1,http://b:1/v1#m?concurrency=3&retries=0"
     assert shard_model_spec("openai:http://a:1/v1#m", 1, 2) == "openai:http://a:1/v1#m?concurrency=32"
+
+
+def test_shards_start_under_a_main_script_that_cannot_run_again(served, tmp_path, monkeypatch):
+    """Under Streamlit or AppTest the parent's __main__ is the dashboard script; spawn would run it again in
+    each worker (where it fails), so the workers start without it."""
+    import sys
+    import types
+
+    url, tasks, local = served
+    script = tmp_path / "app.py"
+    script.write_text("raise SystemExit('the parent script ran again in a shard worker')\n")
+    main = types.ModuleType("__main__")
+    main.__file__ = str(script)
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    with Store(tmp_path / "main.db") as store:
+        search = prepare_run(store, "textcraft", tasks[:2], f"openai:{url}#m", CFG, "under-main", shards=2)
+        search.run()
+        assert store.run(search.run_id).status == "finished"
+        assert search.attempts == {0: 1, 1: 1}  # no worker died
+        trees = _trees(store, search.run_id)
+    assert sys.modules["__main__"] is main
+    for task in tasks[:2]:
+        assert _texts(trees[task.id]) == _texts(local[task.id])

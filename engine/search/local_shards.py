@@ -17,10 +17,14 @@ given (`orchard search --shards N`, the search job's `shards` field).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import multiprocessing
 import os
+import sys
 import threading
+import types
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -125,6 +129,24 @@ def _read(conn: Any, proc: Any, shard: int, attempt: int, events: Events) -> Non
         conn.close()
 
 
+_MAIN_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _bare_main() -> Iterator[None]:
+    """Start a spawned child without re-running this process's `__main__` file. WHY: spawn runs the
+    parent's main script again in every child before the target; under Streamlit (or AppTest) that is
+    the dashboard app, which fails outside a Streamlit runtime, and any script would run twice. The
+    worker needs only this module, so an empty `__main__` stands in while the child is started."""
+    with _MAIN_LOCK:
+        main = sys.modules["__main__"]
+        sys.modules["__main__"] = types.ModuleType("__main__")
+        try:
+            yield
+        finally:
+            sys.modules["__main__"] = main
+
+
 @dataclass
 class LocalShards(ShardedSearch):
     """Shards in worker processes of this machine ("spawn": a fresh interpreter, no state shared
@@ -145,7 +167,8 @@ class LocalShards(ShardedSearch):
             target=_worker, name=f"orchard-shard-{shard}", daemon=True,
             args=(theirs, self.env_spec, shard_model_spec(self.model_spec, shard, n_shards), asdict(config), items,
                   self.allow_http_key))
-        proc.start()
+        with _bare_main():
+            proc.start()
         theirs.close()  # the worker's end: only the worker holds it, so its death ends our reads
         self._procs[shard] = proc
         threading.Thread(target=_read, args=(ours, proc, shard, attempt, events), name=f"orchard-shard-{shard}-pipe",
