@@ -9,9 +9,10 @@ from dash_fixtures import APP
 from doubles import ScriptedGenerator, SnapshotLineEnv
 from streamlit.testing.v1 import AppTest
 
+from engine.actions import CompositeAction
 from engine.config import SearchConfig
 from engine.search.runner import new_run
-from engine.search.tree import SearchTree
+from engine.search.tree import SearchTree, Simulation
 from engine.store import Store
 
 TREE_PAGE = "views/tree_explorer.py"
@@ -90,3 +91,25 @@ def test_picking_the_second_run_writes_the_url_and_a_run_without_the_task_is_ref
     at = open_tree(run=a, task=task, compare=other)
     assert not at.exception and "compare" not in at.query_params
     assert any("did not search this task" in w.value for w in at.warning)
+
+
+def test_a_command_with_markup_is_shown_as_text_in_the_table_only(db: Path) -> None:
+    from dash_fixtures import XSS
+
+    a, b, task = two_runs(db)
+    with Store(db) as store:  # a successful human branch at B's root: B's best path now starts with it
+        ((tree_id, _),) = store.tree_ids(b)
+        tree = store.load_tree(tree_id)
+        assert tree is not None
+        node = tree.add_child(tree.root, observation="done", author="human", terminal="success", reward=1.0,
+                              action=CompositeAction(thought="t", command=f"{XSS} **bold**"))
+        tree.backpropagate([node.id], 1.0)
+        sim = Simulation((node.id,), 1.0)
+        tree.simulations.append(sim)
+        store.save_simulation(tree_id, tree, sim, node.id)
+    at = open_tree(run=a, task=task, compare=b)
+    assert not at.exception
+    (table,) = [d.value for d in at.dataframe if "A best command" in d.value]
+    assert table["B best command"][1] == f"{XSS} **bold**" and table["parted"][1] == "✓"
+    rendered = [e.value for kind in ("markdown", "caption", "subheader", "warning", "info") for e in getattr(at, kind)]
+    assert not any("<script>" in text or "**bold**" in text for text in rendered)
