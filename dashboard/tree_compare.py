@@ -50,16 +50,17 @@ def _command(text: str | None) -> str:
 
 
 def depth_frame(c: TreeComparison) -> pd.DataFrame:
-    """One row per depth: each tree's visits and successes (and their rate), the paths both hold,
-    each best path's command and whether the best paths have parted by then."""
+    """One row per depth: whether the best paths have parted by then (next to the depth: a wide table
+    still shows it), each tree's visits and successes (and their rate), the paths both hold, and each
+    best path's command."""
     def rate(s: int, n: int) -> float | None:
         return None if not n else round(s / n, 3)
 
     return pd.DataFrame([{
-        "depth": r.depth, "A visits": r.a_visits, "A successes": r.a_successes,
+        "depth": r.depth, "parted": "✓" if r.parted else "", "A visits": r.a_visits, "A successes": r.a_successes,
         "A success rate": rate(r.a_successes, r.a_visits), "B visits": r.b_visits, "B successes": r.b_successes,
         "B success rate": rate(r.b_successes, r.b_visits), "shared paths": r.shared,
-        "A best command": _command(r.a_best), "B best command": _command(r.b_best), "parted": "✓" if r.parted else "",
+        "A best command": _command(r.a_best), "B best command": _command(r.b_best),
     } for r in c.rows])
 
 
