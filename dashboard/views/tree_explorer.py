@@ -13,6 +13,7 @@ read for the drawn nodes' hover labels and the inspected node's neighbourhood. E
 is shown only through `st.text` and data frames, never as markdown or HTML; not `st.code`: any code
 block on a page makes the browser load and run Streamlit's syntax highlighter (measured: ~0.4 s of
 each view of this page, docs/decisions.md "The Tree explorer answers a click in a fragment").
+`compare=RUN` puts that run's tree of the same task beside the shown one, below it (dashboard.tree_compare).
 """
 
 from __future__ import annotations
@@ -142,6 +143,8 @@ def _pick_run() -> None:
 
 def _pick_task() -> None:
     st.query_params["task"] = st.session_state["te_task"]
+    if compare_run is not None and st.session_state["te_task"] not in compare_run.task_ids:
+        st.query_params.pop("compare", None)  # the compared run did not search that task
     st.query_params["node"] = "0"
     st.query_params.pop("revision", None)
 

@@ -5,17 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dash_fixtures import APP
 from doubles import ScriptedGenerator, SnapshotLineEnv
-from streamlit.testing.v1 import AppTest
+from test_app import open_tree
 
 from engine.actions import CompositeAction
 from engine.config import SearchConfig
 from engine.search.runner import new_run
 from engine.search.tree import SearchTree, Simulation
 from engine.store import Store
-
-TREE_PAGE = "views/tree_explorer.py"
 
 
 def two_runs(path: Path) -> tuple[str, str, str]:
@@ -35,14 +32,6 @@ def tree_of(path: Path, run_id: str) -> SearchTree:
         tree = store.load_tree(tree_id)
     assert tree is not None
     return tree
-
-
-def open_tree(**params: str) -> AppTest:
-    at = AppTest.from_file(str(APP), default_timeout=60).run()
-    at.switch_page(TREE_PAGE)
-    for key, value in params.items():
-        at.query_params[key] = value
-    return at.run()
 
 
 def command(tree: SearchTree, ids: list[int], depth: int) -> str:
