@@ -8,30 +8,13 @@ from pathlib import Path
 from dash_fixtures import APP
 from doubles import ScriptedGenerator, SnapshotLineEnv
 from streamlit.testing.v1 import AppTest
+from test_store import add_human_branches
 
-from engine.actions import CompositeAction
 from engine.config import SearchConfig
 from engine.search.runner import new_run
-from engine.search.tree import Simulation
 from engine.store import Store
 
 EVALUATION = "views/evaluation.py"
-
-
-def add_human_branches(store: Store, run_id: str, n: int) -> None:
-    """`n` human-authored children of the root of the run's first tree, backed up by one simulation."""
-    tree_id, _ = store.tree_ids(run_id)[0]
-    tree = store.load_tree(tree_id)
-    assert tree is not None
-    first_new = len(tree.nodes)
-    for i in range(n):
-        tree.add_child(tree.root, observation=f"after human step {i}", author="human",
-                       action=CompositeAction(thought="a person's step", command=f"wait {i}"))
-    path = (len(tree.nodes) - 1,)
-    tree.backpropagate(list(path), 0.0)
-    sim = Simulation(path, 0.0)
-    tree.simulations.append(sim)
-    store.save_simulation(tree_id, tree, sim, first_new)
 
 
 def two_iterations(path: Path) -> tuple[str, str]:
