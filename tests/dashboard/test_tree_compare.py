@@ -102,3 +102,17 @@ def test_a_command_with_markup_is_shown_as_text_in_the_table_only(db: Path) -> N
     assert table["B best command"][1] == f"{XSS} **bold**" and table["parted"][1] == "✓"
     rendered = [e.value for kind in ("markdown", "caption", "subheader", "warning", "info") for e in getattr(at, kind)]
     assert not any("<script>" in text or "**bold**" in text for text in rendered)
+
+
+def test_picking_a_task_the_compared_run_did_not_search_drops_the_comparison(db: Path) -> None:
+    with Store(db) as store:
+        tasks = SnapshotLineEnv().tasks()
+        a, _ = new_run(store, "line", tasks[2:4], ScriptedGenerator(), SearchConfig(simulations=2, k=2,
+                       depth_limit=2), "two-tasks", make_env=SnapshotLineEnv)
+        b, _ = new_run(store, "line", tasks[2:3], ScriptedGenerator(), SearchConfig(simulations=2, k=2,
+                       depth_limit=2), "one-task", make_env=SnapshotLineEnv)
+    at = open_tree(run=a, task=tasks[2].id, compare=b)
+    assert at.query_params["compare"] == b
+    at.selectbox(key="te_task").select(tasks[3].id).run()
+    assert not at.exception and "compare" not in at.query_params and not at.warning
+    assert not [d for d in at.dataframe if "A best command" in d.value]
