@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import html
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 import plotly.graph_objects as go
@@ -181,6 +181,23 @@ def loop_figure(rows: Sequence[dict]) -> go.Figure:
             fig.add_trace(interval_bars(name, [r["label"] for r in sel], [r[key] for r in sel]))
     fig.update_layout(barmode="group", yaxis={"title": "rate", "range": [0, 1.12]}, height=340,
                       legend={"title": "metric"}, margin={"l": 50, "r": 10, "t": 20, "b": 60})
+    return fig
+
+
+def depth_success_figure(depths: Sequence[int], rates: Mapping[str, Sequence[float | None]],
+                         parting: int | None = None) -> go.Figure:
+    """Per-depth success rate of two trees of one task (Tree explorer, "Compare with another run"):
+    one line per tree (`rates`: its label -> the rate at each depth, None where no simulation reached
+    it), a dotted line where their best paths first part. Labels are escaped (plotly reads tags)."""
+    fig = go.Figure()
+    for name, values in rates.items():
+        fig.add_trace(go.Scatter(x=list(depths), y=list(values), mode="lines+markers", name=html.escape(name),
+                                 connectgaps=False))
+    if parting is not None:
+        fig.add_vline(x=parting, line_dash="dot", line_color="#888",
+                      annotation_text="best paths part", annotation_position="top")
+    fig.update_layout(xaxis={"title": "depth", "dtick": 1}, yaxis={"title": "success rate", "range": [0, 1.05]},
+                      height=300, legend={"title": "tree"}, margin={"l": 50, "r": 10, "t": 30, "b": 40})
     return fig
 
 

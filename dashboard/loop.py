@@ -67,6 +67,12 @@ def run_stages(path: str, version: data.Version) -> dict[str, RunStages]:
     return out
 
 
+def human_counts(store: Store, run_ids: list[str]) -> dict[str, int]:
+    """The human-authored nodes (added from the Tree explorer or `orchard tree add-action`) of each
+    run's trees, by run id: the Loop view's "human nodes" per iteration (its search run, `run_id`)."""
+    return {run_id: store.human_node_count(run_id) for run_id in dict.fromkeys(run_ids)}
+
+
 def _find(store: Store, key: str) -> str | None:
     from engine.store import StoreError
 

@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 from doubles import ScriptedGenerator, SnapshotLineEnv
 
+from engine.actions import CompositeAction
 from engine.config import SearchConfig
 from engine.search.runner import new_run, resume_run
+from engine.search.tree import Simulation
 from engine.store import SCHEMA_VERSION, Store, StoreError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -350,3 +352,32 @@ def test_a_job_keeps_every_commit_while_others_open_and_close_the_store(tmp_path
     assert done.state == "succeeded", done.error
     with Store(path, readonly=True) as reader:
         assert len(reader.job_metrics(job.id)) == 40 and reader.job(job.id).progress["step"] == 40
+
+
+def add_human_branches(store: Store, run_id: str, n: int) -> None:
+    """`n` human-authored children of the root of the run's first tree, backed up by one simulation."""
+    tree_id, _ = store.tree_ids(run_id)[0]
+    tree = store.load_tree(tree_id)
+    assert tree is not None
+    first_new = len(tree.nodes)
+    for i in range(n):
+        tree.add_child(tree.root, observation=f"after human step {i}", author="human",
+                       action=CompositeAction(thought="a person's step", command=f"wait {i}"))
+    path = (len(tree.nodes) - 1,)
+    tree.backpropagate(list(path), 0.0)
+    sim = Simulation(path, 0.0)
+    tree.simulations.append(sim)
+    store.save_simulation(tree_id, tree, sim, first_new)
+
+
+def test_human_node_count_counts_the_runs_human_authored_nodes_only(db):
+    with Store(db) as store:
+        first, _ = _run(store, sims=2, n_tasks=2)
+        second, _ = _run(store, sims=2, n_tasks=1)
+        add_human_branches(store, first, 2)
+        add_human_branches(store, second, 1)
+        (last_tree, _) = store.tree_ids(first)[-1]
+        by_tree = [len(store.human_nodes(t)) for t, _ in store.tree_ids(first)]
+        assert by_tree == [2, 0] and store.human_nodes(last_tree) == []
+        assert (store.human_node_count(first), store.human_node_count(second)) == (2, 1)
+        assert store.human_node_count("no-such-run") == 0

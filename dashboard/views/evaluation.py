@@ -280,7 +280,7 @@ else:
 # --- the loop (Algorithm 1) -------------------------------------------------------------------------------
 
 
-LOOP_COLUMNS = ("search", "data", "curation", "train", "gate", "evaluate", "evaluation", "model")
+LOOP_COLUMNS = ("search", "human nodes", "data", "curation", "train", "gate", "evaluate", "evaluation", "model")
 
 
 def curation_cell(gate: dict[str, Any] | None, counts: dict[str, int]) -> str:
@@ -302,15 +302,18 @@ def model_cell(model: Any, names: dict[str, str]) -> str:
 
 
 def stage_rows(records: list[dict[str, Any]], pair_counts: dict[str, dict[str, int]],
-               names: dict[str, str] | None = None, live: loop.LiveStage | None = None) -> pd.DataFrame:
+               names: dict[str, str] | None = None, live: loop.LiveStage | None = None,
+               human: dict[str, int] | None = None) -> pd.DataFrame:
     """One row per iteration, one column per stage, each cell its status; with `live` (this loop's
-    running job), a row for the iteration under way, its running stage with that stage's progress."""
-    names = names or {}
+    running job), a row for the iteration under way, its running stage with that stage's progress.
+    `human`: the human-authored nodes of each search run (loop.human_counts), by run id."""
+    names, human = names or {}, human or {}
     rows = []
     for r in sorted(records, key=lambda r: r["idx"]):
         ev: dict[str, Any] = found if isinstance(found := r.get("eval"), dict) else {}
         if r["idx"] == 0:
-            rows.append({"iteration": "base", "search": "—", "data": "—", "curation": "—", "train": "—", "gate": "—",
+            rows.append({"iteration": "base", "search": "—", "human nodes": "—", "data": "—", "curation": "—",
+                         "train": "—", "gate": "—",
                          "evaluate": interval(ev.get("success")), "evaluation": str(ev.get("eval_id") or "—"),
                          "model": model_cell(r.get("model"), names)})
             continue
@@ -319,6 +322,7 @@ def stage_rows(records: list[dict[str, Any]], pair_counts: dict[str, dict[str, i
         rows.append({
             "iteration": str(r["idx"]),
             "search": f"✓ run {r.get('run_id')} · {r.get('solved_in_search', 0)} solved" if r.get("run_id") else "—",
+            "human nodes": str(human.get(r["run_id"], 0)) if r.get("run_id") else "—",
             "data": f"✓ {data_n} rows" if data_n else "✗ none",
             "curation": curation_cell(r.get("curation"), counts),
             "train": "✓" if r.get("train") else f"skipped: {r['skipped']}" if r.get("skipped") else "✗",
@@ -380,7 +384,8 @@ def loop_view() -> None:
     with Store(db, readonly=True) as store:
         pc = {r["run_id"]: store.pair_counts(run_id=r["run_id"]) for r in its if r.get("run_id")}
         names = {m.path: m.name for m in store.models()}
-    stages = stage_rows(its, pc, names, running)
+        human = loop.human_counts(store, [r["run_id"] for r in its if r.get("run_id")])
+    stages = stage_rows(its, pc, names, running, human)
     # Each iteration's evaluation beside the base's: named differences, else the paired difference in success.
     evals = {r["idx"]: evals_by_id.get((r.get("eval") or {}).get("eval_id") or "") for r in its}
     first = evals.get(0) or next((e for e in evals.values() if e), None)

@@ -13,6 +13,7 @@ read for the drawn nodes' hover labels and the inspected node's neighbourhood. E
 is shown only through `st.text` and data frames, never as markdown or HTML; not `st.code`: any code
 block on a page makes the browser load and run Streamlit's syntax highlighter (measured: ~0.4 s of
 each view of this page, docs/decisions.md "The Tree explorer answers a click in a fragment").
+`compare=RUN` puts that run's tree of the same task beside the shown one, below it (dashboard.tree_compare).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from dashboard import auth, data, figures, lod, overview, tree_chart
+from dashboard import auth, data, figures, lod, overview, tree_chart, tree_compare
 from dashboard import forms as fm
 from dashboard import jobs_panel as jp
 from dashboard.shape import TreeShape
@@ -40,6 +41,7 @@ LAST_PICK = "te_last_pick"  # (chart key, node) the chart's point selection name
 JUMP = "te_jump"  # set by a click in the run overview: the whole page reruns on that tree
 SEEN_SEARCHING = "te_seen_searching"  # the tree this live view saw being searched (following moves on after it)
 NO_REVISION = "(none)"
+NO_COMPARE = "(none)"
 SCROLL_HEIGHT = 760  # px of the scrolling container around a big tree's chart
 REFRESH_S = 3.0  # how often the page redraws while its run is searching
 BUDGETS = (1000, lod.DEFAULT_BUDGET, 10_000, 0)  # nodes drawn at most; 0: all of them
@@ -97,7 +99,20 @@ if raw_revision is not None and raw_revision != NO_REVISION and raw_revision not
     notes.append("The revision named in the URL is not one of this tree's; showing its first one.")
     raw_revision = None
 revision_id = raw_revision if raw_revision is not None else (revisions[0].id if revisions else NO_REVISION)
+# A second run's tree of this task beside this one (`?compare=RUN`: a link opens the comparison).
+compare_with = tree_compare.candidates(runs, run.id, task_id)
+compare_run: RunInfo | None = None
+if qp.get("compare"):
+    other_id = data.resolve_run(db, qp["compare"], version)
+    compare_run = next((r for r in compare_with if r.id == other_id), None)
+    if compare_run is None:
+        notes.append("The run to compare with named in the URL was not found, or did not search this task; "
+                     "showing this tree alone.")
 qp.update(run=run.id, task=task_id, node=str(node_id))  # the canonical, shareable URL
+if compare_run is not None:
+    qp["compare"] = compare_run.id
+else:
+    qp.pop("compare", None)
 if revisions:
     qp["revision"] = revision_id
 else:
@@ -128,8 +143,18 @@ def _pick_run() -> None:
 
 def _pick_task() -> None:
     st.query_params["task"] = st.session_state["te_task"]
+    if compare_run is not None and st.session_state["te_task"] not in compare_run.task_ids:
+        st.query_params.pop("compare", None)  # the compared run did not search that task
     st.query_params["node"] = "0"
     st.query_params.pop("revision", None)
+
+
+def _pick_compare() -> None:
+    picked = st.session_state["te_compare"]
+    if picked == NO_COMPARE:
+        st.query_params.pop("compare", None)
+    else:
+        st.query_params["compare"] = picked
 
 
 def _pick_revision() -> None:
@@ -316,6 +341,13 @@ with st.sidebar:
     st.selectbox("Task", list(tree_of_task), key="te_task", on_change=_pick_task, format_func=task_labels.__getitem__,
                  help="✓ solved (a success leaf) · ✗ not solved · … being searched · · not started; then the "
                       "task's goal")
+    if compare_with:
+        st.session_state["te_compare"] = compare_run.id if compare_run is not None else NO_COMPARE
+        st.selectbox("Compare with another run", [NO_COMPARE, *(r.id for r in compare_with)], key="te_compare",
+                     on_change=_pick_compare, format_func=lambda i: "none" if i == NO_COMPARE else run_names[i],
+                     help="Another run's tree of this task beside this one (below the tree): aligned by the "
+                          "commands along each path, per-depth visits and successes, the two best paths and "
+                          "the depth where they first part.")
     if revisions:
         st.session_state["te_revision"] = revision_id
         st.selectbox("Revision drawn on the tree", [NO_REVISION, *revision_of], key="te_revision",
@@ -601,6 +633,10 @@ def inspector(tree: TreeShape, node_id: int, best: list[int], inspect_col: Any, 
 
 live = bool(follow)
 st.fragment(run_every=REFRESH_S if live else None)(explorer)(live)
+if compare_run is not None:
+    other_tree = {t: i for i, t in data.tree_index(db, compare_run.id, version)}.get(shown_task)
+    if other_tree is not None:
+        tree_compare.section(db, version, run, compare_run, shown_task, tree_id, other_tree)
 steer_job = jp.latest_job(db, STEER_KINDS, run.id) if data.has_data(path) else None
 if steer_job is not None:  # the newest steering job of this run, live; the page reruns as each simulation lands
     st.subheader("Steering job")

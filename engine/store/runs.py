@@ -303,6 +303,13 @@ class RunsStore(Connection):
         return [r[0] for r in self.con.execute(
             "SELECT node_id FROM nodes WHERE tree_id=? AND author='human' ORDER BY node_id", (tree_id,))]
 
+    def human_node_count(self, run_id: str) -> int:
+        """How many nodes of the run's trees a person added (author "human"): the Loop view's column."""
+        row = self.con.execute(
+            "SELECT COUNT(*) FROM nodes JOIN trees ON trees.id = nodes.tree_id "
+            "WHERE trees.run_id=? AND nodes.author='human'", (run_id,)).fetchone()
+        return int(row[0]) if row else 0
+
     def node_screenshot(self, tree_id: int, node_id: int) -> bytes | None:
         """The JPEG stored with a terminal node (None when it has none); not loaded with the tree."""
         row = self.con.execute(
