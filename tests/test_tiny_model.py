@@ -115,6 +115,7 @@ def test_build_is_deterministic_and_cached(small_model: Path, tmp_path: Path) ->
     assert not all(torch.equal(a[k], c[k]) for k in a)
 
 
+@pytest.mark.slow  # its fixture trains a small model: about a minute on a loaded 2-core machine
 def test_round_trip_and_generated_actions_parse(small_model: Path) -> None:
     gen = HFGenerator(small_model, device="cpu", name="tiny")
     tok = gen.tokenizer
