@@ -1,6 +1,7 @@
 """The Tree explorer's "Compare with another run": the shown tree beside the same task's tree of a
 second run (`?compare=RUN`), aligned by the path of commands (engine/search/compare_trees.py):
-per-depth visits and successes of each, the two best paths side by side, where they first part.
+per-depth visits and successes of each, the two trees drawn side by side (each with its own best path
+and the node where the best paths first part ringed), where they first part.
 
 Commands are model text: they reach the page only in a data frame's cells; run and task ids go
 through `md` where a caption names them, and plotly labels are escaped (figures.depth_success_figure).
@@ -13,12 +14,17 @@ from collections.abc import Sequence
 import pandas as pd
 import streamlit as st
 
-from dashboard import data, figures
+from dashboard import data, figures, tree_chart
 from dashboard.text import md
 from engine.search.compare_trees import TreeComparison, compare_trees
 from engine.store import RunInfo
 
 FORMAT_ERROR = "(format error)"
+CHART_HEIGHT = 360  # px: each side's tree chart, fitted to its column
+CHART_BUDGET = 1000  # nodes drawn at most per side (dashboard.lod around the best path's end)
+CHART_KEYS = {"A": "te_compare_tree_a", "B": "te_compare_tree_b"}
+# the spec's description names its side: a chart without on_select has no element id to find it by
+CHART_DESCRIPTION = "the compared trees, side {side}"
 COLUMNS = {
     "A best command": st.column_config.TextColumn("A best command", width="medium",
                                                   help="the command of this run's best path (eq. 10) at this depth"),
@@ -64,11 +70,42 @@ def depth_frame(c: TreeComparison) -> pd.DataFrame:
     } for r in c.rows])
 
 
+def parting_node(best: Sequence[int], first_parting: int | None) -> int | None:
+    """The node where the two best paths first part, on the path `best` (root's child first): the last
+    node they share, at depth `first_parting` - 1 (0, the root, when they part at once); None when the
+    paths take the same commands all the way."""
+    if first_parting is None:
+        return None
+    return 0 if first_parting == 1 else best[first_parting - 2]
+
+
+def tree_chart_column(path: str, version: data.Version, run: RunInfo, side: str, tree_id: int, alpha: float,
+                      best: Sequence[int], ring: int | None) -> None:
+    """One side's tree: the explorer's chart (`dashboard.tree_chart`, its best path under this run's
+    alpha drawn thick), compact, in part for a big tree (`dashboard.lod` around the best path's end,
+    so the whole best path is drawn), the parting node ringed as the explorer rings its selected node."""
+    st.caption(f"{side} · {md(run.name)} · {md(run.id)}")
+    focus = best[-1] if best else None
+    rows, datasets = tree_chart.cached_chart_data(path, tree_id, version, "q", alpha, None, (), "", CHART_BUDGET,
+                                                  focus)
+    shape = data.load_shape(path, tree_id, version)
+    if shape is None:
+        return
+    shown = len(rows)
+    datasets = {**datasets, **tree_chart.selection_data(rows, shape, len(shape) if ring is None else ring)}
+    spec = {**tree_chart.tree_spec("q", CHART_HEIGHT), "datasets": datasets,
+            "description": CHART_DESCRIPTION.format(side=side)}
+    st.vega_lite_chart(rows, spec, key=CHART_KEYS[side])
+    st.caption(f"{len(shape)} nodes ({shown} shown) · best path {len(best)} steps"
+               + ("" if ring is None else f" · ringed: node {ring}, where the best paths part"))
+
+
 def section(path: str, version: data.Version, a: RunInfo, b: RunInfo, task_id: str, tree_a: int, tree_b: int) -> None:
-    """The comparison below the explorer: caption, aligned table, per-depth success chart."""
+    """The comparison below the explorer: caption, the two trees side by side, aligned table,
+    per-depth success chart."""
     st.subheader("Compared with another run")
-    c = cached_comparison(path, tree_a, tree_b, version, float(a.config.get("alpha", 0.5)),
-                          float(b.config.get("alpha", 0.5)))
+    alpha_a, alpha_b = float(a.config.get("alpha", 0.5)), float(b.config.get("alpha", 0.5))
+    c = cached_comparison(path, tree_a, tree_b, version, alpha_a, alpha_b)
     if c is None:
         st.info("One of the two trees has no committed nodes yet.")
         return
@@ -77,6 +114,10 @@ def section(path: str, version: data.Version, a: RunInfo, b: RunInfo, task_id: s
     st.caption(f"Task {md(task_id)}: A is this run ({md(a.id)}), B is run {md(b.id)}. Nodes are aligned by the "
                f"commands along their paths from the root: {c.matched} of A's nodes have a path B holds too; "
                f"{where}. Each best path is its own run's (eq. 10, its alpha).")
+    for col, (side, run, tree_id, alpha, best) in zip(st.columns(2, gap="medium"), (
+            ("A", a, tree_a, alpha_a, c.a_best), ("B", b, tree_b, alpha_b, c.b_best)), strict=True):
+        with col:
+            tree_chart_column(path, version, run, side, tree_id, alpha, best, parting_node(best, c.first_parting))
     frame = depth_frame(c)
     st.dataframe(frame, hide_index=True, key="te_compare_table", column_config=COLUMNS,
                  height=min(38 + 35 * len(frame), 420))

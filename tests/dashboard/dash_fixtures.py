@@ -169,9 +169,10 @@ def grow_tree(path: Path, run_id: str, task_id: str, parent: int, n: int) -> lis
 
 def tree_chart(at: Any) -> Any:
     """The Tree explorer's tree chart element on an AppTest page (the one with the "nodes" layer; the run
-    overview is a Vega-Lite chart too)."""
+    overview is a Vega-Lite chart too, and so are the two trees of a comparison)."""
     charts = [c for c in at.get("arrow_vega_lite_chart") or at.get("vega_lite_chart")
-              if any(layer.get("name") == "nodes" for layer in json.loads(c.proto.spec).get("layer", []))]
+              if any(layer.get("name") == "nodes" for layer in json.loads(c.proto.spec).get("layer", []))
+              and "description" not in json.loads(c.proto.spec)]  # not a compared tree (dashboard.tree_compare)
     (chart,) = charts
     return chart
 

@@ -116,3 +116,40 @@ def test_picking_a_task_the_compared_run_did_not_search_drops_the_comparison(db:
     at.selectbox(key="te_task").select(tasks[3].id).run()
     assert not at.exception and "compare" not in at.query_params and not at.warning
     assert not [d for d in at.dataframe if "A best command" in d.value]
+
+
+def test_the_two_trees_are_drawn_side_by_side_each_with_its_best_path_and_the_parting_node_ringed(db: Path) -> None:
+    import json
+
+    import pyarrow as pa
+
+    from dashboard.tree_compare import CHART_DESCRIPTION, CHART_KEYS, parting_node
+    from engine.search.compare_trees import compare_trees
+
+    a, b, task = two_runs(db)
+    at = open_tree(run=a, task=task, compare=b)
+    assert not at.exception
+    drawn = list(at.get("arrow_vega_lite_chart") or at.get("vega_lite_chart"))
+    charts = {side: [c for c in drawn if json.loads(c.proto.spec).get("description") == CHART_DESCRIPTION.format(
+        side=side)] for side in CHART_KEYS}
+    assert [len(found) for found in charts.values()] == [1, 1]  # one chart per side, apart from the explorer's
+    ta, tb = tree_of(db, a), tree_of(db, b)
+    parting = compare_trees(ta, tb, 0.5, 0.3).first_parting
+    assert parting is not None  # the steady and the wandering policy's best paths differ
+    for (side, (chart,)), tree, alpha in zip(charts.items(), (ta, tb), (0.5, 0.3), strict=True):
+        spec = json.loads(chart.proto.spec)
+        assert spec["height"] == 360 and any(layer.get("name") == "nodes" for layer in spec["layer"])
+        sets = {d.name: pa.ipc.open_stream(d.data.data).read_all().to_pandas() for d in chart.proto.datasets}
+        rows = pa.ipc.open_stream(chart.proto.data.data).read_all().to_pandas()
+        best = tree.best_path(alpha)
+        assert best and set(rows["id"]) == set(range(len(tree.nodes)))  # a small tree: every node drawn
+        best_edges = sorted(zip(sets["best"]["x"], sets["best"]["y"], strict=True))
+        assert best_edges == sorted(zip(rows.set_index("id").loc[best, "x"], rows.set_index("id").loc[best, "y"],
+                                        strict=True))
+        ring = parting_node(best, parting)
+        assert ring == (0 if parting == 1 else best[parting - 2])
+        (ringed,) = sets["selected"].itertuples()
+        node = rows.set_index("id").loc[ring]
+        assert (ringed.x, ringed.y) == (node["x"], node["y"])
+    assert any(f"A · steady · {a}" in c.value for c in at.caption)
+    assert any(f"B · wandering · {b}" in c.value for c in at.caption)
