@@ -1,5 +1,6 @@
 """Two trees of one task side by side in a real browser (issue 28 item 3): a link with `compare=RUN`
-opens the comparison under the tree (caption, aligned table, per-depth success chart); choosing "none"
+opens the comparison under the tree (caption, the two trees drawn side by side, aligned table, per-depth
+success chart); choosing "none"
 in the sidebar closes it and drops the parameter from the URL."""
 
 from __future__ import annotations
@@ -8,10 +9,17 @@ import re
 from pathlib import Path
 
 import pytest
+from dash_fixtures import bench_dashboard
 from test_browser import ARGS, CHROMIUM, dashboard_server, settle
 from test_tree_compare import tree_of, two_runs
 
 from engine.search.compare_trees import compare_trees
+
+# every drawn tree chart (a Vega view with the "nodes" mark): the sorted node ids it draws
+TREES = """() => { """ + bench_dashboard().VEGA_VIEW + """
+  return [...document.querySelectorAll('[data-testid="stVegaLiteChart"]')].map(orchardViewOf)
+    .filter(v => v && orchardMark(v, 'nodes_marks'))
+    .map(v => orchardNodes(v).map(it => Number(it.datum.id)).sort((x, y) => x - y)) }"""
 
 pytestmark = [pytest.mark.skipif(not CHROMIUM.exists(), reason="needs /usr/bin/chromium (apt-get install chromium)"),
               pytest.mark.slow]
@@ -22,7 +30,8 @@ def test_a_link_opens_two_trees_side_by_side_and_none_closes_them(tmp_path: Path
 
     db = tmp_path / "orchard.db"
     a, b, task = two_runs(db)
-    parting = compare_trees(tree_of(db, a), tree_of(db, b), 0.5, 0.3).first_parting
+    ta, tb = tree_of(db, a), tree_of(db, b)
+    parting = compare_trees(ta, tb, 0.5, 0.3).first_parting
     assert parting is not None  # the steady and the wandering policy's best paths differ
     with dashboard_server(db, tmp_path) as url, sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
@@ -36,6 +45,9 @@ def test_a_link_opens_two_trees_side_by_side_and_none_closes_them(tmp_path: Path
             expect(page.locator(".js-plotly-plot")).to_have_count(1)
             expect(page.locator("[data-testid='stDataFrame']").last).to_be_visible()
             settle(page)
+            page.wait_for_function(f"() => ({TREES})().length === 3", timeout=30_000)
+            explorer, drawn_a, drawn_b = page.evaluate(TREES)  # the explorer's tree, then A's and B's
+            assert explorer == drawn_a == list(range(len(ta.nodes))) and drawn_b == list(range(len(tb.nodes)))
             page.locator(".js-plotly-plot").scroll_into_view_if_needed()
             settle(page)
             page.screenshot(path=tmp_path / "trees_side_by_side.png")
