@@ -111,14 +111,32 @@ def dashboard_server(db: Path, log_dir: Path, env: dict[str, str] | None = None,
                 proc.kill()
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory):
-    """One server for the module (starting one costs seconds); the curation and training tests write."""
-    tmp_path = tmp_path_factory.mktemp("server")
+@contextlib.contextmanager
+def browser_page(width: int = 1500, height: int = 2200) -> Iterator[Any]:
+    """A page of a headless Debian Chromium (closed after), `width` x `height`."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+        try:
+            yield browser.new_page(viewport={"width": width, "height": height})
+        finally:
+            browser.close()
+
+
+def fixture_server(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[tuple[str, Path, dict[str, str]]]:
+    """The dashboard on a fresh copy of the fixture store (dash_fixtures.build_store): (URL, db, runs)."""
+    tmp_path = tmp_path_factory.mktemp(name)
     db = tmp_path / "orchard.db"
     runs = build_store(db)
     with dashboard_server(db, tmp_path) as url:
         yield url, db, runs
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    """One server for the module (starting one costs seconds); the curation and training tests write."""
+    yield from fixture_server(tmp_path_factory, "server")
 
 
 def test_click_on_a_node_opens_it_in_the_inspector(server, tmp_path: Path) -> None:

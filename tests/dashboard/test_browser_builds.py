@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
-from test_browser import ARGS, CHROMIUM, dashboard_server, settle
+from test_browser import CHROMIUM, browser_page, dashboard_server, settle
 
 from engine.cli import main
 from engine.store import Store
@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.skipif(not CHROMIUM.exists(), reason="needs /usr/bin/c
 
 
 def test_a_revisions_build_that_made_nothing_says_why_in_the_browser(tmp_path: Path) -> None:
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     db = tmp_path / "orchard.db"
     # Depth 1: every TextCraft goal needs more than one step, so no leaf can be a success.
@@ -27,23 +27,18 @@ def test_a_revisions_build_that_made_nothing_says_why_in_the_browser(tmp_path: P
                  "--db", str(db)]) == 0
     with Store(db) as store:
         run = store.run(store.find_run("shallow"))
-    with dashboard_server(db, tmp_path) as url, sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1500, "height": 2000})
-            page.goto(f"{url}/trajectories?run={run.id}")
-            judge = page.get_by_role("textbox", name="Judge model")
-            expect(judge).to_be_visible(timeout=30_000)
-            assert judge.input_value() == run.model  # the run's own policy, not the newest trained model
-            page.get_by_role("button", name="Build revisions").click()
-            why = page.get_by_test_id("stAlertContentWarning").get_by_text(
-                re.compile("no revision trajectories: none of the 1 trees has a success leaf"))
-            expect(why).to_be_visible(timeout=180_000)
-            expect(page.get_by_text(re.compile("success leaves 0")).first).to_be_visible()
-            settle(page)
-            page.screenshot(path=tmp_path / "revisions_nothing.png", full_page=True)
-        finally:
-            browser.close()
+    with dashboard_server(db, tmp_path) as url, browser_page(1500, 2000) as page:
+        page.goto(f"{url}/trajectories?run={run.id}")
+        judge = page.get_by_role("textbox", name="Judge model")
+        expect(judge).to_be_visible(timeout=30_000)
+        assert judge.input_value() == run.model  # the run's own policy, not the newest trained model
+        page.get_by_role("button", name="Build revisions").click()
+        why = page.get_by_test_id("stAlertContentWarning").get_by_text(
+            re.compile("no revision trajectories: none of the 1 trees has a success leaf"))
+        expect(why).to_be_visible(timeout=180_000)
+        expect(page.get_by_text(re.compile("success leaves 0")).first).to_be_visible()
+        settle(page)
+        page.screenshot(path=tmp_path / "revisions_nothing.png", full_page=True)
     with Store(db) as store:
         (job,) = [j for j in store.jobs() if j.kind == "revisions"]
         assert job.state == "succeeded" and job.config["model"] == run.model
