@@ -32,12 +32,16 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from engine.llm.base import Completion, GeneratorError, Prompt, SampleRequest, SamplingParams, is_canonical
+from engine.llm.prefix_cache import PrefixCache
 from engine.torch_threads import torch_threads
 
 if TYPE_CHECKING:
     from engine.llm.hf_constrain import TokenMasker
 
 _SEED_MOD = 2**63 - 1
+# Prompt key/value states kept for reuse (engine/llm/prefix_cache.py): ~85 prompts of 480 tokens for the
+# shipped 5.3M model; 0 turns the cache off.
+PREFIX_CACHE_MB = 256
 # Upper bound on the float32 elements of one logits tensor in `logprobs()` (~1 GiB): long
 # completions over a big vocabulary are scored in smaller batches rather than running out of memory.
 _LOGITS_BUDGET = 2**28
@@ -129,6 +133,7 @@ class HFGenerator:
         name: str | None = None,
         seed: int | None = None,
         num_threads: int | None = None,
+        prefix_cache_mb: int = PREFIX_CACHE_MB,
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -145,7 +150,7 @@ class HFGenerator:
             raise GeneratorError(f"cannot load a model from {path}: {exc}") from exc
         # PreTrainedModel.to is wrapped in functools.wraps, whose typeshed type does not bind `self`.
         moved = model.to(dev)  # type: ignore[arg-type]
-        self._setup(moved, tokenizer, name or f"hf:{path}", batch_size, seed, num_threads)
+        self._setup(moved, tokenizer, name or f"hf:{path}", batch_size, seed, num_threads, prefix_cache_mb)
 
     @classmethod
     def from_model(
@@ -156,10 +161,11 @@ class HFGenerator:
         batch_size: int = 64,
         seed: int | None = None,
         num_threads: int | None = None,
+        prefix_cache_mb: int = PREFIX_CACHE_MB,
     ) -> HFGenerator:
         """Wrap an already-loaded model and tokenizer (e.g. a model just trained in memory)."""
         self = cls.__new__(cls)
-        self._setup(model, tokenizer, name, batch_size, seed, num_threads)
+        self._setup(model, tokenizer, name, batch_size, seed, num_threads, prefix_cache_mb)
         return self
 
     def _setup(
@@ -170,9 +176,12 @@ class HFGenerator:
         batch_size: int,
         seed: int | None,
         num_threads: int | None,
+        prefix_cache_mb: int = PREFIX_CACHE_MB,
     ) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
+        if prefix_cache_mb < 0:
+            raise ValueError("prefix_cache_mb must be >= 0")
         if getattr(tokenizer, "chat_template", None) is None:
             raise GeneratorError(f"{name}: the tokenizer has no chat template")
         self.model = model.eval()
@@ -198,6 +207,9 @@ class HFGenerator:
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._masker: TokenMasker | None = None  # built on the first constrained request
+        self.prefix_cache = PrefixCache(prefix_cache_mb * 2**20)
+        self._weights_version: tuple[int, ...] = ()
+        self._prefix_layers_ok: bool | None = None  # known after the first prefill
 
     def _masks(self, rows: list[_Row], width: int) -> torch.Tensor | None:
         """Allowed next tokens per row (rows without a grammar: all), or None when no row has one."""
@@ -297,23 +309,11 @@ class HFGenerator:
     def _generate_chunk(self, rows: list[_Row], prompt_ids: list[list[int]]) -> None:
         slots = sorted({row.slot for row in rows})
         local = {slot: i for i, slot in enumerate(slots)}
-        width = max(len(prompt_ids[s]) for s in slots)
-        ids = torch.full((len(slots), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(slots), width), dtype=torch.long)
-        for i, s in enumerate(slots):
-            p = prompt_ids[s]
-            ids[i, width - len(p) :] = torch.tensor(p)
-            mask[i, width - len(p) :] = 1
-        ids, mask = ids.to(self.device), mask.to(self.device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(
-            input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1
-        )
+        logits, cache, mask, positions = self._prefill([prompt_ids[s] for s in slots])
         # Copy each prompt's cache to its rows (n samples of one prompt share one prefill).
         src = torch.tensor([local[row.slot] for row in rows], device=self.device)
-        cache = _cache_of(out)
         cache.reorder_cache(src)
-        logits = out.logits[:, -1][src]
+        logits = logits[src]
         mask, last_pos = mask[src], positions[src, -1]
 
         temps = torch.tensor([row.params.temperature for row in rows], device=self.device)
@@ -350,6 +350,78 @@ class HFGenerator:
                 **{self._cache_kw: cache},
             )
             cache, logits = _cache_of(out), out.logits[:, -1]
+
+    def _prefill(self, prompts: list[list[int]]) -> tuple[torch.Tensor, Any, torch.Tensor, torch.Tensor]:
+        """One forward over the distinct prompts: (last logits, KV cache, attention mask, positions), one
+        row per prompt. A prompt's longest cached prefix (engine/llm/prefix_cache.py) is not prefilled
+        again: each row is [pad | cached prefix | pad | rest of the prompt], the pads masked out and the
+        positions counted over real tokens only, so every token sits where a plain prefill puts it."""
+        self._check_weights()
+        cache_on = self.prefix_cache.budget_bytes > 0 and self._prefix_layers_ok is not False
+        found = [self.prefix_cache.lookup(p) if cache_on else (0, None) for p in prompts]
+        past = max(n for n, _ in found)
+        rest = [p[n:] for p, (n, _) in zip(prompts, found, strict=True)]
+        width = max(len(r) for r in rest)
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), past + width), dtype=torch.long)
+        for i, ((n, _), r) in enumerate(zip(found, rest, strict=True)):
+            ids[i, width - len(r) :] = torch.tensor(r)
+            mask[i, past - n : past] = 1
+            mask[i, past + width - len(r) :] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        kwargs: dict[str, Any] = {}
+        if past:
+            from transformers import DynamicCache
+
+            kwargs[self._cache_kw] = DynamicCache(ddp_cache_data=self._stack_past(found, past))
+        out = self.model(
+            input_ids=ids, attention_mask=mask, position_ids=positions[:, past:], use_cache=True,
+            logits_to_keep=1, **kwargs,
+        )
+        cache = _cache_of(out)
+        if cache_on:
+            self._keep_prompts(prompts, cache, mask)
+        return out.logits[:, -1], cache, mask, positions
+
+    def _stack_past(self, found: list[tuple[int, Any]], past: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer, the cached prefixes right-aligned in a [prompts, heads, past, dim] block (zeros where a
+        prompt has less cached: those positions are masked)."""
+        template = next(layers for n, layers in found if n)
+        stacked = []
+        for layer, (k0, v0) in enumerate(template):
+            keys = k0.new_zeros((len(found), k0.shape[1], past, k0.shape[3]))
+            values = v0.new_zeros((len(found), v0.shape[1], past, v0.shape[3]))
+            for i, (n, layers) in enumerate(found):
+                if n:
+                    keys[i, :, past - n :] = layers[layer][0][0]
+                    values[i, :, past - n :] = layers[layer][1][0]
+            stacked.append((keys, values))
+        return stacked
+
+    def _keep_prompts(self, prompts: list[list[int]], cache: Any, mask: torch.Tensor) -> None:
+        """Store each prompt's states (its real positions only) for later prompts that start the same way."""
+        layers: list[Any] = list(getattr(cache, "layers", None) or [])
+        if self._prefix_layers_ok is None:
+            # Only plain dynamic layers hold every position as [batch, heads, tokens, dim]; sliding-window
+            # or quantized caches do not, and are left uncached.
+            self._prefix_layers_ok = bool(layers) and all(type(lay).__name__ == "DynamicLayer" for lay in layers)
+        if not self._prefix_layers_ok:
+            self.prefix_cache.clear()
+            return
+        for i, p in enumerate(prompts):
+            real = mask[i].nonzero().squeeze(-1)
+            if len(real) != len(p):
+                continue
+            self.prefix_cache.store(p, [(lay.keys[i : i + 1].index_select(2, real),
+                                         lay.values[i : i + 1].index_select(2, real)) for lay in layers])
+
+    def _check_weights(self) -> None:
+        """Forget cached prompt states when any parameter changed in place (a model trained between calls)."""
+        version = tuple(p._version for p in self.model.parameters())
+        if version != self._weights_version:
+            self.prefix_cache.clear()
+            self._weights_version = version
 
     def _pick(
         self, logits: torch.Tensor, rows: list[_Row], temps: torch.Tensor, top_p: torch.Tensor,

@@ -12,8 +12,9 @@ of this machine (`orchard search --shards N`).
 
 A shard whose worker dies (process killed, node lost) is started again from the driver's mirrors,
 which hold exactly what was committed, so nothing committed is lost or sent twice and at most
-each tree's unfinished simulation is redone; with per-request seeds it is redone identically, so
-the trees are those a local run grows. An error raised by the search itself (an env that fails) is
+each tree's unfinished simulation is redone; with per-request seeds it is redone identically up to
+float rounding (batch shapes and the prompt prefix cache change a logit's last bits, which can flip a
+sampled token at a near tie), so the trees are those a local run grows. An error raised by the search itself (an env that fails) is
 not retried: the run stops with that error, as a local one would. `resume_run_on_ray` continues an
 interrupted run (local or Ray) the same way: the mirrors start as the committed trees.
 
