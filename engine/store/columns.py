@@ -4,7 +4,7 @@ mapped by (docs/decisions.md, "Store rows by name").
 Rows stay the drivers' plain tuples (SQLite's and the PostgreSQL shim's are the same); a reader zips
 a row with the list it selected (`named`), so a record is built from `row["depth"]`, never from
 `row[2]`: a column added to a list, or a list reordered, cannot shift another field's value.
-tests/test_store.py checks every list against the schema's own columns.
+tests/test_architecture.py checks every list against the schema's own columns.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ USERS = ("name", "role", "created_at")  # the password hash is read alone (Users
 LEASES = ("holder", "taken_at", "expires_at")
 DECISIONS = ("id", "item_kind", "item_id", "run_id", "who", "role", "label", "item_version", "at")
 
-# The lists above by table, for the check against the schema (tests/test_store.py).
+# The lists above by table, for the check against the schema (tests/test_architecture.py).
 BY_TABLE: dict[str, tuple[tuple[str, ...], ...]] = {
     "runs": (RUNS,), "trees": (TREES,), "nodes": (NODES, NODE_SKELETON), "simulations": (SIMULATIONS,),
     "pairs": (PAIRS, PAIR_CONTENT), "samples": (SAMPLES, SAMPLE_CONTENT), "jobs": (JOBS,), "models": (MODELS,),
