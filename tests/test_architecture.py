@@ -107,3 +107,42 @@ def test_only_the_trl_module_imports_trl(tmp_path: Path) -> None:
         top = [n.module for n in tree.body if isinstance(n, ast.ImportFrom)]
         top += [a.name for n in tree.body if isinstance(n, ast.Import) for a in n.names]
         assert "engine.train.trl_trainers" not in top, f"{module} imports the TRL module at module level"
+
+
+def driver_names(path: Path) -> list[str]:
+    """The drivers `path` names without importing them (`x.sqlite3.Error`, a re-exported `sqlite3`)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        if isinstance(node, ast.Name) and node.id in DRIVERS:
+            found.append(node.id)
+        elif isinstance(node, ast.Attribute) and node.attr in DRIVERS:
+            found.append(node.attr)
+        elif isinstance(node, ast.ImportFrom) and any(alias.name in DRIVERS for alias in node.names):
+            found += [alias.name for alias in node.names if alias.name in DRIVERS]
+    return found
+
+
+def test_nothing_outside_the_store_reaches_a_driver_through_another_module(tmp_path: Path) -> None:
+    probe = tmp_path / "m.py"
+    probe.write_text("from engine.store.connection import sqlite3\n"
+                     "import engine.store.sqlite as s\n"
+                     "try:\n    pass\nexcept s.sqlite3.Error:\n    pass\n")
+    assert driver_names(probe) == ["sqlite3", "sqlite3"]
+    offenders = [f"{path.relative_to(ROOT)}: {name}" for package in DRIVER_SCAN
+                 for path in sorted((ROOT / package).rglob("*.py")) if path.relative_to(ROOT).parts[:2] != ("engine", "store")
+                 for name in driver_names(path)]
+    assert not offenders, "a database driver named outside engine/store (catch StoreError): " + "; ".join(offenders)
+
+
+def test_the_stores_column_lists_name_only_the_schemas_columns() -> None:
+    from engine.store import columns
+    from engine.store.copy import known_columns
+
+    schema = known_columns()
+    assert set(columns.BY_TABLE) <= set(schema), set(columns.BY_TABLE) - set(schema)
+    unknown = [f"{table}.{c}" for table, lists in columns.BY_TABLE.items() for cols in lists for c in cols
+               if c not in schema[table]]
+    assert not unknown, "column lists name columns the schema lacks: " + ", ".join(unknown)
+    assert len(set(columns.PAIRS)) == len(columns.PAIRS) and "merge_key" in columns.PAIRS
+    row = tuple(range(len(columns.JOBS)))
+    assert columns.named(columns.JOBS, row)["cancel_requested"] == len(columns.JOBS) - 1

@@ -12,6 +12,8 @@ from typing import Any
 from engine.actions import FormatError, parse
 from engine.datasets.pairs import PAIR_KINDS, Pair
 from engine.datasets.samples import Sample
+from engine.store import columns
+from engine.store.columns import named, select
 from engine.store.connection import Connection, _in, _valid_text
 from engine.store.records import HistoryEntry, SaveReport, StoreError
 from engine.store.versioning import _current, _history, _write
@@ -22,10 +24,6 @@ CURATION_STATUSES = ("pending", "approved", "rejected", "edited")
 _STATUS_ACTIONS = {"approved": "approve", "rejected": "reject", "pending": "reset"}
 # A row is curated once its history has anything but its creation and automatic rebuilds.
 _CURATED = "EXISTS (SELECT 1 FROM {table} h WHERE h.{key} = {row} AND h.action NOT IN ('create', 'rebuild'))"
-_PAIR_COLUMNS = (
-    "id, kind, run_id, tree_id, task_id, node_id, chosen_node, rejected_node, prompt, chosen, rejected, q_chosen, "
-    "q_rejected, logprob_chosen, logprob_rejected, depth, status, version, updated_at, updated_by, merge_key"
-)
 _CHUNK = 500  # ids per IN (...) list
 _PAIR_ORDERS = {
     # Within a run, the content (not the run-salted id) orders the pairs: two runs with the same trees
@@ -34,7 +32,8 @@ _PAIR_ORDERS = {
     "gap": "q_chosen - q_rejected DESC, id",
     "updated": "updated_at DESC, id",
 }
-_SAMPLE_COLUMNS = "id, kind, run_id, source, data, status, version, updated_at, updated_by"
+# What a rebuild reads of a stored row: its version, whether a person curated it, and its content.
+_OLD = ("id", "version", "curated")
 
 
 class EditError(StoreError):
@@ -88,13 +87,10 @@ def _sample_where(filters: dict[str, Any]) -> tuple[str, list[Any]]:
     return " AND ".join(where), args
 
 
-def _pair_from_row(r: tuple) -> Pair:
-    return Pair(
-        id=r[0], kind=r[1], run_id=r[2], tree_id=r[3], task_id=r[4], node_id=r[5], chosen_node=r[6],
-        rejected_node=r[7], prompt=json.loads(r[8]), chosen=r[9], rejected=r[10], q_chosen=r[11], q_rejected=r[12],
-        logprob_chosen=r[13], logprob_rejected=r[14], depth=r[15], status=r[16], version=r[17], updated_at=r[18],
-        updated_by=r[19], merge_key=r[20] or "",
-    )
+def _pair_from_row(row: tuple) -> Pair:
+    """A pair from a row of `columns.PAIRS` (its sources are read apart: `_with_sources`)."""
+    r = named(columns.PAIRS, row)
+    return Pair(**{**r, "prompt": json.loads(r["prompt"]), "merge_key": r["merge_key"] or ""})
 
 
 def _with_sources(con: Any, pairs: list[Pair]) -> list[Pair]:
@@ -111,9 +107,12 @@ def _with_sources(con: Any, pairs: list[Pair]) -> list[Pair]:
     return [replace(p, sources=tuple(found[p.id])) if p.id in found else p for p in pairs]
 
 
-def _sample_from_row(r: tuple) -> Sample:
-    return Sample.from_data(r[0], r[1], json.loads(r[4]), run_id=r[2], source=json.loads(r[3]), status=r[5],
-                            version=r[6], updated_at=r[7], updated_by=r[8])
+def _sample_from_row(row: tuple) -> Sample:
+    """A sample from a row of `columns.SAMPLES`."""
+    r = named(columns.SAMPLES, row)
+    return Sample.from_data(r["id"], r["kind"], json.loads(r["data"]), run_id=r["run_id"],
+                            source=json.loads(r["source"]), status=r["status"], version=r["version"],
+                            updated_at=r["updated_at"], updated_by=r["updated_by"])
 
 
 class CurationStore(Connection):
@@ -142,16 +141,15 @@ class CurationStore(Connection):
                 raise StoreError(f"pair {p.id} (run {p.run_id}, kind {p.kind}) does not belong to this save")
         with self.transaction() as con:
             marks = ",".join("?" * len(kinds))
+            old_row = (*_OLD, "status", "merge_key", *columns.PAIR_CONTENT)
             existing = {
-                r[0]: r[1:]
-                for r in con.execute(
+                r["id"]: r
+                for r in (named(old_row, row) for row in con.execute(
                     f"""SELECT p.id, p.version, {_CURATED.format(table="pair_history", key="pair_id", row="p.id")},
-                               p.status, p.merge_key, p.tree_id, p.task_id, p.node_id, p.chosen_node, p.rejected_node, p.kind, p.prompt,
-                               p.chosen, p.rejected, p.q_chosen, p.q_rejected, p.logprob_chosen, p.logprob_rejected,
-                               p.depth
+                               p.status, p.merge_key, {select(columns.PAIR_CONTENT, "p")}
                         FROM pairs p WHERE p.run_id=? AND p.kind IN ({marks})""",
                     (run_id, *kinds),
-                )
+                ))
             }
             # Another run's pair with the same content key takes this build's pair as one more source.
             keys = sorted({p.merge_key for p in pairs if p.merge_key and p.id not in existing})
@@ -163,9 +161,9 @@ class CurationStore(Connection):
                             AND run_id != ? ORDER BY updated_at, id""", (*part, run_id)):
                     elsewhere.setdefault(key, pid)
             built = {p.id for p in pairs}
-            for pid, old in existing.items():  # then this run's own rows the build makes again
-                if old[3] and pid in built:
-                    elsewhere.setdefault(old[3], pid)
+            for pid, mine in existing.items():  # then this run's own rows the build makes again
+                if mine["merge_key"] and pid in built:
+                    elsewhere.setdefault(mine["merge_key"], pid)
             report, now = SaveReport(), time.time()
             inserts: list[tuple[Any, ...]] = []
             updates: list[tuple[Any, ...]] = []
@@ -189,14 +187,14 @@ class CurationStore(Connection):
                 else:
                     # A rebuild keys its rows (those stored before keys existed too), except a row a person
                     # edited or swapped: its content is theirs now, and no build's duplicate of it.
-                    if p.merge_key and old[2] != "edited" and old[3] != p.merge_key:
+                    if p.merge_key and old["status"] != "edited" and old["merge_key"] != p.merge_key:
                         keyed.append((p.merge_key, p.id))
-                    if old[1]:
+                    if old["curated"]:
                         report.kept += 1
-                    elif tuple(old[4:]) == row:
+                    elif tuple(old[c] for c in columns.PAIR_CONTENT) == row:
                         report.unchanged += 1
                     else:
-                        version = old[0] + 1
+                        version = old["version"] + 1
                         updates.append((*row, version, now, who, p.id))
                         history.append((p.id, version, now, who, "rebuild", None, None))
                         report.updated += 1
@@ -213,13 +211,14 @@ class CurationStore(Connection):
             # Other runs' pairs this run was a source of (and is no longer): pruned below once nothing makes them.
             # This run's sources: those the build no longer makes, or makes otherwise, are replaced
             # (a rebuild that changes nothing writes none).
-            stored = {r[0]: r[1:] for r in con.execute(
+            stored = {r["source_id"]: r for r in (named(("source_id", "pair_id", "data", "owner"), row) for row in con.execute(
                 f"""SELECT s.source_id, s.pair_id, s.data, p.run_id FROM pair_sources s JOIN pairs p ON p.id = s.pair_id
-                    WHERE s.run_id=? AND p.kind IN ({marks})""", (run_id, *kinds))}
+                    WHERE s.run_id=? AND p.kind IN ({marks})""", (run_id, *kinds)))}
             # Other runs' pairs this run was a source of (and is no longer): pruned below once nothing makes them.
-            was = {pid for pid, _, owner in stored.values() if owner != run_id}
+            was = {r["pair_id"] for r in stored.values() if r["owner"] != run_id}
             was -= {target for _, target, _, _ in sources.values()}
-            changed = {sid for sid, row in sources.items() if stored.get(sid, (None, None))[:2] != (row[1], row[3])}
+            changed = {sid for sid, (_, target, _, data) in sources.items()
+                       if sid not in stored or (stored[sid]["pair_id"], stored[sid]["data"]) != (target, data)}
             con.executemany("DELETE FROM pair_sources WHERE source_id=?",
                             [(sid,) for sid in stored if sid not in sources or sid in changed])
             con.executemany("INSERT INTO pair_sources (source_id, pair_id, run_id, data) VALUES (?,?,?,?)",
@@ -231,18 +230,18 @@ class CurationStore(Connection):
                 updates,
             )
             con.executemany("INSERT INTO pair_history VALUES (?,?,?,?,?,?,?)", history)
-            stale = [pid for pid, old in existing.items() if not old[1]]
+            stale = [pid for pid, old in existing.items() if not old["curated"]]
             report.stale_curated = len(existing) - len(stale)
             curated = _CURATED.format(table="pair_history", key="pair_id", row="p.id")
             for pid in sorted(was):  # no source left and uncurated: no build makes it any more
                 row = con.execute(f"""SELECT {curated}, EXISTS (SELECT 1 FROM pair_sources s WHERE s.pair_id = p.id)
                                       FROM pairs p WHERE p.id=?""", (pid,)).fetchone()
-                if row is not None and not row[0] and not row[1]:
+                if row is not None and not any(named(("curated", "has_sources"), row).values()):
                     stale.append(pid)
             shared: set[str] = set()  # leftovers other runs' builds are still a source of: kept
             for start in range(0, len(stale), _CHUNK):
                 part = stale[start:start + _CHUNK]
-                shared.update(r[0] for r in con.execute(
+                shared.update(pid for pid, in con.execute(
                     f"SELECT DISTINCT pair_id FROM pair_sources WHERE pair_id IN ({','.join('?' * len(part))})", part))
             gone = [(pid,) for pid in stale if pid not in shared]
             con.executemany("DELETE FROM pairs WHERE id=?", gone)
@@ -258,12 +257,12 @@ class CurationStore(Connection):
         where, args = _pair_where(filters)
         page = f" LIMIT {int(limit)} OFFSET {int(offset)}" if limit is not None else ""
         rows = self.con.execute(
-            f"SELECT {_PAIR_COLUMNS} FROM pairs WHERE {where} ORDER BY {_PAIR_ORDERS[order]}{page}", args
+            f"SELECT {select(columns.PAIRS)} FROM pairs WHERE {where} ORDER BY {_PAIR_ORDERS[order]}{page}", args
         ).fetchall()
         return _with_sources(self.con, [_pair_from_row(r) for r in rows])
 
     def pair(self, pair_id: str) -> Pair:
-        row = self.con.execute(f"SELECT {_PAIR_COLUMNS} FROM pairs WHERE id=?", (pair_id,)).fetchone()
+        row = self.con.execute(f"SELECT {select(columns.PAIRS)} FROM pairs WHERE id=?", (pair_id,)).fetchone()
         if row is None:
             raise StoreError(f"no pair {pair_id!r}")
         return _with_sources(self.con, [_pair_from_row(row)])[0]
@@ -347,17 +346,20 @@ class CurationStore(Connection):
         `prune_kinds` that are not in `samples` are deleted (a rebuild's leftovers)."""
         with self.transaction() as con:
             ids = [s.id for s in samples]
-            existing: dict[str, tuple] = {}
+            existing: dict[str, dict[str, Any]] = {}
             curated = _CURATED.format(table="sample_history", key="sample_id", row="s.id")
-            query = f"SELECT s.id, s.version, {curated}, s.kind, s.run_id, s.task_id, s.source, s.data FROM samples s"
+            old_row = (*_OLD, *columns.SAMPLE_CONTENT)
+            query = f"SELECT s.id, s.version, {curated}, {select(columns.SAMPLE_CONTENT, 's')} FROM samples s"
             for chunk in range(0, len(ids), 500):
                 part = ids[chunk : chunk + 500]
-                for r in con.execute(f"{query} WHERE s.id IN ({','.join('?' * len(part))})", part):
-                    existing[r[0]] = r[1:]
+                for row in con.execute(f"{query} WHERE s.id IN ({','.join('?' * len(part))})", part):
+                    r = named(old_row, row)
+                    existing[r["id"]] = r
             if prune_run is not None and prune_kinds:
                 marks = ",".join("?" * len(prune_kinds))
-                for r in con.execute(f"{query} WHERE s.run_id=? AND s.kind IN ({marks})", (prune_run, *prune_kinds)):
-                    existing.setdefault(r[0], r[1:])
+                for row in con.execute(f"{query} WHERE s.run_id=? AND s.kind IN ({marks})", (prune_run, *prune_kinds)):
+                    r = named(old_row, row)
+                    existing.setdefault(r["id"], r)
             report, now = SaveReport(), time.time()
             inserts: list[tuple[Any, ...]] = []
             updates: list[tuple[Any, ...]] = []
@@ -370,13 +372,13 @@ class CurationStore(Connection):
                     inserts.append((s.id, *row, "pending", 1, now, who))
                     history.append((s.id, 1, now, who, "create", None, json.dumps({"status": "pending"})))
                     report.created += 1
-                elif old[1]:
+                elif old["curated"]:
                     report.kept += 1
-                elif tuple(old[2:]) == row:
+                elif tuple(old[c] for c in columns.SAMPLE_CONTENT) == row:
                     report.unchanged += 1
                 else:
-                    updates.append((*row, old[0] + 1, now, who, s.id))
-                    history.append((s.id, old[0] + 1, now, who, "rebuild", None, None))
+                    updates.append((*row, old["version"] + 1, now, who, s.id))
+                    history.append((s.id, old["version"] + 1, now, who, "rebuild", None, None))
                     report.updated += 1
             con.executemany("INSERT INTO samples VALUES (?,?,?,?,?,?,?,?,?,?)", inserts)
             con.executemany(
@@ -385,7 +387,7 @@ class CurationStore(Connection):
                 updates,
             )
             con.executemany("INSERT INTO sample_history VALUES (?,?,?,?,?,?,?)", history)
-            stale = [(sid,) for sid, old in existing.items() if not old[1]]
+            stale = [(sid,) for sid, old in existing.items() if not old["curated"]]
             report.stale_curated = len(existing) - len(stale)
             con.executemany("DELETE FROM samples WHERE id=?", stale)
             con.executemany("DELETE FROM sample_history WHERE sample_id=?", stale)
@@ -397,12 +399,12 @@ class CurationStore(Connection):
         where, args = _sample_where(filters)
         page = f" LIMIT {int(limit)} OFFSET {int(offset)}" if limit is not None else ""
         rows = self.con.execute(
-            f"SELECT {_SAMPLE_COLUMNS} FROM samples WHERE {where} ORDER BY kind, run_id, task_id, id{page}", args
+            f"SELECT {select(columns.SAMPLES)} FROM samples WHERE {where} ORDER BY kind, run_id, task_id, id{page}", args
         ).fetchall()
         return [_sample_from_row(r) for r in rows]
 
     def sample(self, sample_id: str) -> Sample:
-        row = self.con.execute(f"SELECT {_SAMPLE_COLUMNS} FROM samples WHERE id=?", (sample_id,)).fetchone()
+        row = self.con.execute(f"SELECT {select(columns.SAMPLES)} FROM samples WHERE id=?", (sample_id,)).fetchone()
         if row is None:
             raise StoreError(f"no sample {sample_id!r}")
         return _sample_from_row(row)

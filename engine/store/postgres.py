@@ -296,7 +296,7 @@ class PgConnection:
                    ORDER BY a.attnum""",
                 (table,),
             ).fetchall()
-            self._upsert[table] = ([r[0] for r in rows if r[1]], [r[0] for r in rows if not r[1]])
+            self._upsert[table] = ([name for name, key in rows if key], [name for name, key in rows if not key])
         return self._upsert[table]
 
 

@@ -32,6 +32,8 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from engine.store import columns
+from engine.store.columns import named, select
 from engine.store.connection import Connection
 from engine.store.records import Decision, FinalLabel, LeaseError, StoreError
 from engine.store.versioning import _current, _write
@@ -41,11 +43,16 @@ REVIEW_LABELS = ("approved", "rejected")
 LABEL_RULES = ("settled", "majority")
 DEFAULT_LEASE_S = 600.0
 _ACTIONS = {"approved": "approve", "rejected": "reject"}
-_DECISION_COLUMNS = "id, item_kind, item_id, run_id, who, role, label, item_version, at"
+_DECISION_COLUMNS = select(columns.DECISIONS)
 # History actions that change what an item says (not only its status): decisions made on an earlier
 # version are about other content.
 CONTENT_ACTIONS = ("create", "rebuild", "edit", "swap")
 _CONTENT_SQL = "(" + ", ".join(f"'{a}'" for a in CONTENT_ACTIONS) + ")"
+
+
+def _decision(row: Sequence[Any]) -> Decision:
+    """A decision from a row of `columns.DECISIONS`."""
+    return Decision(**named(columns.DECISIONS, row))
 
 
 def _tables(kind: str) -> tuple[str, str, str]:
@@ -146,7 +153,7 @@ class ReviewStore(Connection):
         with self.transaction() as con:
             con.execute("UPDATE leases SET expires_at=? WHERE item_kind=? AND holder=? AND expires_at > ?",
                         (now + lease_s, kind, who, now))
-            held = [r[0] for r in con.execute(
+            held = [item_id for item_id, in con.execute(
                 "SELECT item_id FROM leases WHERE item_kind=? AND holder=? AND expires_at > ? ORDER BY taken_at, item_id",
                 (kind, who, now))]
             want = n - len(held)
@@ -154,7 +161,7 @@ class ReviewStore(Connection):
                 return held[:n]
             run_sql, run_args = ("AND t.run_id=?", [run_id]) if run_id is not None else ("", [])
             live = _live_sql(kind)
-            candidates = [r[0] for r in con.execute(
+            candidates = [item_id for item_id, in con.execute(
                 f"""SELECT t.id FROM {table} t WHERE 1=1 {run_sql}
                     AND NOT EXISTS (SELECT 1 FROM decisions d WHERE d.item_kind=? AND d.item_id=t.id
                                     AND (d.role='settle' OR d.who=?) AND {live})
@@ -189,7 +196,7 @@ class ReviewStore(Connection):
     def held(self, kind: str, who: str, now: float | None = None) -> list[tuple[str, float]]:
         """(item id, lease expiry) of the items `who` holds now."""
         now = time.time() if now is None else now
-        return [(r[0], r[1]) for r in self.con.execute(
+        return [(item_id, expires_at) for item_id, expires_at in self.con.execute(
             "SELECT item_id, expires_at FROM leases WHERE item_kind=? AND holder=? AND expires_at > ? "
             "ORDER BY taken_at, item_id", (kind, who, now))]
 
@@ -217,14 +224,15 @@ class ReviewStore(Connection):
         _label(label)
         now = time.time() if now is None else now
         with self.transaction() as con:
-            lease = con.execute("SELECT holder, taken_at, expires_at FROM leases WHERE item_kind=? AND item_id=?",
-                                (kind, item_id)).fetchone()
-            if lease is None or lease[0] != who:
-                other = f" (it is held by {lease[0]} now)" if lease is not None and lease[2] > now else ""
+            row = con.execute(f"SELECT {select(columns.LEASES)} FROM leases WHERE item_kind=? AND item_id=?",
+                              (kind, item_id)).fetchone()
+            lease = named(columns.LEASES, row) if row is not None else None
+            if lease is None or lease["holder"] != who:
+                other = f" (it is held by {lease['holder']} now)" if lease is not None and lease["expires_at"] > now else ""
                 raise LeaseError(f"{kind} {item_id} is not handed to you{other}: not saved; take it from your queue")
-            if lease[2] <= now:
-                minutes = (lease[2] - lease[1]) / 60
-                raise LeaseError(f"your lease on {kind} {item_id} expired at {_clock(lease[2])} ({minutes:.0f} min "
+            if lease["expires_at"] <= now:
+                minutes = (lease["expires_at"] - lease["taken_at"]) / 60
+                raise LeaseError(f"your lease on {kind} {item_id} expired at {_clock(lease['expires_at'])} ({minutes:.0f} min "
                                  "after it was handed to you): not saved; take it from your queue again")
             old = _current(con, table, kind, item_id, expected_version)
             if con.execute(f"SELECT 1 FROM decisions d WHERE d.item_kind=? AND d.item_id=? AND d.who=? "
@@ -246,7 +254,8 @@ class ReviewStore(Connection):
             row = con.execute(f"SELECT run_id, version FROM {table} WHERE id=?", (item_id,)).fetchone()
             if row is None:
                 raise StoreError(f"no {kind} {item_id!r}")
-            decision = Decision(secrets.token_hex(8), kind, item_id, row[0], who, "settle", label, row[1], now)
+            run_id, version = row
+            decision = Decision(secrets.token_hex(8), kind, item_id, run_id, who, "settle", label, version, now)
             self._insert_decision(con, decision)
             con.execute("DELETE FROM leases WHERE item_kind=? AND item_id=?", (kind, item_id))
             self._mirror(con, kind, item_id, who)
@@ -279,7 +288,8 @@ class ReviewStore(Connection):
             rows = con.execute(f"SELECT {_DECISION_COLUMNS} FROM decisions WHERE item_kind=? AND item_id IN "
                                f"({','.join('?' * len(part))}) ORDER BY at, id", (kind, *part))
             for r in rows:
-                out.setdefault(r[2], []).append(Decision(*r))
+                d = _decision(r)
+                out.setdefault(d.item_id, []).append(d)
         return out
 
     def decisions(self, kind: str, run_id: str | None = None, item_ids: Sequence[str] | None = None) -> list[Decision]:
@@ -290,7 +300,7 @@ class ReviewStore(Connection):
         run_sql, args = ("AND run_id=?", (run_id,)) if run_id is not None else ("", ())
         rows = self.con.execute(f"SELECT {_DECISION_COLUMNS} FROM decisions WHERE item_kind=? {run_sql} "
                                 "ORDER BY at, id", (kind, *args))
-        return [Decision(*r) for r in rows]
+        return [_decision(r) for r in rows]
 
     # --- the final label ----------------------------------------------------------------------------
 

@@ -9,12 +9,15 @@ import hashlib
 import json
 import time
 import uuid
+from collections import namedtuple
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from engine.actions import CompositeAction
 from engine.envs.base import TaskSpec
 from engine.search.tree import Node, SearchTree, Simulation
+from engine.store import columns
+from engine.store.columns import named, select
 from engine.store.connection import Connection, _valid_text
 from engine.store.records import RunInfo, StoreError, TreeSkeleton, TreeSummary
 
@@ -33,14 +36,39 @@ def _simulation(path: list[int], reward: float, rollout: Any) -> Simulation:
     return Simulation(tuple(path), reward, tuple(rollout))
 
 
-def _node(r: Sequence[Any]) -> Node:
-    """A node from a row of load_tree's / load_nodes' columns (node_id .. author, observation text 7th)."""
+# load_tree's and load_nodes' SELECT: a node's columns and its observation's text.
+_NODE_SELECT = f"{select(columns.NODES, 'n')}, o.text"
+_NODE_ROW = (*columns.NODES, "observation")
+
+
+# A node row by name as a named tuple, not a dict: load_tree maps every node of a tree (100k rows),
+# and `_make` costs a fifth of `dict(zip(...))` per row (docs/decisions.md, "Store rows by name").
+_NodeRow = namedtuple("_NodeRow", _NODE_ROW)  # type: ignore[misc]
+
+
+def _node(row: Sequence[Any]) -> Node:
+    """A node from a row of `_NODE_SELECT`."""
+    r: Any = _NodeRow._make(row)  # fields from _NODE_ROW (mypy cannot see them)
     return Node(
-        id=r[0], parent=r[1], depth=r[2], observation=r[6],
-        action=CompositeAction.from_dict(json.loads(r[3])) if r[3] else None,
-        raw=r[4], format_error=r[5], N=r[7], value_sum=r[8], Q_critic=r[9], critic_rank=r[10],
-        critic_reason=r[11], logprob=r[12], reward=r[13], progress=r[14], terminal=r[15],
-        gen_ms=r[16] or 0.0, env_ms=r[17] or 0.0, n_tokens=r[18] or 0, author=r[19] or "policy",
+        id=r.node_id, parent=r.parent_id, depth=r.depth, observation=r.observation,
+        action=CompositeAction.from_dict(json.loads(r.action)) if r.action else None,
+        raw=r.raw, format_error=r.format_error, N=r.n, value_sum=r.value_sum, Q_critic=r.q_critic,
+        critic_rank=r.critic_rank, critic_reason=r.critic_reason, logprob=r.logprob, reward=r.reward,
+        progress=r.progress, terminal=r.terminal, gen_ms=r.gen_ms or 0.0, env_ms=r.env_ms or 0.0,
+        n_tokens=r.n_tokens or 0, author=r.author or "policy",
+    )
+
+
+_RUN_ROW = (*columns.RUNS, "trees", "simulations", "solved", "nodes")  # _run_infos' SELECT: a run and its counts
+
+
+def _run_info(r: dict[str, Any]) -> RunInfo:
+    return RunInfo(
+        id=r["id"], name=r["name"], env=r["env"], model=r["model"], config=json.loads(r["config"]),
+        task_ids=json.loads(r["task_ids"]), status=r["status"], created_at=r["created_at"],
+        updated_at=r["updated_at"], stats=json.loads(r["stats"]) if r["stats"] else {},
+        # PostgreSQL: SUM is NUMERIC
+        trees=int(r["trees"]), simulations=int(r["simulations"]), solved=int(r["solved"]), nodes=int(r["nodes"]),
     )
 
 
@@ -113,42 +141,49 @@ class RunsStore(Connection):
     def _run_infos(self, where: str = "", params: tuple[Any, ...] = ()) -> list[RunInfo]:
         """The runs (all, or those `where` selects) in creation order with their counts, in one query."""
         rows = self.con.execute(
-            f"""SELECT r.id, r.name, r.env, r.model, r.config, r.task_ids, r.status, r.created_at, r.updated_at,
-                      r.stats, COUNT(t.id), COALESCE(SUM(t.simulations), 0), COALESCE(SUM(t.solved), 0),
+            f"""SELECT {select(columns.RUNS, 'r')}, COUNT(t.id), COALESCE(SUM(t.simulations), 0),
+                      COALESCE(SUM(t.solved), 0),
                       (SELECT COUNT(*) FROM nodes n JOIN trees t2 ON n.tree_id = t2.id WHERE t2.run_id = r.id)
                FROM runs r LEFT JOIN trees t ON t.run_id = r.id {where} GROUP BY r.id ORDER BY r.created_at""",
             params,
         ).fetchall()
-        return [
-            RunInfo(
-                id=r[0], name=r[1], env=r[2], model=r[3], config=json.loads(r[4]), task_ids=json.loads(r[5]),
-                status=r[6], created_at=r[7], updated_at=r[8], stats=json.loads(r[9]) if r[9] else {},
-                trees=int(r[10]), simulations=int(r[11]), solved=int(r[12]), nodes=int(r[13]),  # PostgreSQL: SUM is NUMERIC
-            )
-            for r in rows
-        ]
+        return [_run_info(named(_RUN_ROW, row)) for row in rows]
 
     # --- trees -------------------------------------------------------------------------------
 
     def tree_ids(self, run_id: str) -> list[tuple[int, str]]:
         """(tree id, task id) in run order."""
         return [
-            (r[0], r[1])
-            for r in self.con.execute("SELECT id, task_id FROM trees WHERE run_id=? ORDER BY position", (run_id,))
+            (tree_id, task_id)
+            for tree_id, task_id in self.con.execute("SELECT id, task_id FROM trees WHERE run_id=? ORDER BY position",
+                                                     (run_id,))
         ]
 
     def tree_summaries(self, run_id: str) -> list[TreeSummary]:
         """Every tree of the run in run order with its counts (nodes, success leaves, depth): one query,
         for a run overview and a task picker."""
+        tree = select(columns.TREES, "t")
         rows = self.con.execute(
-            """SELECT t.id, t.task_id, t.goal, t.simulations, t.solved, COUNT(n.node_id),
+            f"""SELECT {tree}, COUNT(n.node_id),
                       COALESCE(SUM(CASE WHEN n.terminal = 'success' THEN 1 ELSE 0 END), 0), COALESCE(MAX(n.depth), 0)
                FROM trees t LEFT JOIN nodes n ON n.tree_id = t.id WHERE t.run_id=?
-               GROUP BY t.id, t.task_id, t.goal, t.simulations, t.solved, t.position ORDER BY t.position""",
+               GROUP BY {tree} ORDER BY t.position""",
             (run_id,),
         ).fetchall()
-        return [TreeSummary(tree_id=r[0], task_id=r[1], goal=r[2], simulations=int(r[3]), solved=bool(r[4]),
-                            nodes=int(r[5]), successes=int(r[6]), max_depth=int(r[7])) for r in rows]
+        out = []
+        for row in rows:
+            r = named((*columns.TREES, "nodes", "successes", "max_depth"), row)
+            out.append(TreeSummary(tree_id=r["id"], task_id=r["task_id"], goal=r["goal"],
+                                   simulations=int(r["simulations"]), solved=bool(r["solved"]), nodes=int(r["nodes"]),
+                                   successes=int(r["successes"]), max_depth=int(r["max_depth"])))
+        return out
+
+    def _tree(self, tree_id: int) -> dict[str, Any]:
+        """The `trees` row of `tree_id`, by column name."""
+        row = self.con.execute(f"SELECT {select(columns.TREES)} FROM trees WHERE id=?", (tree_id,)).fetchone()
+        if row is None:
+            raise StoreError(f"no tree {tree_id}")
+        return named(columns.TREES, row)
 
     def tree_id(self, run_id: str, task_id: str) -> int:
         row = self.con.execute("SELECT id FROM trees WHERE run_id=? AND task_id=?", (run_id, task_id)).fetchone()
@@ -208,15 +243,10 @@ class RunsStore(Connection):
 
     def load_tree(self, tree_id: int) -> SearchTree | None:
         """The committed tree, or None when its root was never written."""
-        t = self.con.execute("SELECT task_id, goal, context, split FROM trees WHERE id=?", (tree_id,)).fetchone()
-        if t is None:
-            raise StoreError(f"no tree {tree_id}")
-        task = TaskSpec(id=t[0], goal=t[1], context=t[2], split=t[3])
+        t = self._tree(tree_id)
+        task = TaskSpec(id=t["task_id"], goal=t["goal"], context=t["context"], split=t["split"])
         rows = self.con.execute(
-            """SELECT n.node_id, n.parent_id, n.depth, n.action, n.raw, n.format_error, o.text, n.n, n.value_sum,
-                      n.q_critic, n.critic_rank, n.critic_reason, n.logprob, n.reward, n.progress, n.terminal,
-                      n.gen_ms, n.env_ms, n.n_tokens, n.author
-               FROM nodes n JOIN observations o ON o.hash = n.obs_hash
+            f"""SELECT {_NODE_SELECT} FROM nodes n JOIN observations o ON o.hash = n.obs_hash
                WHERE n.tree_id=? ORDER BY n.node_id""",
             (tree_id,),
         ).fetchall()
@@ -224,16 +254,17 @@ class RunsStore(Connection):
             return None
         nodes = []
         for i, r in enumerate(rows):
-            if r[0] != i:
-                raise StoreError(f"tree {tree_id}: node ids not contiguous at {i} (found {r[0]})")
-            nodes.append(_node(r))
+            node = _node(r)
+            if node.id != i:
+                raise StoreError(f"tree {tree_id}: node ids not contiguous at {i} (found {node.id})")
+            nodes.append(node)
         for n in nodes:
             if n.parent is not None:
                 nodes[n.parent].children.append(n.id)
         sims = [
-            _simulation(json.loads(r[0]), r[1], json.loads(r[2]))
-            for r in self.con.execute(
-                "SELECT path, reward, rollout FROM simulations WHERE tree_id=? ORDER BY idx", (tree_id,)
+            _simulation(json.loads(path), reward, json.loads(rollout))
+            for path, reward, rollout in self.con.execute(
+                f"SELECT {select(columns.SIMULATIONS)} FROM simulations WHERE tree_id=? ORDER BY idx", (tree_id,)
             )
         ]
         return SearchTree(task=task, nodes=nodes, simulations=sims)
@@ -244,21 +275,20 @@ class RunsStore(Connection):
         """The numbers of the nodes with id > `after` (all of them by default), no texts: a live view
         that has read up to node `after` reads only what was added since (ids grow, never reused).
         Visits of the older nodes change too: `tree_visits` reads those."""
-        t = self.con.execute("SELECT task_id, goal, simulations, solved FROM trees WHERE id=?", (tree_id,)).fetchone()
-        if t is None:
-            raise StoreError(f"no tree {tree_id}")
+        t = self._tree(tree_id)
         rows = self.con.execute(
-            """SELECT node_id, parent_id, depth, n, value_sum, q_critic, critic_rank, terminal
-               FROM nodes WHERE tree_id=? AND node_id>? ORDER BY node_id""",
+            f"SELECT {select(columns.NODE_SKELETON)} FROM nodes WHERE tree_id=? AND node_id>? ORDER BY node_id",
             (tree_id, after),
         ).fetchall()
-        cols = [list(c) for c in zip(*rows)] if rows else [[] for _ in range(8)]
-        if cols[0] != list(range(after + 1, after + 1 + len(rows))):
-            at = next(i for i, v in enumerate(cols[0], after + 1) if v != i)
-            raise StoreError(f"tree {tree_id}: node ids not contiguous at {at} (found {cols[0][at - after - 1]})")
+        cols = named(columns.NODE_SKELETON, [list(c) for c in zip(*rows)] if rows else [[] for _ in columns.NODE_SKELETON])
+        ids = cols["node_id"]
+        if ids != list(range(after + 1, after + 1 + len(rows))):
+            at = next(i for i, v in enumerate(ids, after + 1) if v != i)
+            raise StoreError(f"tree {tree_id}: node ids not contiguous at {at} (found {ids[at - after - 1]})")
         return TreeSkeleton(
-            task_id=t[0], goal=t[1], simulations=t[2], solved=bool(t[3]), node_id=cols[0], parent=cols[1],
-            depth=cols[2], n=cols[3], value_sum=cols[4], q_critic=cols[5], critic_rank=cols[6], terminal=cols[7],
+            task_id=t["task_id"], goal=t["goal"], simulations=t["simulations"], solved=bool(t["solved"]),
+            node_id=ids, parent=cols["parent_id"], depth=cols["depth"], n=cols["n"], value_sum=cols["value_sum"],
+            q_critic=cols["q_critic"], critic_rank=cols["critic_rank"], terminal=cols["terminal"],
         )
 
     def tree_visits(self, tree_id: int) -> tuple[list[int], list[float]]:
@@ -267,7 +297,7 @@ class RunsStore(Connection):
         rows = self.con.execute(
             "SELECT n, value_sum FROM nodes WHERE tree_id=? ORDER BY node_id", (tree_id,)
         ).fetchall()
-        return [r[0] for r in rows], [r[1] for r in rows]
+        return [n for n, _ in rows], [value_sum for _, value_sum in rows]
 
     def load_nodes(self, tree_id: int, ids: Iterable[int]) -> dict[int, Node]:
         """The full nodes `ids` (texts, action, observation), by id; ids not in the tree are left
@@ -277,23 +307,21 @@ class RunsStore(Connection):
         for start in range(0, len(wanted), NODES_PER_QUERY):
             chunk = wanted[start:start + NODES_PER_QUERY]
             rows = self.con.execute(
-                f"""SELECT n.node_id, n.parent_id, n.depth, n.action, n.raw, n.format_error, o.text, n.n,
-                          n.value_sum, n.q_critic, n.critic_rank, n.critic_reason, n.logprob, n.reward,
-                          n.progress, n.terminal, n.gen_ms, n.env_ms, n.n_tokens, n.author
-                   FROM nodes n JOIN observations o ON o.hash = n.obs_hash
+                f"""SELECT {_NODE_SELECT} FROM nodes n JOIN observations o ON o.hash = n.obs_hash
                    WHERE n.tree_id=? AND n.node_id IN ({','.join('?' * len(chunk))})""",
                 (tree_id, *chunk),
             ).fetchall()
             for r in rows:
-                out[r[0]] = _node(r)
+                node = _node(r)
+                out[node.id] = node
         return out
 
     def node_texts(self, tree_id: int) -> list[tuple[int, CompositeAction | None, str | None]]:
         """(node id, composite action, raw completion) of every node, for a text search over the
         tree; no observations."""
         return [
-            (r[0], CompositeAction.from_dict(json.loads(r[1])) if r[1] else None, r[2])
-            for r in self.con.execute(
+            (node_id, CompositeAction.from_dict(json.loads(action)) if action else None, raw)
+            for node_id, action, raw in self.con.execute(
                 "SELECT node_id, action, raw FROM nodes WHERE tree_id=? ORDER BY node_id", (tree_id,)
             )
         ]

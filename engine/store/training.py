@@ -10,27 +10,30 @@ from pathlib import Path
 from typing import Any
 
 from engine import paths
+from engine.store import columns
+from engine.store.columns import named, select
 from engine.store.connection import Connection, _in, _valid_text
 from engine.store.records import JobInfo, ModelRecord, StoreError
 
 # --- training: module-level helpers of the Store's training section ---------------------------
 
-_JOB_COLUMNS = ("id, kind, name, config, state, device, pid, created_at, started_at, finished_at, heartbeat_at, "
-                "progress, log_path, output_path, error, cancel_requested")
-_MODEL_COLUMNS = "path, name, kind, parent, job_id, data_ids, config, metrics, created_at, replaced_at, replaced_by"
+_JOB_COLUMNS = select(columns.JOBS)
+_MODEL_COLUMNS = select(columns.MODELS)
 
 
-def _job_from_row(r: tuple) -> JobInfo:
-    return JobInfo(id=r[0], kind=r[1], name=r[2], config=json.loads(r[3]), state=r[4], device=r[5], pid=r[6],
-                   created_at=r[7], started_at=r[8], finished_at=r[9], heartbeat_at=r[10],
-                   progress=json.loads(r[11]) if r[11] else {}, log_path=r[12], output_path=r[13], error=r[14],
-                   cancel_requested=bool(r[15]))
+def _job_from_row(row: tuple) -> JobInfo:
+    """A job from a row of `columns.JOBS`."""
+    r = named(columns.JOBS, row)
+    return JobInfo(**{**r, "config": json.loads(r["config"]),
+                      "progress": json.loads(r["progress"]) if r["progress"] else {},
+                      "cancel_requested": bool(r["cancel_requested"])})
 
 
-def _model_from_row(r: tuple) -> ModelRecord:
-    return ModelRecord(path=r[0], name=r[1], kind=r[2], parent=r[3], job_id=r[4], data_ids=json.loads(r[5]),
-                       config=json.loads(r[6]), metrics=json.loads(r[7]), created_at=r[8],
-                       replaced_at=r[9], replaced_by=r[10])
+def _model_from_row(row: tuple) -> ModelRecord:
+    """A model record from a row of `columns.MODELS`."""
+    r = named(columns.MODELS, row)
+    return ModelRecord(**{**r, "data_ids": json.loads(r["data_ids"]), "config": json.loads(r["config"]),
+                          "metrics": json.loads(r["metrics"])})
 
 
 class TrainingStore(Connection):
@@ -130,9 +133,10 @@ class TrainingStore(Connection):
     def add_job_metrics(self, job_id: str, data: dict[str, Any], step: int | None = None) -> None:
         """Append one metrics record (a trainer log line: loss, reward margins, ...)."""
         with self.transaction() as con:
-            seq = con.execute("SELECT COALESCE(MAX(seq), -1) + 1 FROM job_metrics WHERE job_id=?", (job_id,)).fetchone()
+            (seq,) = con.execute("SELECT COALESCE(MAX(seq), -1) + 1 FROM job_metrics WHERE job_id=?",
+                                 (job_id,)).fetchone()
             con.execute("INSERT INTO job_metrics VALUES (?,?,?,?,?)",
-                        (job_id, seq[0], step, time.time(), json.dumps(data)))
+                        (job_id, seq, step, time.time(), json.dumps(data)))
 
     def job_metrics(self, job_id: str) -> list[dict[str, Any]]:
         """The job's metric records in order, each with `step` and `at` added."""
@@ -229,16 +233,15 @@ class TrainingStore(Connection):
 
     def evaluations(self, model: str | None = None, with_episodes: bool = False) -> list[dict[str, Any]]:
         """Evaluations, oldest first (optionally of one model); per-episode rows on request."""
-        cols = "id, model, env, split, task_ids, mode, config, metrics, job_id, created_at" + (
-            ", episodes" if with_episodes else "")
+        cols = (*columns.EVALUATIONS, "episodes") if with_episodes else columns.EVALUATIONS
         where, args = ("WHERE model=?", (model,)) if model is not None else ("", ())
         out = []
-        for r in self.con.execute(f"SELECT {cols} FROM evaluations {where} ORDER BY created_at", args):
-            row = {"id": r[0], "model": r[1], "env": r[2], "split": r[3], "task_ids": json.loads(r[4]), "mode": r[5],
-                   "config": json.loads(r[6]), "metrics": json.loads(r[7]), "job_id": r[8], "created_at": r[9]}
-            if with_episodes:
-                row["episodes"] = json.loads(r[10])
-            out.append(row)
+        for row in self.con.execute(f"SELECT {select(cols)} FROM evaluations {where} ORDER BY created_at", args):
+            r = named(cols, row)
+            for k in ("task_ids", "config", "metrics", "episodes"):
+                if k in r:
+                    r[k] = json.loads(r[k])
+            out.append(r)
         return out
 
     def node_token_counts(self, keys: Sequence[tuple[int | None, int]]) -> dict[tuple[int | None, int], int]:
@@ -256,7 +259,7 @@ class TrainingStore(Connection):
                     f"SELECT node_id, n_tokens FROM nodes WHERE tree_id=? AND node_id IN ({','.join('?' * len(part))})",
                     (tree_id, *part),
                 )
-                out.update({(tree_id, r[0]): r[1] for r in rows if r[1] is not None})
+                out.update({(tree_id, node_id): n for node_id, n in rows if n is not None})
         return out
 
     def save_iteration(self, loop_id: str, idx: int, method: str, data: dict[str, Any]) -> None:
@@ -267,8 +270,10 @@ class TrainingStore(Connection):
 
     def iterations(self, loop_id: str | None = None) -> list[dict[str, Any]]:
         where, args = ("WHERE loop_id=?", (loop_id,)) if loop_id is not None else ("", ())
-        return [
-            {"loop_id": r[0], "idx": r[1], "method": r[2], **json.loads(r[3]), "created_at": r[4]}
-            for r in self.con.execute(
-                f"SELECT loop_id, idx, method, data, created_at FROM iterations {where} ORDER BY created_at, idx", args)
-        ]
+        out = []
+        for row in self.con.execute(f"SELECT {select(columns.ITERATIONS)} FROM iterations {where} "
+                                    "ORDER BY created_at, idx", args):
+            r = named(columns.ITERATIONS, row)
+            out.append({"loop_id": r["loop_id"], "idx": r["idx"], "method": r["method"], **json.loads(r["data"]),
+                        "created_at": r["created_at"]})
+        return out

@@ -7,8 +7,16 @@ import hashlib
 import secrets
 import time
 
+from engine.store import columns
+from engine.store.columns import named, select
 from engine.store.connection import Connection, _valid_text
 from engine.store.records import StoreError, UserInfo
+
+_USER_COLUMNS = select(columns.USERS)
+
+
+def _user(row: tuple) -> UserInfo:
+    return UserInfo(**named(columns.USERS, row))
 
 
 def _token_hash(token: str) -> str:
@@ -28,14 +36,14 @@ class UsersStore(Connection):
         return UserInfo(name, role, now)
 
     def users(self) -> list[UserInfo]:
-        return [UserInfo(*r) for r in self.con.execute("SELECT name, role, created_at FROM users ORDER BY name")]
+        return [_user(r) for r in self.con.execute(f"SELECT {_USER_COLUMNS} FROM users ORDER BY name")]
 
     def has_users(self) -> bool:
         return self.con.execute("SELECT 1 FROM users LIMIT 1").fetchone() is not None
 
     def user(self, name: str) -> UserInfo | None:
-        row = self.con.execute("SELECT name, role, created_at FROM users WHERE name=?", (name,)).fetchone()
-        return UserInfo(*row) if row else None
+        row = self.con.execute(f"SELECT {_USER_COLUMNS} FROM users WHERE name=?", (name,)).fetchone()
+        return _user(row) if row else None
 
     def password_hash(self, name: str) -> str | None:
         row = self.con.execute("SELECT password_hash FROM users WHERE name=?", (name,)).fetchone()
@@ -59,11 +67,11 @@ class UsersStore(Connection):
     def session_user(self, token: str, now: float | None = None) -> UserInfo | None:
         """The user of a live session (not ended, not expired, user still there), else None."""
         row = self.con.execute(
-            "SELECT u.name, u.role, u.created_at FROM sessions s JOIN users u ON u.name = s.user_name "
+            f"SELECT {select(columns.USERS, 'u')} FROM sessions s JOIN users u ON u.name = s.user_name "
             "WHERE s.token_hash=? AND s.ended_at IS NULL AND s.expires_at > ?",
             (_token_hash(token), time.time() if now is None else now),
         ).fetchone()
-        return UserInfo(*row) if row else None
+        return _user(row) if row else None
 
     def end_session(self, token: str) -> None:
         with self.transaction() as con:
