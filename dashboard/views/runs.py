@@ -51,6 +51,17 @@ def ray_inputs(form: str, prefix: str) -> tuple[bool, str]:
     return on_ray, address
 
 
+def shards_input(form: str, prefix: str) -> int:
+    """Worker processes that grow the trees (`orchard search --shards N`); 0: the automatic count."""
+    n = st.number_input("Worker processes (shards)", min_value=0, max_value=1024, value=0, step=1,
+                        key=f"{prefix}shards",
+                        help="Grow the trees in N worker processes feeding this job, the one store writer "
+                             "(with Run on Ray: N Ray tasks). 0: automatic, min(cores, requests in flight / "
+                             "256) for an openai: model, else 1.")
+    fm.field_error(form, "shards")
+    return int(n)
+
+
 def check_ray_inputs(problems: dict[str, str], config: dict[str, Any], on_ray: bool, address: str) -> None:
     """With Run on Ray: the address into `config["ray"]` (the job config `orchard search --ray` runs),
     and at the "ray" field what is wrong: its form, Ray not installed, a HOST:PORT nothing answers
@@ -170,6 +181,7 @@ if runs:
                                        "type that spec again here.")
             fm.field_error("rs_resume", "model")
             resume_on_ray, resume_address = ray_inputs("rs_resume", "rs_resume_")
+            resume_shards = shards_input("rs_resume", "rs_resume_")
             resume = st.form_submit_button("Resume", type="primary")
         if resume and (refused := fm.refused(db)) is not None:  # before any probe (forms.refused)
             fm.set_errors("rs_resume", {})
@@ -198,7 +210,7 @@ if runs:
                     auth.require(db, "launch_jobs")  # a login (and a maintainer) where one is needed
                     with Store(db) as store:
                         job_id = submit_search(store, resume=chosen, model=resume_model,
-                                               ray=resume_config.get("ray"))
+                                               ray=resume_config.get("ray"), shards=resume_shards or None)
                     state["rs_flash"] = f"Queued job {job_id}: resume run {chosen}{on_ray_words(resume_config)}."
                 except fm.submit_errors() as e:
                     state["rs_error"] = f"Not resumed: {fm.refusal(e)}"
@@ -230,6 +242,7 @@ with st.expander("New search", expanded=not runs or bool(errors)), st.form(FORM,
     name = right.text_input("Name", key="rs_name", placeholder="(empty: ENV-DATE-TIME)")
     with right:
         on_ray, ray_address = ray_inputs(FORM, "rs_")
+        shards = shards_input(FORM, "rs_")
     st.markdown("**Search settings** (docs/algorithms.md §2)")
     values = fm.settings_inputs(SearchConfig, FORM, "rs_set_")
     submitted = st.form_submit_button("Queue the search", type="primary")
@@ -245,6 +258,8 @@ def check_new_search() -> tuple[dict[str, str], dict[str, Any]]:
     config: dict[str, Any] = {"env": spec, "tasks": tasks.strip(), "split": split, "model": model.strip() or "tiny",
               "name": name.strip() or f"{env}-{time.strftime('%Y%m%d-%H%M%S')}", "search": settings}
     check_ray_inputs(problems, config, on_ray, ray_address)
+    if shards:
+        config["shards"] = shards
     fm.check_target(problems, spec, lambda: search_tasks(SearchJob(env=spec, tasks=config["tasks"], split=split)),
                     config["model"])
     problems.update(fm.check_settings(SearchConfig, values))

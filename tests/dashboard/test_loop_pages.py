@@ -92,6 +92,19 @@ def test_new_search_form_on_an_empty_database_queues_a_search_job_that_runs(db: 
     assert {"Tree explorer", "Preference pairs", "Trajectories", "Training", "Evaluation"} <= labels
 
 
+@pytest.mark.parametrize("shards", [0, 3])
+def test_the_shards_field_goes_into_the_queued_search_job(db: Path, model: str, shards: int) -> None:
+    at = open_page()
+    fill_search(at, model)
+    at.number_input(key="rs_shards").set_value(shards)
+    queue_search(at)
+    assert not at.exception and not at.error, errors(at)
+    with Store(db) as store:
+        (job,) = store.jobs()
+    # 0 leaves the count to the automatic rule (engine.search.local_shards.auto_shards), as --shards omitted does
+    assert job.config.get("shards") == (shards or None)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
