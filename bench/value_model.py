@@ -106,8 +106,8 @@ def main(argv: list[str] | None = None) -> dict[str, Counter]:
     fit = TextCraftEnv().tasks("fit")
     chosen = random.Random(args.seed).sample(fit, args.tasks + args.held_tasks)
     train_tasks, held_tasks = chosen[: args.tasks], chosen[args.tasks :]
-    base = dict(simulations=args.simulations, k=args.k, depth_limit=args.depth_limit, max_tokens=args.max_tokens,
-                backup=args.backup, constrained=args.constrained)
+    base = {"simulations": args.simulations, "k": args.k, "depth_limit": args.depth_limit,
+            "max_tokens": args.max_tokens, "backup": args.backup, "constrained": args.constrained}
     work = Path(tempfile.mkdtemp(prefix="orchard-value-model-"))
     generator = load_generator(args.model)
     description = TextCraftEnv().describe()

@@ -58,7 +58,7 @@ def test_targets_are_each_visited_steps_backed_up_value_once() -> None:
 
 
 def test_training_fits_the_returns_and_saves_a_value_model(policy_dir, tmp_path) -> None:
-    tree, (a, b, c, d) = solved_tree()
+    tree, (a, _, c, d) = solved_tree()
     examples = value_examples([ref(tree)])
     meta = train_value_model(policy_dir, examples, tmp_path / "vm",
                              ValueTrainConfig(epochs=40, learning_rate=3e-3, batch_size=8, num_threads=1))

@@ -32,7 +32,7 @@ import math
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +58,7 @@ class ValueTrainConfig:
     weight_by_visits: bool = True  # each node weighs N (its returns), see the module docstring
     seed: int = 0
     num_threads: int | None = 2
-    prm: PRMConfig = PRMConfig()
+    prm: PRMConfig = field(default_factory=PRMConfig)  # which steps are rows (min_visits)
 
     def __post_init__(self) -> None:
         checks = {"epochs": self.epochs >= 1, "learning_rate": self.learning_rate > 0,
@@ -91,13 +91,13 @@ def node_prompt(tree: SearchTree, node_id: int, env_description: str) -> list[di
     return actor_prompt(env_description, task.goal, task.context, tree.history(parent), parent.observation)
 
 
-def value_examples(refs: Sequence[TreeRef], config: PRMConfig = PRMConfig()) -> list[ValueExample]:
+def value_examples(refs: Sequence[TreeRef], config: PRMConfig | None = None) -> list[ValueExample]:
     """The prm rows' steps (`prm_rows`), one example per distinct node: paths share their prefixes, and a
     node on many paths is still one Q~ (its value and visits as the rows carry them)."""
     by_tree = {(r.run_id, r.tree_id, r.tree.task.id): r for r in refs}
     seen: set[tuple[Any, ...]] = set()
     out = []
-    for row in prm_rows(refs, config):
+    for row in prm_rows(refs, config or PRMConfig()):
         ref = by_tree[(row["run_id"], row["tree_id"], row["task_id"])]
         for node_id, value, visits in zip(row["path"], row["values"], row["visits"], strict=True):
             key = (row["run_id"], row["tree_id"], row["task_id"], node_id)
