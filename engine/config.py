@@ -37,6 +37,9 @@ class SearchConfig:
     critic: bool = True  # AI process supervision on/off
     critic_mapping: str = "linear"  # rank -> Q^: "linear" (1 - r/(K-1)) or "reciprocal" (1/(r+1))
     critic_max_tokens: int = 128
+    value_model: str = field(default="", metadata={
+        "help": "a value-model folder (engine/train/value_model.py): with the critic on, Q^ of each candidate is "
+                "its predicted value instead of the policy's ranking; empty = the policy critic"})
     alpha: float = field(default=0.5, metadata={"help": "eq. 10 weight of the MCTS value Q~ against the critic's Q^"})
     selection_value: str = "mcts"  # value in UCB1: "mcts" (Q~) or "combined" (eq. 10 Q)
     success_threshold: float = 1.0  # a terminal reward at least this is a "success" leaf
@@ -71,6 +74,11 @@ class SearchConfig:
         for name, ok in checks.items():
             if not ok:
                 raise ConfigError(f"SearchConfig.{name}: invalid value {getattr(self, name)!r}")
+        if self.value_model.strip() != self.value_model:
+            raise ConfigError(f"SearchConfig.value_model: leading or trailing spaces in {self.value_model!r}")
+        if self.value_model and not self.critic:
+            raise ConfigError("SearchConfig.value_model: set, but critic is off (the value model is a critic: "
+                              "turn critic on, or leave value_model empty)")
 
 
 def to_dict(config: Any) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from typing import Any
 
 from engine.config import ConfigError
 from engine.datasets.samples import TreeRef, action_text, tree_task
+from engine.search.tree import SearchTree
 
 
 @dataclass(frozen=True)
@@ -39,8 +40,12 @@ class PRMConfig:
 
 def step_text(ref: TreeRef, node_id: int) -> str:
     """A step as the PRM sees it: the composite action, then what the env answered."""
-    node = ref.tree.nodes[node_id]
-    return f"{action_text(ref.tree, node_id)}\nOBSERVATION: {node.observation}"
+    return tree_step_text(ref.tree, node_id)
+
+
+def tree_step_text(tree: SearchTree, node_id: int) -> str:
+    """`step_text` of a bare tree (the value critic renders a fresh expansion's candidates with it)."""
+    return f"{action_text(tree, node_id)}\nOBSERVATION: {tree.nodes[node_id].observation}"
 
 
 def prm_rows(refs: Sequence[TreeRef], config: PRMConfig = PRMConfig()) -> list[dict[str, Any]]:

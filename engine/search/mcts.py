@@ -192,13 +192,14 @@ class SearchStats:
     gen_s: float = 0.0
     env_s: float = 0.0
     commit_s: float = 0.0
+    critic_s: float = 0.0  # the value critic's forward passes (no generator request)
     wall_s: float = 0.0
     batch_sizes: list[int] = field(default_factory=list)
 
     @property
     def engine_s(self) -> float:
         """Wall time spent neither generating, stepping envs nor committing: search overhead."""
-        return max(self.wall_s - self.gen_s - self.env_s - self.commit_s, 0.0)
+        return max(self.wall_s - self.gen_s - self.env_s - self.commit_s - self.critic_s, 0.0)
 
     def to_dict(self) -> dict[str, Any]:
         d = {k: v for k, v in self.__dict__.items() if k != "batch_sizes"}
@@ -547,7 +548,9 @@ class MCTS:
             actions.append(parsed)
         if cfg.critic:
             total = len(valid) + len(errors)
-            if len(valid) > 1:
+            if cfg.value_model and valid:
+                self._value_rank(job, valid)
+            elif len(valid) > 1:
                 critic_params = self._params(job, 0.0, cfg.critic_max_tokens, "critic", node.id)
                 ranking = yield from rank_candidates(
                     task.goal, task.context, history, node.observation, actions, critic_params
@@ -566,8 +569,25 @@ class MCTS:
             # so any consumer recomputing Q^ from the rank agrees with the stored value.
             for e in errors:
                 e.critic_rank = total - 1
-                e.Q_critic = rank_to_score(total - 1, total, cfg.critic_mapping)
+                # the value critic's Q^ is a value, not a rank's score: an unreadable candidate backs up 0
+                e.Q_critic = 0.0 if cfg.value_model else rank_to_score(total - 1, total, cfg.critic_mapping)
                 e.critic_reason = "(format error: not shown to the critic)"
+
+    def _value_rank(self, job: TreeJob, valid: list[Node]) -> None:
+        """The value critic (`SearchConfig.value_model`; docs/decisions.md "A value model from the trees'
+        returns"): Q^ of each readable candidate is the value model's prediction, ranks by it (ties in
+        sampling order). Synchronous: a forward pass of K short rows asks the generator for nothing."""
+        from engine.train.value_model import value_critic
+
+        t = time.perf_counter()
+        scores = value_critic(self.config.value_model).score_nodes(
+            job.tree, [n.id for n in valid], job.env_description)
+        order = sorted(range(len(valid)), key=lambda i: -scores[i])
+        for rank, idx in enumerate(order):
+            valid[idx].critic_rank = rank
+            valid[idx].Q_critic = scores[idx]
+            valid[idx].critic_reason = f"(value model: predicted value {scores[idx]:.3f})"
+        self.stats.critic_s += time.perf_counter() - t
 
     def _rollout(
         self, job: TreeJob, node: Node

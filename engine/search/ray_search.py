@@ -67,7 +67,7 @@ ADDRESS_HELP = "HOST:PORT, auto (the cluster this machine has joined) or empty (
 _HOST = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
 PROBE_TIMEOUT_S = 3.0
 _SUMMED = ("rounds", "requests", "completions", "critic_fallbacks", "replays", "restores",
-           "gen_s", "env_s", "commit_s")
+           "gen_s", "env_s", "commit_s", "critic_s")
 
 ALLOW_UNAUTHENTICATED_ENV = "ORCHARD_ALLOW_UNAUTHENTICATED_RAY"
 
