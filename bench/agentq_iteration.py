@@ -1,6 +1,6 @@
 """Agent Q iterations on the embedded default, measured: does each one improve the policy?
 
-Runs Algorithm 1 (`engine.train.iterate.run_loop`, docs/algorithms.md §3), `--iterations` times (2 by
+Runs Algorithm 1 (`engine.loop.run_loop`, docs/algorithms.md §3), `--iterations` times (2 by
 default): MCTS with the critic and reward backup on B train tasks, step pairs by eq. 10 and theta, DPO
 with the replay buffer's stored log-probs as the reference, then greedy evaluation on the first
 `--test-tasks` held-out tasks. The base model and every iteration's model are evaluated on the SAME
@@ -47,7 +47,7 @@ from engine.envs.textcraft import TextCraftEnv
 from engine.evaluate import evaluate
 from engine.llm.registry import load_generator
 from engine.store import Store
-from engine.train.iterate import IterateConfig, run_loop
+from engine.loop import IterateConfig, run_loop
 
 
 def main(argv: list[str] | None = None) -> Table:

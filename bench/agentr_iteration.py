@@ -1,6 +1,6 @@
 """One Agent-R iteration on the embedded default, measured: does revising its own errors help?
 
-Runs `engine.train.iterate.run_loop(method="agentr")` (docs/algorithms.md §4): MCTS with the policy on
+Runs `engine.loop.run_loop(method="agentr")` (docs/algorithms.md §4): MCTS with the policy on
 B train tasks; for every (good, bad) leaf pair the policy itself judges the bad path's first error
 (§4.1); the bad prefix through it is spliced onto the good path with a revision turn (§4.2); SFT on
 revision + good trajectories at the loop's revision share (§4.3). The base and the trained model
@@ -40,7 +40,7 @@ from engine.envs.textcraft import TextCraftEnv
 from engine.evaluate import recovery_starts, run_episodes, summarize
 from engine.llm.registry import load_generator
 from engine.store import Store
-from engine.train.iterate import IterateConfig, run_loop
+from engine.loop import IterateConfig, run_loop
 
 
 def main(argv: list[str] | None = None) -> Table:

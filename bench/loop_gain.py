@@ -1,6 +1,6 @@
 """Does the loop pay? The policy-improvement curve of `orchard iterate`, iteration after iteration.
 
-Runs `engine.train.iterate.run_loop` (`--method`, default the loop's default, expert iteration) for
+Runs `engine.loop.run_loop` (`--method`, default the loop's default, expert iteration) for
 `--iterations` iterations from the base policy: search B fit train tasks, build the method's data,
 train, evaluate greedily on the held-out tasks. The base and every iteration's model are evaluated
 on the SAME held-out tasks with the same evaluation (the README's: greedy, constrained with
@@ -38,7 +38,7 @@ from bench.common import (
     stored_episodes,
 )
 from engine.store import Store
-from engine.train.iterate import METHODS, IterateConfig, run_loop
+from engine.loop import METHODS, IterateConfig, run_loop
 
 
 def main(argv: list[str] | None = None) -> Table:

@@ -26,10 +26,10 @@ def _under(module: str, package: str) -> bool:
     return module == package or module.startswith(package + ".")
 
 
-def jobs_importers(graph: dict[str, set[str]]) -> list[str]:
-    """`module -> engine.jobs...` for every module below the job runtime that imports it."""
+def jobs_importers(graph: dict[str, set[str]], above: str = "engine.jobs") -> list[str]:
+    """`module -> ABOVE...` for every module below the job runtime (and the loop) that imports `above`."""
     return sorted(f"{m} -> {t}" for m, targets in graph.items() if any(_under(m, p) for p in BELOW_JOBS)
-                  for t in targets if _under(t, "engine.jobs"))
+                  for t in targets if _under(t, above))
 
 
 def driver_imports(path: Path) -> list[str]:
@@ -63,6 +63,13 @@ def test_search_datasets_and_train_never_import_the_job_runtime() -> None:
     graph = import_graph()
     assert "engine.jobs.kinds" in graph and "engine.search.stage" in graph
     assert not jobs_importers(graph), "below engine.jobs, yet importing it: " + "; ".join(jobs_importers(graph))
+
+
+def test_the_loop_sits_above_search_data_and_training() -> None:
+    """engine.loop runs search, data builds, training and evaluation in turn: `train/` only trains."""
+    graph = import_graph()
+    assert "engine.loop" in graph and not any(_under(m, "engine.train.iterate") for m in graph)
+    assert not jobs_importers(graph, "engine.loop"), "; ".join(jobs_importers(graph, "engine.loop"))
 
 
 def test_the_progress_types_are_the_ground_floor() -> None:

@@ -20,7 +20,7 @@ from engine.datasets.revisions import RevisionConfig
 from engine.evaluate import EvalConfig
 from engine.store import Store
 from engine.train.dpo import DPOTrainConfig
-from engine.train.iterate import IterateConfig
+from engine.loop import IterateConfig
 from engine.train.sft import SFTTrainConfig
 
 

@@ -41,7 +41,7 @@ def test_a_demo_run_stores_every_stage_of_the_loop(tmp_path: Path, monkeypatch: 
         assert [loop[0]["eval"]["eval_id"], loop[1]["eval"]["eval_id"]] == [e["id"] for e in evaluations]
         # Next iteration continues with the demo's own recipe and its held-out evaluation, not the defaults.
         from engine.jobs.submit import next_iteration_config
-        from engine.train.iterate import IterateConfig
+        from engine.loop import IterateConfig
 
         nxt = IterateConfig.from_dict(next_iteration_config(store, loop[1]["loop_id"]))
         assert nxt.method == "exit" and nxt.search_config().constrained and nxt.model == result.model

@@ -11,7 +11,7 @@ from engine.evaluate import EvalConfig, EvalJob
 from engine.jobs.kinds import KINDS, ProbeJob, load_job
 from engine.search.stage import ResumeSearch, SearchJob
 from engine.search.steer import HumanBranch, MoreCandidates, SearchHere
-from engine.train.iterate import IterateConfig, IterateJob
+from engine.loop import IterateConfig, IterateJob
 from engine.train.training import DPOJob, RFTJob, SFTJob
 
 # JSON as the job runner of earlier versions stored it (engine/stages.py, engine/submit.py, the CLI).

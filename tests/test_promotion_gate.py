@@ -6,7 +6,7 @@ import pytest
 
 from engine.config import ConfigError
 from engine.train.gate import decide
-from engine.train.iterate import IterateConfig, gate_tasks, loop_tasks
+from engine.loop import IterateConfig, gate_tasks, loop_tasks
 
 
 def _episodes(solved: set[int], n: int = 43) -> list[dict[str, object]]:

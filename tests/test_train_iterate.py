@@ -15,7 +15,7 @@ from tiny_model_fixture import build_tiny_model
 from engine.config import ConfigError
 from engine.store import Store
 from engine.train.common import read_train_meta
-from engine.train.iterate import IterateConfig, run_loop
+from engine.loop import IterateConfig, run_loop
 
 TRAIN = {"max_steps": 2, "batch_size": 4, "learning_rate": 1e-3, "device": "cpu", "precision": "fp32",
          "num_threads": 1}
@@ -106,7 +106,7 @@ def test_the_loop_trains_only_on_curated_rows_unless_told_otherwise(tmp_path: Pa
         assert "no curated search rows" in record["skipped"] and f"{uncurated} uncurated" in record["skipped"]
         assert record["model"] == str(model)  # the policy is unchanged
         # A curator approves one row of that run: a second loop over the same run's data would use it.
-        from engine.train.iterate import curated
+        from engine.loop import curated
         from engine.train.sft import labelled_samples
 
         row = store.samples(run_id=record["run_id"], kind=["exit"])[0]

@@ -16,7 +16,7 @@ from tiny_model_fixture import build_tiny_model
 
 from engine.llm.base import GeneratorError
 from engine.store import Store
-from engine.train.iterate import IterateConfig, run_loop
+from engine.loop import IterateConfig, run_loop
 from engine.train.vllm_policy import VLLMPolicy
 
 

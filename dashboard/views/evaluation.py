@@ -28,7 +28,7 @@ from dashboard.text import md
 from engine.envs.registry import known_envs
 from engine.evaluate import MODES, EvalConfig
 from engine.store import Store
-from engine.train.iterate import METHODS
+from engine.loop import METHODS
 
 FORM = "ev_new"
 MODE_HELP = {"greedy": "one episode per task, temperature 0", "sampled": "one episode per task and seed, sampled",
@@ -485,7 +485,7 @@ def new_loop_form() -> None:
         try:
             from engine.envs.base import close_env
             from engine.envs.registry import env_factory
-            from engine.train.iterate import IterateConfig, loop_tasks
+            from engine.loop import IterateConfig, loop_tasks
 
             env = env_factory(loop_env)()
             try:

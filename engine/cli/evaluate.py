@@ -69,7 +69,7 @@ def cmd_iterate(args: argparse.Namespace) -> int:
     from engine.envs.registry import env_factory
     from engine.jobs.runner import JobRunner
     from engine.store import Store
-    from engine.train.iterate import IterateConfig, loop_tasks, run_loop
+    from engine.loop import IterateConfig, loop_tasks, run_loop
 
     data: dict[str, Any] = dict(read_table(args.config, "iterate")) if args.config else {}
     data.update(given(args, ITERATE_FLAGS))
@@ -103,7 +103,7 @@ def cmd_iterate(args: argparse.Namespace) -> int:
 def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     """Register `eval` and `iterate`."""
     from engine.evaluate import EvalConfig
-    from engine.train.iterate import IterateConfig
+    from engine.loop import IterateConfig
 
     e = sub.add_parser("eval", parents=[common], help="evaluate a model on held-out tasks")
     e.add_argument("--model", required=True, help="tiny | PATH | hf:PATH | openai:URL#MODEL | vllm:PATH")

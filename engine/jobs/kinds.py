@@ -9,7 +9,7 @@ world it names (an env that starts, a model folder, an output folder) and is run
 queued and again by the worker. JSON stored by older versions has the same keys and loads alike.
 
 The bodies live beside their domain (engine/search/stage.py, engine/search/steer.py, engine/datasets/builds.py,
-engine/evaluate.py, engine/train/training.py, engine/train/iterate.py); only the probe, the
+engine/evaluate.py, engine/train/training.py, engine/loop.py); only the probe, the
 runner's own check, lives here.
 """
 
@@ -27,7 +27,7 @@ from engine.evaluate import EvalJob, run_eval_job
 from engine.progress import Reporter, StageResult
 from engine.search.stage import ResumeSearch, SearchJob, run_search
 from engine.search.steer import HumanBranch, MoreCandidates, SearchHere, run_steer
-from engine.train.iterate import IterateJob, run_loop
+from engine.loop import IterateJob, run_loop
 from engine.train.training import DPOJob, RFTJob, SFTJob, run_training
 
 if TYPE_CHECKING:

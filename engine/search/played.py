@@ -1,6 +1,6 @@
 """MCTS at inference as a search run: the operator measured to beat the policy, played where it fails.
 
-WHY a run of its own: expert iteration ("exit-mcts" in engine/train/iterate.py) distils the episodes
+WHY a run of its own: expert iteration ("exit-mcts" in engine/loop.py) distils the episodes
 MCTS at inference plays (`EvalConfig(mode="mcts")`: a search before every real step, then one step
 committed) on the tasks the greedy policy fails. Storing each episode's stitched tree
 (`engine.evaluate.played_tree`) as a run's tree makes that data collection what every other search

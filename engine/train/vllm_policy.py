@@ -1,7 +1,7 @@
 """The loop's policy on vLLM: one engine for every iteration, new weights reloaded into it.
 
 WHY: starting a vLLM engine costs minutes (weights, CUDA graphs, KV cache); an iterated loop
-(engine.train.iterate) trains a new policy folder each iteration and searches with it next. The
+(engine.loop) trains a new policy folder each iteration and searches with it next. The
 first `load` starts the engine; a later one with another folder reloads the weights into the same
 engine (`VLLMGenerator.reload`: `reload_weights(weights_path=...)`, prefix cache reset) and checks
 the engine now answers differently: the greedy completion and the log-probs of a fixed probe before

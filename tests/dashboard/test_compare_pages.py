@@ -171,7 +171,7 @@ def test_next_iteration_of_a_loop_recorded_without_settings_is_evaluated_like_it
     """The demo records its loop without a config: Next iteration evaluated on the whole test split with
     EvalConfig()'s defaults (2/109 beside 3/8). It now takes its base evaluation's split, tasks and settings."""
     from engine.jobs.submit import next_iteration_config
-    from engine.train.iterate import IterateConfig
+    from engine.loop import IterateConfig
 
     base = evaluate(db, "/models/base", DEFAULT_EVAL)
     with Store(db) as store:

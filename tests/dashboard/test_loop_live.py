@@ -173,7 +173,7 @@ def test_a_real_loop_s_records_agree_with_the_runs_training_and_evaluation_pages
     from doubles import LineEnv, ScriptedGenerator
     from tiny_model_fixture import build_tiny_model
 
-    from engine.train.iterate import IterateConfig, run_loop
+    from engine.loop import IterateConfig, run_loop
 
     model = build_tiny_model(tmp_path / "tiny")
     train = {"max_steps": 2, "batch_size": 4, "learning_rate": 1e-3, "device": "cpu", "precision": "fp32",
