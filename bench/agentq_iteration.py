@@ -46,8 +46,8 @@ from bench.pair_check import check_pairs, summary
 from engine.envs.textcraft import TextCraftEnv
 from engine.evaluate import evaluate
 from engine.llm.registry import load_generator
-from engine.store import Store
 from engine.loop import IterateConfig, run_loop
+from engine.store import Store
 
 
 def main(argv: list[str] | None = None) -> Table:

@@ -39,8 +39,8 @@ from bench.common import (
 from engine.envs.textcraft import TextCraftEnv
 from engine.evaluate import recovery_starts, run_episodes, summarize
 from engine.llm.registry import load_generator
-from engine.store import Store
 from engine.loop import IterateConfig, run_loop
+from engine.store import Store
 
 
 def main(argv: list[str] | None = None) -> Table:

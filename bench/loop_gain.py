@@ -37,8 +37,8 @@ from bench.common import (
     loop_search,
     stored_episodes,
 )
-from engine.store import Store
 from engine.loop import METHODS, IterateConfig, run_loop
+from engine.store import Store
 
 
 def main(argv: list[str] | None = None) -> Table:

@@ -18,9 +18,9 @@ from engine.datasets.pairs import PairsConfig
 from engine.datasets.refine import RefineConfig
 from engine.datasets.revisions import RevisionConfig
 from engine.evaluate import EvalConfig
+from engine.loop import IterateConfig
 from engine.store import Store
 from engine.train.dpo import DPOTrainConfig
-from engine.loop import IterateConfig
 from engine.train.sft import SFTTrainConfig
 
 

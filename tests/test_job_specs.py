@@ -9,9 +9,9 @@ from engine.config import ConfigError, SearchConfig, to_dict
 from engine.datasets.builds import PairsJob, RefineJob, RevisionsJob
 from engine.evaluate import EvalConfig, EvalJob
 from engine.jobs.kinds import KINDS, ProbeJob, load_job
+from engine.loop import IterateConfig, IterateJob
 from engine.search.stage import ResumeSearch, SearchJob
 from engine.search.steer import HumanBranch, MoreCandidates, SearchHere
-from engine.loop import IterateConfig, IterateJob
 from engine.train.training import DPOJob, RFTJob, SFTJob
 
 # JSON as the job runner of earlier versions stored it (engine/stages.py, engine/submit.py, the CLI).

@@ -16,9 +16,9 @@ import pytest
 from doubles import LineEnv, ScriptedGenerator
 
 from engine.evaluate import EvalConfig, episode_count, evaluate
+from engine.loop import IterateConfig, run_loop
 from engine.progress import Cancelled, MemoryReporter, Units, Within, progress_line
 from engine.store import Store
-from engine.loop import IterateConfig, run_loop
 
 
 def test_within_puts_a_stage_s_units_under_its_label_and_passes_the_rest_through() -> None:

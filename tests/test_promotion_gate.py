@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from engine.config import ConfigError
-from engine.train.gate import decide
 from engine.loop import IterateConfig, gate_tasks, loop_tasks
+from engine.train.gate import decide
 
 
 def _episodes(solved: set[int], n: int = 43) -> list[dict[str, object]]:

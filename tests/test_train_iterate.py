@@ -13,9 +13,9 @@ from doubles import LineEnv, ScriptedGenerator
 from tiny_model_fixture import build_tiny_model
 
 from engine.config import ConfigError
+from engine.loop import IterateConfig, run_loop
 from engine.store import Store
 from engine.train.common import read_train_meta
-from engine.loop import IterateConfig, run_loop
 
 TRAIN = {"max_steps": 2, "batch_size": 4, "learning_rate": 1e-3, "device": "cpu", "precision": "fp32",
          "num_threads": 1}

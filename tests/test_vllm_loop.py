@@ -15,8 +15,8 @@ from doubles import LineEnv, action_text
 from tiny_model_fixture import build_tiny_model
 
 from engine.llm.base import GeneratorError
-from engine.store import Store
 from engine.loop import IterateConfig, run_loop
+from engine.store import Store
 from engine.train.vllm_policy import VLLMPolicy
 
 

@@ -68,8 +68,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def cmd_iterate(args: argparse.Namespace) -> int:
     from engine.envs.registry import env_factory
     from engine.jobs.runner import JobRunner
-    from engine.store import Store
     from engine.loop import IterateConfig, loop_tasks, run_loop
+    from engine.store import Store
 
     data: dict[str, Any] = dict(read_table(args.config, "iterate")) if args.config else {}
     data.update(given(args, ITERATE_FLAGS))

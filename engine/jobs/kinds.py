@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING, Any
 from engine.config import ConfigError, from_dict
 from engine.datasets.builds import PairsJob, RefineJob, RevisionsJob, run_pairs, run_refine, run_revisions
 from engine.evaluate import EvalJob, run_eval_job
+from engine.loop import IterateJob, run_loop
 from engine.progress import Reporter, StageResult
 from engine.search.stage import ResumeSearch, SearchJob, run_search
 from engine.search.steer import HumanBranch, MoreCandidates, SearchHere, run_steer
-from engine.loop import IterateJob, run_loop
 from engine.train.training import DPOJob, RFTJob, SFTJob, run_training
 
 if TYPE_CHECKING:
