@@ -285,3 +285,27 @@ def test_invariants_catch_a_format_error_not_tied_last():
         e.critic_rank = 2  # the old rule: len(valid)
     assert tree.check_invariants() == [f"node {e.id}: format error with critic rank 2, not 3 (tied last)"
                                        for e in errors]
+
+
+def test_the_simulations_one_round_finishes_commit_together_and_load_back_whole(tmp_path):
+    """engine/search/runner.py: one transaction per batch of replies, not per simulation; the stored trees
+    are the searched ones (rows were taken when each simulation ended, not when the batch committed)."""
+    cfg = SearchConfig(simulations=6, k=3, depth_limit=4)
+    tasks = SnapshotLineEnv().tasks()[:4]
+    with Store(tmp_path / "o.db") as store:
+        batches: list[int] = []
+        save = store.save_simulations
+
+        def counting(batch):
+            batches.append(len(batch))
+            save(batch)
+
+        store.save_simulations = counting  # type: ignore[method-assign]
+        run_id, _ = new_run(store, "line", tasks, ScriptedGenerator(p_right=0.5), cfg, "t", make_env=SnapshotLineEnv)
+        assert sum(batches) == 6 * len(tasks)
+        assert max(batches) > 1 and len(batches) < sum(batches)  # trees ending in the same round share a commit
+        for tree_id, _ in store.tree_ids(run_id):
+            tree = store.load_tree(tree_id)
+            assert tree.check_invariants() == []
+            assert tree.nodes[0].N == 6 and len(tree.simulations) == 6
+            assert sum(n.N for n in tree.nodes if n.parent == 0) == 6

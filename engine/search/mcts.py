@@ -232,9 +232,13 @@ class MCTS:
         on_simulation: Callable[[TreeJob, Simulation], None] | None = None,
         on_tree_done: Callable[[TreeJob], None] | None = None,
         rounds: bool | None = None,
+        on_batch: Callable[[], None] | None = None,
     ) -> None:
         """`rounds`: True forces the round-barrier scheduler, False needs a generator with `submit`;
-        None (default) uses `submit` where the generator has it."""
+        None (default) uses `submit` where the generator has it. `on_batch`: called after the scheduler
+        has handed out one batch of replies (a round, or what landed together) and once at the end, also
+        after a failure: the point where the simulations `on_simulation` saw since the last call can
+        be committed together."""
         self.generator = generator
         submit = getattr(generator, "submit", None)
         if rounds is False and not callable(submit):
@@ -243,6 +247,7 @@ class MCTS:
         self.config = config
         self.on_simulation = on_simulation
         self.on_tree_done = on_tree_done
+        self.on_batch = on_batch
         self.stats = SearchStats()
 
     # --- scheduler ---------------------------------------------------------------------------
@@ -314,7 +319,9 @@ class MCTS:
                     stats.completions += n_completions
                     w.job.share_ms = 1000.0 * (now - w.t0) / max(n_completions, 1)
                     advance(w.job, w.coro, w.replies)
+                self._end_batch()
         finally:
+            self._end_batch()
             for job in started:  # only after a failure: a finished tree's env was closed already
                 if job.session is not None:
                     self._collect(job)
@@ -372,7 +379,9 @@ class MCTS:
                     offset += len(reqs)
                     job.share_ms = share
                     advance(job, coro, reply)
+                self._end_batch()
         finally:
+            self._end_batch()
             for job in started:  # only after a failure: a finished tree's env was closed already
                 if job.session is not None:
                     self._collect(job)
@@ -396,6 +405,12 @@ class MCTS:
             self.on_simulation(job, sim)
             self.stats.commit_s += time.perf_counter() - t
         job.committed_nodes = len(job.tree.nodes)
+
+    def _end_batch(self) -> None:
+        if self.on_batch is not None:
+            t = time.perf_counter()
+            self.on_batch()
+            self.stats.commit_s += time.perf_counter() - t
 
     def _collect(self, job: TreeJob) -> None:
         s = job.session

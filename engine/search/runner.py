@@ -1,6 +1,8 @@
 """A search run end to end: env + tasks + generator + config -> trees in the store.
 
-The glue between MCTS and the Store: every finished simulation is committed at once, the run's
+The glue between MCTS and the Store: every finished simulation is committed as soon as the scheduler
+has handed out the batch of replies that finished it (the simulations of one round in one
+transaction: one commit per round instead of one per simulation), the run's
 status and stats are kept current, and `resume` continues an interrupted run from what was
 committed (losing at most the simulations that were in progress). Every env a run makes is closed
 when the run ends, also when it fails.
@@ -18,19 +20,31 @@ from engine.llm.base import Generator
 from engine.search.mcts import MCTS, SearchStats, TreeJob, start_tree
 from engine.search.tree import Simulation
 from engine.store import Store, StoreError
+from engine.store.runs import SimulationRows, simulation_rows
 
 Progress = Callable[[TreeJob, Simulation], None]
 
 
 def _run(store: Store, run_id: str, jobs: list[TreeJob], generator: Generator, config: SearchConfig,
          progress: Progress | None) -> SearchStats:
+    pending: list[SimulationRows] = []
+
     def on_simulation(job: TreeJob, sim: Simulation) -> None:
         assert job.tree_id is not None
-        store.save_simulation(job.tree_id, job.tree, sim, job.committed_nodes)
+        pending.append(simulation_rows(job.tree_id, job.tree, sim, job.committed_nodes))
         if progress is not None:
+            # Per simulation, so a cancel (raised here) stops at the next one; the MCTS's `on_batch` at its
+            # end commits everything that finished, this one included.
             progress(job, sim)
 
-    mcts = MCTS(generator, config, on_simulation=on_simulation)
+    def commit() -> None:
+        """Every simulation the last batch of replies finished, in one transaction."""
+        if pending:
+            batch = list(pending)
+            pending.clear()
+            store.save_simulations(batch)
+
+    mcts = MCTS(generator, config, on_simulation=on_simulation, on_batch=commit)
     store.set_run_status(run_id, "running")
     try:
         try:

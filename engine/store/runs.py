@@ -11,6 +11,7 @@ import time
 import uuid
 from collections import namedtuple
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from engine.actions import CompositeAction
@@ -74,6 +75,51 @@ def _run_info(r: dict[str, Any]) -> RunInfo:
 
 def _obs_hash(text: str) -> str:
     return hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+@dataclass(frozen=True)
+class SimulationRows:
+    """What one finished simulation writes, taken when it finished (`simulation_rows`): the tree goes on
+    growing in memory, and these rows stay what was true then until `save_simulations` commits them."""
+
+    observations: list[tuple[Any, ...]]
+    nodes: list[tuple[Any, ...]]
+    values: list[tuple[Any, ...]]
+    ranks: list[tuple[Any, ...]]
+    simulation: tuple[Any, ...]
+    tree: tuple[Any, ...]
+    media: list[tuple[Any, ...]]
+
+
+def simulation_rows(tree_id: int, tree: SearchTree, sim: Simulation, first_new: int,
+                    reranked: Sequence[int] = ()) -> SimulationRows:
+    """The rows of `sim`, tree `tree`'s newest simulation: nodes created since `first_new`, the visit
+    counts and value sums along its path, the critic's new ranks of older nodes `reranked`, the
+    simulation row and the tree's counts."""
+    new = tree.nodes[first_new:]
+    touched = {0, *sim.path} - {n.id for n in new}
+    return SimulationRows(
+        observations=[(_obs_hash(n.observation), n.observation) for n in new],
+        nodes=[
+            (
+                tree_id, n.id, n.parent, n.depth,
+                json.dumps(n.action.to_dict()) if n.action else None,
+                n.raw, n.format_error, _obs_hash(n.observation), n.N, n.value_sum,
+                n.Q_critic, n.critic_rank, n.critic_reason, n.logprob, n.reward, n.progress,
+                n.terminal, n.gen_ms, n.env_ms, n.n_tokens, n.author,
+            )
+            for n in new
+        ],
+        values=[(tree.nodes[i].N, tree.nodes[i].value_sum, tree_id, i) for i in sorted(touched)],
+        ranks=[(tree.nodes[i].Q_critic, tree.nodes[i].critic_rank, tree.nodes[i].critic_reason, tree_id, i)
+               for i in sorted(set(reranked)) if i < first_new],
+        simulation=(tree_id, len(tree.simulations) - 1, json.dumps(list(sim.path)), sim.reward,
+                    json.dumps({"commands": list(sim.rollout), "turns": [list(t) for t in sim.turns]}
+                               if sim.turns else list(sim.rollout)), time.time()),
+        tree=(len(tree.simulations), int(tree.solved()), tree_id),
+        media=[(tree_id, n.id, n.screenshot) for n in new
+               if isinstance(n.screenshot, bytes) and n.screenshot.startswith(JPEG_MAGIC)],
+    )
 
 
 class RunsStore(Connection):
@@ -196,50 +242,29 @@ class RunsStore(Connection):
                         reranked: Sequence[int] = ()) -> None:
         """One transaction: nodes created since `first_new`, the values along the path, the row, and
         the critic's new ranks of older nodes `reranked` (siblings ranked again with "more candidates")."""
-        new = tree.nodes[first_new:]
-        touched = {0, *sim.path} - {n.id for n in new}
+        self.save_simulations([simulation_rows(tree_id, tree, sim, first_new, reranked)])
+
+    def save_simulations(self, batch: Sequence[SimulationRows]) -> None:
+        """Simulations taken with `simulation_rows`, in order, in ONE transaction (one commit, one fsync
+        on SQLite, for every simulation a scheduler round finished). Inserts go before updates, so a
+        node one simulation created and a later one's path went through is written, then updated."""
+        if not batch:
+            return
         with self.transaction() as con:
-            con.executemany(
-                "INSERT OR IGNORE INTO observations VALUES (?, ?)",
-                [(_obs_hash(n.observation), n.observation) for n in new],
-            )
-            con.executemany(
-                f"INSERT INTO nodes ({NODE_COLUMNS}) VALUES ({','.join('?' * 21)})",
-                [
-                    (
-                        tree_id, n.id, n.parent, n.depth,
-                        json.dumps(n.action.to_dict()) if n.action else None,
-                        n.raw, n.format_error, _obs_hash(n.observation), n.N, n.value_sum,
-                        n.Q_critic, n.critic_rank, n.critic_reason, n.logprob, n.reward, n.progress,
-                        n.terminal, n.gen_ms, n.env_ms, n.n_tokens, n.author,
-                    )
-                    for n in new
-                ],
-            )
-            con.executemany(
-                "UPDATE nodes SET n=?, value_sum=? WHERE tree_id=? AND node_id=?",
-                [(tree.nodes[i].N, tree.nodes[i].value_sum, tree_id, i) for i in sorted(touched)],
-            )
+            con.executemany("INSERT OR IGNORE INTO observations VALUES (?, ?)",
+                            [r for b in batch for r in b.observations])
+            con.executemany(f"INSERT INTO nodes ({NODE_COLUMNS}) VALUES ({','.join('?' * 21)})",
+                            [r for b in batch for r in b.nodes])
+            con.executemany("UPDATE nodes SET n=?, value_sum=? WHERE tree_id=? AND node_id=?",
+                            [r for b in batch for r in b.values])
             con.executemany(
                 "UPDATE nodes SET q_critic=?, critic_rank=?, critic_reason=? WHERE tree_id=? AND node_id=?",
-                [(tree.nodes[i].Q_critic, tree.nodes[i].critic_rank, tree.nodes[i].critic_reason, tree_id, i)
-                 for i in sorted(set(reranked)) if i < first_new],
-            )
-            con.execute(
-                "INSERT INTO simulations VALUES (?,?,?,?,?,?)",
-                (tree_id, len(tree.simulations) - 1, json.dumps(list(sim.path)), sim.reward,
-                 json.dumps({"commands": list(sim.rollout), "turns": [list(t) for t in sim.turns]}
-                            if sim.turns else list(sim.rollout)), time.time()),
-            )
-            con.execute(
-                "UPDATE trees SET simulations=?, solved=? WHERE id=?",
-                (len(tree.simulations), int(tree.solved()), tree_id),
-            )
+                [r for b in batch for r in b.ranks])
+            con.executemany("INSERT INTO simulations VALUES (?,?,?,?,?,?)", [b.simulation for b in batch])
+            con.executemany("UPDATE trees SET simulations=?, solved=? WHERE id=?", [b.tree for b in batch])
             con.executemany(  # terminal-page screenshots (web env): JPEG bytes only, kept out of `nodes`
                 "INSERT OR REPLACE INTO node_media VALUES (?,?,'screenshot',?)",
-                [(tree_id, n.id, n.screenshot) for n in new
-                 if isinstance(n.screenshot, bytes) and n.screenshot.startswith(JPEG_MAGIC)],
-            )
+                [r for b in batch for r in b.media])
 
     def load_tree(self, tree_id: int) -> SearchTree | None:
         """The committed tree, or None when its root was never written."""
