@@ -3,9 +3,10 @@ data choice, trained on the demo's data, against the base on the same held-out t
 
 The demo's data: its search (`engine.demo.DEMO`: 8 train tasks x 12 simulations, constrained) and
 its data builds (step and trajectory pairs, RFT and expert-iteration rows, revisions judged by the
-model), all rows included as the demo's loop would with uncurated rows. Each (data, preset) launch
-is the job config the Training page builds (`engine.train.presets.job_config`), run in this process
-by the jobs' own training body (`engine.train.training.run_training`). Each trained model and the
+model, the offline AgentRefine rows), all rows included as the demo's loop would with uncurated rows.
+Each (data, preset) launch is the job config the Training page builds (`engine.train.presets.job_config`),
+run in this process by the jobs' own training body (`engine.train.training.run_training`). Each trained
+model and the
 base are evaluated greedily on the same held-out tasks (default: the 43 val tasks, constrained, 15
 steps, 160 tokens); the table prints each with the PAIRED interval of its difference from the base.
 A preset "does not lower held-out success" when that interval's upper end is >= 0 (no measured
@@ -37,7 +38,7 @@ from engine.train.presets import DATA_CHOICES, PRESETS, job_config, train_plan
 
 def demo_data(store: Store, log=print) -> str:
     """The demo's search and data builds in `store`; returns the run id."""
-    from engine.demo import DEMO, demo_tasks, stage_pairs, stage_revisions, stage_search
+    from engine.demo import DEMO, demo_tasks, stage_pairs, stage_refine, stage_revisions, stage_search
     from engine.llm.tiny_checkpoint import tiny_generator
 
     generator = tiny_generator(log=log)
@@ -45,6 +46,7 @@ def demo_data(store: Store, log=print) -> str:
     run_id = stage_search(store, generator, train_tasks, DEMO, log)
     stage_pairs(store, run_id, DEMO, log)
     stage_revisions(store, run_id, generator, log)
+    stage_refine(store, DEMO, log)  # the refinement choice's rows (the demo's offline AgentRefine stage)
     return run_id
 
 
