@@ -6,8 +6,7 @@ its data builds (step and trajectory pairs, RFT and expert-iteration rows, revis
 model, the offline AgentRefine rows), all rows included as the demo's loop would with uncurated rows.
 Each (data, preset) launch is the job config the Training page builds (`engine.train.presets.job_config`),
 run in this process by the jobs' own training body (`engine.train.training.run_training`). Each trained
-model and the
-base are evaluated greedily on the same held-out tasks (default: the 43 val tasks, constrained, 15
+model and the base are evaluated greedily on the same held-out tasks (default: the 43 val tasks, constrained, 15
 steps, 160 tokens); the table prints each with the PAIRED interval of its difference from the base.
 A preset "does not lower held-out success" when that interval's upper end is >= 0 (no measured
 harm); one whose interval lies below 0 is flagged. GPU presets are listed as not run (no GPU here).
