@@ -41,13 +41,37 @@ USERS = ("name", "role", "created_at")  # the password hash is read alone (Users
 LEASES = ("holder", "taken_at", "expires_at")
 DECISIONS = ("id", "item_kind", "item_id", "run_id", "who", "role", "label", "item_version", "at")
 
+# What each INSERT writes, in its values' order (the whole row of these tables).
+RUN_ROW = RUNS
+SIMULATION_ROW = ("tree_id", "idx", "path", "reward", "rollout", "created_at")
+OBSERVATION_ROW = ("hash", "text")
+NODE_MEDIA_ROW = ("tree_id", "node_id", "kind", "data")
+JOB_METRIC_ROW = ("job_id", "seq", "step", "at", "data")
+EVALUATION_ROW = ("id", "model", "env", "split", "task_ids", "mode", "config", "metrics", "episodes", "job_id",
+                  "created_at")
+ITERATION_ROW = ITERATIONS
+HISTORY_ROW = ("version", "at", "who", "action", "before", "after")  # after the pair_id / sample_id
+SAMPLE_ROW = ("id", "kind", "run_id", "task_id", "source", "data", "status", "version", "updated_at", "updated_by")
+
 # The lists above by table, for the check against the schema (tests/test_architecture.py).
 BY_TABLE: dict[str, tuple[tuple[str, ...], ...]] = {
     "runs": (RUNS,), "trees": (TREES,), "nodes": (NODES, NODE_SKELETON), "simulations": (SIMULATIONS,),
     "pairs": (PAIRS, PAIR_CONTENT), "samples": (SAMPLES, SAMPLE_CONTENT), "jobs": (JOBS,), "models": (MODELS,),
     "evaluations": (EVALUATIONS + ("episodes",),), "iterations": (ITERATIONS,), "users": (USERS,),
     "leases": (LEASES,), "decisions": (DECISIONS,),
+    "observations": (OBSERVATION_ROW,), "node_media": (NODE_MEDIA_ROW,), "job_metrics": (JOB_METRIC_ROW,),
+    "pair_history": (("pair_id", *HISTORY_ROW),), "sample_history": (("sample_id", *HISTORY_ROW),),
 }
+BY_TABLE["simulations"] += (SIMULATION_ROW,)
+BY_TABLE["evaluations"] += (EVALUATION_ROW,)
+BY_TABLE["samples"] += (SAMPLE_ROW,)
+
+
+def insert(table: str, columns: Sequence[str], verb: str = "INSERT", values: str = "") -> str:
+    """`VERB INTO table (columns) VALUES (?, ...)`: an INSERT that names what it writes, so it cannot
+    write a value into the wrong column when a table gains one. `values`: the VALUES list when it is not
+    all placeholders."""
+    return f"{verb} INTO {table} ({', '.join(columns)}) VALUES ({values or ','.join('?' * len(columns))})"
 
 
 def select(columns: Sequence[str], alias: str = "") -> str:

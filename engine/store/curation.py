@@ -229,7 +229,7 @@ class CurationStore(Connection):
                    version=?, updated_at=?, updated_by=? WHERE id=?""",
                 updates,
             )
-            con.executemany("INSERT INTO pair_history VALUES (?,?,?,?,?,?,?)", history)
+            con.executemany(columns.insert("pair_history", ("pair_id", *columns.HISTORY_ROW)), history)
             stale = [pid for pid, old in existing.items() if not old["curated"]]
             report.stale_curated = len(existing) - len(stale)
             curated = _CURATED.format(table="pair_history", key="pair_id", row="p.id")
@@ -332,7 +332,7 @@ class CurationStore(Connection):
             con.executemany("UPDATE pairs SET status=?, version=?, updated_at=?, updated_by=? WHERE id=?",
                             [(status, v + 1, now, who, pid) for pid, v, _ in rows])
             con.executemany(
-                "INSERT INTO pair_history VALUES (?,?,?,?,?,?,?)",
+                columns.insert("pair_history", ("pair_id", *columns.HISTORY_ROW)),
                 [(pid, v + 1, now, who, action, json.dumps({"status": s}), json.dumps({"status": status}))
                  for pid, v, s in rows],
             )
@@ -380,13 +380,13 @@ class CurationStore(Connection):
                     updates.append((*row, old["version"] + 1, now, who, s.id))
                     history.append((s.id, old["version"] + 1, now, who, "rebuild", None, None))
                     report.updated += 1
-            con.executemany("INSERT INTO samples VALUES (?,?,?,?,?,?,?,?,?,?)", inserts)
+            con.executemany(columns.insert("samples", columns.SAMPLE_ROW), inserts)
             con.executemany(
                 "UPDATE samples SET kind=?, run_id=?, task_id=?, source=?, data=?, version=?, updated_at=?, "
                 "updated_by=? WHERE id=?",
                 updates,
             )
-            con.executemany("INSERT INTO sample_history VALUES (?,?,?,?,?,?,?)", history)
+            con.executemany(columns.insert("sample_history", ("sample_id", *columns.HISTORY_ROW)), history)
             stale = [(sid,) for sid, old in existing.items() if not old["curated"]]
             report.stale_curated = len(existing) - len(stale)
             con.executemany("DELETE FROM samples WHERE id=?", stale)

@@ -135,7 +135,7 @@ class RunsStore(Connection):
         now = time.time()
         with self.transaction() as con:
             con.execute(
-                "INSERT INTO runs VALUES (?,?,?,?,?,?,?,?,?,?)",
+                columns.insert("runs", columns.RUN_ROW),
                 (run_id, name, env, model, json.dumps(config), json.dumps([t.id for t in tasks]), "running", now, now, None),
             )
             con.executemany(
@@ -251,7 +251,7 @@ class RunsStore(Connection):
         if not batch:
             return
         with self.transaction() as con:
-            con.executemany("INSERT OR IGNORE INTO observations VALUES (?, ?)",
+            con.executemany(columns.insert("observations", columns.OBSERVATION_ROW, "INSERT OR IGNORE"),
                             [r for b in batch for r in b.observations])
             con.executemany(f"INSERT INTO nodes ({NODE_COLUMNS}) VALUES ({','.join('?' * 21)})",
                             [r for b in batch for r in b.nodes])
@@ -260,10 +260,10 @@ class RunsStore(Connection):
             con.executemany(
                 "UPDATE nodes SET q_critic=?, critic_rank=?, critic_reason=? WHERE tree_id=? AND node_id=?",
                 [r for b in batch for r in b.ranks])
-            con.executemany("INSERT INTO simulations VALUES (?,?,?,?,?,?)", [b.simulation for b in batch])
+            con.executemany(columns.insert("simulations", columns.SIMULATION_ROW), [b.simulation for b in batch])
             con.executemany("UPDATE trees SET simulations=?, solved=? WHERE id=?", [b.tree for b in batch])
             con.executemany(  # terminal-page screenshots (web env): JPEG bytes only, kept out of `nodes`
-                "INSERT OR REPLACE INTO node_media VALUES (?,?,'screenshot',?)",
+                columns.insert("node_media", columns.NODE_MEDIA_ROW, "INSERT OR REPLACE", "?,?,'screenshot',?"),
                 [r for b in batch for r in b.media])
 
     def load_tree(self, tree_id: int) -> SearchTree | None:

@@ -135,7 +135,7 @@ class TrainingStore(Connection):
         with self.transaction() as con:
             (seq,) = con.execute("SELECT COALESCE(MAX(seq), -1) + 1 FROM job_metrics WHERE job_id=?",
                                  (job_id,)).fetchone()
-            con.execute("INSERT INTO job_metrics VALUES (?,?,?,?,?)",
+            con.execute(columns.insert("job_metrics", columns.JOB_METRIC_ROW),
                         (job_id, seq, step, time.time(), json.dumps(data)))
 
     def job_metrics(self, job_id: str) -> list[dict[str, Any]]:
@@ -225,7 +225,7 @@ class TrainingStore(Connection):
         eval_id = uuid.uuid4().hex[:10]
         with self.transaction() as con:
             con.execute(
-                "INSERT INTO evaluations VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                columns.insert("evaluations", columns.EVALUATION_ROW),
                 (eval_id, model, env, split, json.dumps(list(task_ids)), mode, json.dumps(config),
                  json.dumps(metrics), json.dumps(list(episodes)), job_id, time.time()),
             )
@@ -265,7 +265,7 @@ class TrainingStore(Connection):
     def save_iteration(self, loop_id: str, idx: int, method: str, data: dict[str, Any]) -> None:
         """One iteration of a training loop (its run, data counts, model, scores), replaced if present."""
         with self.transaction() as con:
-            con.execute("INSERT OR REPLACE INTO iterations VALUES (?,?,?,?,?)",
+            con.execute(columns.insert("iterations", columns.ITERATION_ROW, "INSERT OR REPLACE"),
                         (loop_id, idx, method, json.dumps(data), time.time()))
 
     def iterations(self, loop_id: str | None = None) -> list[dict[str, Any]]:
