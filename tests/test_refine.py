@@ -571,8 +571,10 @@ def test_cli_a_failed_run_leaves_an_existing_output_file_alone(tmp_path: Path, m
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]:
-    """`transformers serve` on the tiny random model (127.0.0.1 only, offline)."""
-    model = build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+    """`transformers serve` on the tiny random model (127.0.0.1 only, offline). 4096 positions: the random
+    model's garbage continuations (sampled by the server, unseeded) can grow a trajectory prompt past
+    2048 tokens, which the server refuses with HTTP 400 (seen once in a full slow run)."""
+    model = build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", positions=4096)
     with transformers_serve(model, tmp_path_factory.mktemp("serve")) as srv:
         yield srv
 

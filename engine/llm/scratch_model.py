@@ -39,8 +39,10 @@ def build_tiny_model(
     layers: int = 2,
     vocab: int = 384,
     corpus: list[str] | None = None,
+    positions: int = 2048,
 ) -> Path:
-    """Write a small Llama (~0.1M parameters at the defaults) and its tokenizer to `out_dir`.
+    """Write a small Llama (~0.1M parameters at the defaults) and its tokenizer to `out_dir`; `positions`:
+    its context length (prompt and answer).
     `corpus`: texts the tokenizer learns its merges from (short token sequences for them)."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -76,7 +78,7 @@ def build_tiny_model(
         num_attention_heads=4,
         num_key_value_heads=2,
         intermediate_size=2 * hidden,
-        max_position_embeddings=2048,
+        max_position_embeddings=positions,
         tie_word_embeddings=True,
         bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id,
