@@ -61,6 +61,7 @@ from engine.llm.base import GeneratorError
 from engine.search.mcts import SearchStats, TreeJob
 from engine.search.tree import Node, SearchTree, Simulation
 from engine.store import Store, StoreError
+from engine.store.runs import SimulationRows, simulation_rows
 
 INSTALL_HINT = 'Ray is not installed: pip install "orchard[ray]" (or "ray[default]>=2.60")'
 ADDRESS_HELP = "HOST:PORT, auto (the cluster this machine has joined) or empty (start a local Ray)"
@@ -507,19 +508,20 @@ class ShardedSearch:
                         break
                 batch = [e for e in batch if e[1] == self.attempts[e[0]]]  # late messages of replaced attempts
                 committed: list[tuple[TreeJob, Simulation]] = []
+                rows: list[SimulationRows] = []
                 t = time.perf_counter()
-                with self.store.transaction():
-                    for shard, _, kind, payload in batch:
-                        if kind != "sim":
-                            continue
-                        mirrors = by_shard[shard]
-                        tree_id, first, new, values, sim, pid = check_sim_message(loads_message(payload), mirrors)
-                        self.pids[shard] = pid
-                        mirror = mirrors[tree_id]
-                        mirror.apply(first, new, values, sim)
-                        assert mirror.job is not None
-                        self.store.save_simulation(tree_id, mirror.job.tree, sim, first)
-                        committed.append((mirror.job, sim))
+                for shard, _, kind, payload in batch:
+                    if kind != "sim":
+                        continue
+                    mirrors = by_shard[shard]
+                    tree_id, first, new, values, sim, pid = check_sim_message(loads_message(payload), mirrors)
+                    self.pids[shard] = pid
+                    mirror = mirrors[tree_id]
+                    mirror.apply(first, new, values, sim)
+                    assert mirror.job is not None
+                    rows.append(simulation_rows(tree_id, mirror.job.tree, sim, first))
+                    committed.append((mirror.job, sim))
+                self.store.save_simulations(rows)  # what arrived together: one transaction
                 stats.commit_s += time.perf_counter() - t
                 stats.simulations += len(committed)  # committed ones: a lost attempt's work is not counted
                 if self.progress is not None:
