@@ -15,7 +15,15 @@ import torch
 from tiny_model_fixture import CHATML_TEMPLATE as CHATML
 
 from engine.actions import CompositeAction
-from engine.llm.base import Completion, Generator, GeneratorError, Prompt, SampleRequest, SamplingParams
+from engine.llm.base import (
+    Completion,
+    ContextOverflow,
+    Generator,
+    GeneratorError,
+    Prompt,
+    SampleRequest,
+    SamplingParams,
+)
 from engine.llm.hf import HFGenerator
 from engine.prompts import HistoryStep, actor_prompt
 
@@ -158,6 +166,18 @@ def test_mixed_requests_in_one_call(gen: HFGenerator) -> None:
     alone = gen.sample([SampleRequest(_prompt(0), n=1, params=greedy)])[0][0]
     assert out[0][0].text == alone.text == out[4][0].text == out[4][1].text
     assert out[0][0].logprob == pytest.approx(alone.logprob, abs=1e-4)  # padding changes float noise only
+
+
+def test_a_request_past_the_positions_is_named_and_the_others_answered(gen: HFGenerator) -> None:
+    greedy = SamplingParams(temperature=0.0, max_tokens=6)
+    reqs = [SampleRequest(_prompt(0), params=greedy), SampleRequest(_prompt(1), params=SamplingParams(max_tokens=5000)),
+            SampleRequest(_prompt(2), n=2, params=greedy)]
+    with pytest.raises(ContextOverflow) as err:
+        gen.sample(reqs)
+    assert list(err.value.overflowed) == [1] and "exceeds the model's 4096 positions" in err.value.overflowed[1]
+    partial = err.value.partial
+    assert partial[1] is None and [len(o or []) for o in partial] == [1, 0, 2]
+    assert partial[0] is not None and partial[0][0].text == gen.sample([reqs[0]])[0][0].text
 
 
 def test_greedy_is_deterministic_and_seeds_reproduce(gen: HFGenerator) -> None:

@@ -15,11 +15,12 @@ from typing import Any
 
 import httpx
 import pytest
+from canned_http import canned_server
 from fuzz_data import model_outputs
 from serve_fixture import free_port, transformers_serve
 from tiny_model_fixture import build_tiny_model
 
-from engine.llm.base import GeneratorError, SampleRequest, SamplingParams
+from engine.llm.base import ContextOverflow, GeneratorError, SampleRequest, SamplingParams
 from engine.llm.openai_http import OpenAIGenerator, echo_logprob, parse_choices
 
 PROMPT = [
@@ -375,3 +376,34 @@ def test_a_key_goes_over_plain_http_only_to_loopback(monkeypatch: pytest.MonkeyP
     allowed = _offline(OpenAIGenerator(url, "m", api_key_env="ORCHARD_TEST_KEY", allow_http_key=True, **FAST), seen)
     assert allowed.sample([SampleRequest(PROMPT)])[0][0].text == "ok"
     assert seen[-1].headers["Authorization"] == f"Bearer {SECRET}" and SECRET not in repr(allowed)
+
+
+@pytest.mark.parametrize("said", [
+    "This model's maximum context length is 4096 tokens. However, you requested 5000 tokens",  # vLLM / OpenAI
+    "The prompt has 4917 tokens, but the model takes at most 4096, prompt and answer (`--max-model-len`).",
+    "the request exceeds the available context size, try increasing it",  # llama.cpp
+])
+def test_a_prompt_too_long_fails_alone_and_the_rest_of_the_batch_is_answered(said: str) -> None:
+    def answer(method: str, path: str, body: bytes) -> tuple[int, bytes]:
+        if "LONG" in json.loads(body)["messages"][-1]["content"]:
+            return 400, json.dumps({"error": {"message": said}}).encode()
+        return 200, json.dumps(_chat_body(["ok"])).encode()
+
+    long = [{"role": "user", "content": "LONG"}]
+    with canned_server(answer) as base:
+        gen = OpenAIGenerator(f"{base}/v1", "m", **FAST)
+        with pytest.raises(ContextOverflow) as err:
+            gen.sample([SampleRequest(PROMPT), SampleRequest(long), SampleRequest(PROMPT, n=2)])
+        assert list(err.value.overflowed) == [1] and said[:40] in err.value.overflowed[1]
+        assert [[c.text for c in o] if o else None for o in err.value.partial] == [["ok"], None, ["ok", "ok"]]
+        assert "1 of 3 prompts do not fit" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_400_about_something_else_still_fails_the_batch() -> None:
+    def answer(method: str, path: str, body: bytes) -> tuple[int, bytes]:
+        return 400, json.dumps({"error": {"message": "unknown field 'foo'"}}).encode()
+
+    with canned_server(answer) as base:
+        with pytest.raises(GeneratorError, match="unknown field") as err:
+            OpenAIGenerator(f"{base}/v1", "m", **FAST).sample([SampleRequest(PROMPT)])
+        assert not isinstance(err.value, ContextOverflow)

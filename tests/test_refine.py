@@ -39,7 +39,7 @@ from engine.datasets.refine import (
     verify_trajectory,
 )
 from engine.datasets.samples import to_conversations
-from engine.llm.base import Completion, GeneratorError, Prompt, SampleRequest
+from engine.llm.base import Completion, ContextOverflow, GeneratorError, Prompt, SampleRequest
 
 SCRIPT = check_script(EXAMPLE_SCRIPT)
 assert isinstance(SCRIPT, Script)
@@ -334,6 +334,28 @@ def test_rows_have_dm_observations_as_user_turns_and_flagged_turns_untrained() -
     assert generate(Scripted(good), PERSONAS[1:2]).samples[0].id == sample.id
 
 
+def test_a_prompt_too_long_for_the_model_fails_that_persona_only() -> None:
+    """A backend's ContextOverflow (one prompt past the model's context) fails that persona under the
+    rule "context", counted as a call; the batch's other answers are used and the run goes on."""
+
+    class Overflowing(Scripted):
+        def sample(self, requests: Sequence[SampleRequest]) -> list[list[Completion]]:
+            out = super().sample(requests)
+            long = {i: "prompt of 5000 tokens exceeds 4096" for i, r in enumerate(requests)
+                    if "persona number 1" in r.prompt[-1]["content"]}
+            if long:
+                raise ContextOverflow(long, [None if i in long else o for i, o in enumerate(out)])
+            return out
+
+    result = generate(Overflowing(good), PERSONAS)
+    s = result.stats
+    assert [sample.source["persona"]["id"] for sample in result.samples] == ["p0", "p2"]
+    assert [(f["persona"]["id"], f["stage"], f["reason"]) for f in result.failures] == [
+        ("p1", "script", "context: prompt of 5000 tokens exceeds 4096")]
+    assert (s.rows, s.failed, s.calls, dict(s.script_rejections)) == (2, 1, 5, {"context": 1})
+    assert result.failures[0]["cost"]["calls"] == 1
+
+
 def test_violation_truncates_and_asks_for_a_continuation() -> None:
     full = traj()
     broken = full[:5] + [{**full[5], "action": "fly to the moon"}] + full[6:]
@@ -571,9 +593,9 @@ def test_cli_a_failed_run_leaves_an_existing_output_file_alone(tmp_path: Path, m
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]:
-    """`transformers serve` on the tiny random model (127.0.0.1 only, offline). 4096 positions: the random
-    model's garbage continuations (sampled by the server, unseeded) can grow a trajectory prompt past
-    2048 tokens, which the server refuses with HTTP 400 (seen once in a full slow run)."""
+    """`transformers serve` on the tiny random model (127.0.0.1 only, offline). Its garbage continuations
+    (sampled by the server, unseeded) can grow a trajectory prompt past the model's positions: the server
+    refuses it with HTTP 400, and that persona fails under the rule "context" (seen in full slow runs)."""
     model = build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", positions=4096)
     with transformers_serve(model, tmp_path_factory.mktemp("serve")) as srv:
         yield srv
@@ -614,3 +636,4 @@ def test_pipeline_end_to_end_against_a_real_server(server: SimpleNamespace) -> N
         assert s.calls <= 3 * config.max_calls and s.continuations <= 3 * config.max_continuations
         assert s.rows + s.failed == 3 and sum(s.trajectory_rejections.values()) >= s.failed
         assert all(f["stage"] == "trajectory" and f["cost"]["calls"] <= config.max_calls for f in second.failures)
+

@@ -43,7 +43,7 @@ import regex
 from engine import safejson
 from engine.config import ConfigError
 from engine.datasets.samples import Sample, Task, Turn, stable_id, to_messages
-from engine.llm.base import Completion, Generator, Prompt, SampleRequest, SamplingParams
+from engine.llm.base import Completion, ContextOverflow, Generator, Prompt, SampleRequest, SamplingParams
 from engine.safejson import JSONLimitError
 
 ERRORS = ("none", "parameter", "logic", "location")
@@ -784,9 +784,16 @@ class _Pipeline:
             while queue and len(active) < self.config.jobs_in_flight:
                 active.append(queue.pop())
             requests = [self._request(job) for job in active]
-            outputs = self.generator.sample(requests)
+            overflowed: dict[int, str] = {}
+            try:
+                outputs: list[list[Completion] | None] = list(self.generator.sample(requests))
+            except ContextOverflow as exc:  # those personas fail; the others' answers are kept
+                outputs, overflowed = exc.partial, exc.overflowed
             self.stats.batches += 1
-            for job, req, out in zip(active, requests, outputs, strict=True):
+            for i, (job, req, out) in enumerate(zip(active, requests, outputs, strict=True)):
+                if i in overflowed:
+                    self._overflow(job, req, overflowed[i])
+                    continue
                 self._receive(job, req, out[0] if out else Completion(text="", finish_reason="error"))
             active = [job for job in active if not job.done]
             if self.on_batch is not None:
@@ -799,8 +806,7 @@ class _Pipeline:
                                 seed=_seed(c.seed, job.index, job.calls))
         return SampleRequest(job.prompt, n=1, params=params)
 
-    def _receive(self, job: _Job, req: SampleRequest, completion: Completion) -> None:
-        """Count the call's cost, then move the job on by what the model answered."""
+    def _count(self, job: _Job, req: SampleRequest, completion: Completion) -> None:
         s = self.stats
         chars = sum(len(m["content"]) for m in req.prompt)
         job.calls += 1
@@ -811,6 +817,19 @@ class _Pipeline:
         s.completion_tokens += completion.n_tokens
         s.prompt_chars += chars
         s.completion_chars += len(completion.text)
+
+    def _overflow(self, job: _Job, req: SampleRequest, message: str) -> None:
+        """The prompt (its script, prefix or retry grown past the model's context) was refused: the
+        call counts, and the persona fails under the rule "context" (the run goes on)."""
+        self._count(job, req, Completion(text="", finish_reason="error"))
+        stage = "script" if job.stage == "script" else "trajectory"
+        violation = Violation("context", -1, message)
+        self._reject(job, stage, violation)
+        self._fail(job, stage, f"context: {message}")
+
+    def _receive(self, job: _Job, req: SampleRequest, completion: Completion) -> None:
+        """Count the call's cost, then move the job on by what the model answered."""
+        self._count(job, req, completion)
         if job.stage == "script":
             self._after_script(job, completion.text)
         else:
@@ -925,7 +944,8 @@ def generate(
     `scripts` (same length, optional) skips script generation for personas whose entry is a
     checked Script (e.g. hand-written, or kept from an earlier run). `on_sample` sees each one as soon
     as it is verified (the CLI streams them to disk); `on_batch` sees the stats after every model call
-(progress, and a cancel: an exception it raises stops the run). Generator errors propagate."""
+(progress, and a cancel: an exception it raises stops the run). Generator errors propagate, except a
+    prompt too long for the model (ContextOverflow): that persona fails under the rule "context"."""
     config = config or RefineConfig()
     if scripts is not None and len(scripts) != len(personas):
         raise ValueError(f"{len(scripts)} scripts for {len(personas)} personas")

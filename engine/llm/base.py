@@ -9,9 +9,9 @@ Prompts are chat messages; each backend applies its own chat template.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Hashable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, as_completed, wait
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from engine.grammar import ActionGrammar
 
@@ -68,6 +68,40 @@ def is_canonical(ids: Sequence[int], text: str, encode: Callable[[str], Sequence
 
 class GeneratorError(RuntimeError):
     """A backend failed in a way the caller should report (bad URL, auth, model missing)."""
+
+
+class PromptTooLong(GeneratorError):
+    """One request's prompt plus its max_tokens does not fit the model's context: that request's
+    fault, not the batch's nor the server's, so the batch's other requests still get answers."""
+
+
+class ContextOverflow(GeneratorError):
+    """Raised by `sample` when some of the batch's requests did not fit the model's context.
+    `overflowed` maps their indices to the backend's message; `partial` holds every other request's
+    completions (None at the overflowed ones), so a caller that can drop a request loses no work."""
+
+    def __init__(self, overflowed: dict[int, str], partial: list[list[Completion] | None]) -> None:
+        first = min(overflowed)
+        super().__init__(f"{len(overflowed)} of {len(partial)} prompts do not fit the model's context; "
+                         f"request {first}: {overflowed[first]}")
+        self.overflowed, self.partial = overflowed, partial
+
+
+def gather(futures: Sequence[Future[list[Completion]]], abort: Any = None) -> list[list[Completion]]:
+    """The futures' results in order. The first error other than PromptTooLong sets `abort` (an
+    Event the calls watch, if given) and is raised once all have ended; PromptTooLong errors are
+    collected into one ContextOverflow after the others have answered."""
+    for fut in as_completed(futures):
+        exc = fut.exception()
+        if exc is not None and not isinstance(exc, PromptTooLong):
+            if abort is not None:
+                abort.set()
+            wait(futures)
+            raise exc
+    overflowed = {i: str(f.exception()) for i, f in enumerate(futures) if f.exception() is not None}
+    if overflowed:
+        raise ContextOverflow(overflowed, [None if i in overflowed else f.result() for i, f in enumerate(futures)])
+    return [f.result() for f in futures]
 
 
 @runtime_checkable

@@ -31,7 +31,16 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from engine.llm.base import Completion, GeneratorError, Prompt, SampleRequest, SamplingParams, is_canonical
+from engine.llm.base import (
+    Completion,
+    ContextOverflow,
+    GeneratorError,
+    Prompt,
+    PromptTooLong,
+    SampleRequest,
+    SamplingParams,
+    is_canonical,
+)
 from engine.llm.prefix_cache import PrefixCache
 from engine.torch_threads import torch_threads
 
@@ -238,7 +247,7 @@ class HFGenerator:
 
     def _check_length(self, n_prompt: int, n_new: int) -> None:
         if self.max_positions is not None and n_prompt + n_new > self.max_positions:
-            raise GeneratorError(
+            raise PromptTooLong(
                 f"{self.name}: prompt of {n_prompt} tokens + {n_new} new tokens exceeds the model's "
                 f"{self.max_positions} positions"
             )
@@ -249,10 +258,12 @@ class HFGenerator:
     # ---------------------------------------------------------------- sampling
 
     def sample(self, requests: Sequence[SampleRequest]) -> list[list[Completion]]:
-        """For each request, `request.n` completions, in order; every request in one batched pass."""
+        """For each request, `request.n` completions, in order; every request in one batched pass.
+        Requests that do not fit the model's positions are left out and named by ContextOverflow."""
         prompt_ids: list[list[int]] = []
         slot_of: dict[tuple[int, ...], int] = {}
         rows: list[_Row] = []
+        overflowed: dict[int, str] = {}
         for r, req in enumerate(requests):
             if req.n < 0:
                 raise ValueError(f"request {r}: n must be >= 0")
@@ -261,7 +272,11 @@ class HFGenerator:
             if req.params.temperature < 0 or not 0 < req.params.top_p <= 1:
                 raise ValueError(f"request {r}: temperature must be >= 0 and top_p in (0, 1]")
             ids = self.encode_prompt(req.prompt)
-            self._check_length(len(ids), req.params.max_tokens)
+            try:
+                self._check_length(len(ids), req.params.max_tokens)
+            except PromptTooLong as exc:  # the others are still answered (ContextOverflow below)
+                overflowed[r] = str(exc)
+                continue
             slot = slot_of.setdefault(tuple(ids), len(prompt_ids))
             if slot == len(prompt_ids):
                 prompt_ids.append(ids)
@@ -284,6 +299,8 @@ class HFGenerator:
         out: list[list[Completion]] = [[None] * req.n for req in requests]  # type: ignore[list-item]
         for row in rows:
             out[row.req][row.k] = self._completion(row)
+        if overflowed:
+            raise ContextOverflow(overflowed, [None if r in overflowed else o for r, o in enumerate(out)])
         return out
 
     def _completion(self, row: _Row) -> Completion:

@@ -43,11 +43,12 @@ import ipaddress
 import logging
 import os
 import random
+import re
 import threading
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Hashable, Sequence
-from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Self
@@ -55,7 +56,7 @@ from typing import Any, Literal, Self
 import httpx
 
 from engine import safejson
-from engine.llm.base import Completion, GeneratorError, Prompt, SampleRequest
+from engine.llm.base import Completion, GeneratorError, Prompt, PromptTooLong, SampleRequest, gather
 from engine.llm.thread_transport import ThreadTransport
 
 log = logging.getLogger(__name__)
@@ -133,6 +134,15 @@ def is_outage(exc: BaseException) -> bool:
 
 def _redact(text: str, secret: str | None) -> str:
     return text.replace(secret, "***") if secret else text
+
+
+# How servers word "the prompt does not fit" (vLLM, OpenAI, transformers serve, llama.cpp, TGI): a 400 that
+# says so is that one request's fault (engine.llm.base.PromptTooLong), not a broken client.
+_CONTEXT_WORDS = re.compile(
+    r"context length|context window|context_length|max[-_ ]model[-_ ]len|prompt (?:is )?too long|"
+    r"prompt has \d+ tokens|too many (?:input )?tokens|exceeds? the (?:model's )?(?:maximum|available) context",
+    re.IGNORECASE,
+)
 
 
 def _server_detail(resp: httpx.Response, secret: str | None) -> str:
@@ -367,7 +377,10 @@ class OpenAIGenerator:
                     return body
                 retryable = status in _RETRY_STATUS or status >= 500
                 if not retryable or last:
-                    raise self._http_error(url, status, _server_detail(resp, key), attempt + 1)
+                    detail = _server_detail(resp, key)
+                    if status in (400, 413, 422) and _CONTEXT_WORDS.search(detail):
+                        raise PromptTooLong(self._http_message(url, status, detail, attempt + 1))
+                    raise self._http_error(url, status, detail, attempt + 1)
                 why = f"HTTP {status}"
             delay = self.backoff_s * 2**attempt * random.uniform(0.5, 1.0)
             log.warning("%s: %s, retry %d/%d in %.2fs", url, why, attempt + 1, self.retries, delay)
@@ -514,19 +527,13 @@ class OpenAIGenerator:
 
     def sample(self, requests: Sequence[SampleRequest]) -> list[list[Completion]]:
         """For each request, `request.n` completions, in order (see the module docstring for `n`).
-        The first failure cancels the batch's other calls and is raised once they have ended."""
+        The first failure cancels the batch's other calls and is raised once they have ended, except a
+        prompt the server finds too long: the others are answered and ContextOverflow names it."""
         for i, req in enumerate(requests):
             if req.n < 0:
                 raise ValueError(f"request {i}: n must be >= 0")
         abort = threading.Event()
-        futures = [self.submit(req, abort=abort) for req in requests]
-        wait(futures, return_when=FIRST_EXCEPTION)
-        failed = next((f for f in futures if f.done() and f.exception() is not None), None)
-        if failed is not None:
-            abort.set()
-            wait(futures)
-            raise failed.exception()  # type: ignore[misc]
-        return [f.result() for f in futures]
+        return gather([self.submit(req, abort=abort) for req in requests], abort)
 
     # ---------------------------------------------------------------- scoring
 

@@ -18,10 +18,10 @@ import threading
 import time
 import zlib
 from collections.abc import Hashable, Sequence
-from concurrent.futures import FIRST_EXCEPTION, Future, wait
+from concurrent.futures import Future
 from typing import Any, Self
 
-from engine.llm.base import Completion, GeneratorError, Prompt, SampleRequest
+from engine.llm.base import Completion, GeneratorError, Prompt, SampleRequest, gather
 from engine.llm.openai_http import OpenAIGenerator, _init_options, is_outage, parse_spec, spec_query
 
 COOLDOWN_S = 30.0
@@ -141,13 +141,7 @@ class RoutedGenerator:
         return out
 
     def sample(self, requests: Sequence[SampleRequest]) -> list[list[Completion]]:
-        futures = [self.submit(r) for r in requests]
-        wait(futures, return_when=FIRST_EXCEPTION)
-        failed = next((f for f in futures if f.done() and f.exception() is not None), None)
-        if failed is not None:
-            wait(futures)
-            raise failed.exception()  # type: ignore[misc]
-        return [f.result() for f in futures]
+        return gather([self.submit(r) for r in requests])
 
     def logprobs(self, prompts: Sequence[Prompt], completions: Sequence[str]) -> list[float | None]:
         """Scored by the first server that answers (scoring has no tree to keep together)."""
