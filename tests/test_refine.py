@@ -39,7 +39,7 @@ from engine.datasets.refine import (
     verify_trajectory,
 )
 from engine.datasets.samples import to_conversations
-from engine.llm.base import Completion, ContextOverflow, GeneratorError, Prompt, SampleRequest
+from engine.llm.base import Completion, ContextOverflow, GeneratorError, Prompt, SampleRequest, SamplingParams
 
 SCRIPT = check_script(EXAMPLE_SCRIPT)
 assert isinstance(SCRIPT, Script)
@@ -637,3 +637,12 @@ def test_pipeline_end_to_end_against_a_real_server(server: SimpleNamespace) -> N
         assert s.rows + s.failed == 3 and sum(s.trajectory_rejections.values()) >= s.failed
         assert all(f["stage"] == "trajectory" and f["cost"]["calls"] <= config.max_calls for f in second.failures)
 
+
+        # The server's own wording for a prompt past its positions is recognised: that request alone fails.
+        huge = [{"role": "user", "content": " ".join(str(i) for i in range(5000))}]
+        small = [{"role": "user", "content": "hello"}]
+        params = SamplingParams(max_tokens=4)
+        with pytest.raises(ContextOverflow) as err:
+            gen.sample([SampleRequest(huge, params=params), SampleRequest(small, params=params)])
+        assert list(err.value.overflowed) == [0] and "HTTP 400" in err.value.overflowed[0]
+        assert err.value.partial[0] is None and len(err.value.partial[1] or []) == 1
