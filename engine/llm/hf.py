@@ -212,6 +212,9 @@ class HFGenerator:
         pad = tokenizer.pad_token_id
         self.pad_id: int = pad if pad is not None else self.eos_id
         self.max_positions: int | None = getattr(model.config, "max_position_embeddings", None)
+        # Decode into a KV buffer sized for the chunk (engine/llm/kv_buffer.py) instead of torch.cat per
+        # token; False keeps transformers' own cache (bench/kv_buffer.py compares the two).
+        self.kv_buffer = True
         # transformers >= 5.2x renamed `past_key_values` to `cache` (the old name warns).
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
@@ -330,6 +333,11 @@ class HFGenerator:
         # Copy each prompt's cache to its rows (n samples of one prompt share one prefill).
         src = torch.tensor([local[row.slot] for row in rows], device=self.device)
         cache.reorder_cache(src)
+        room = max(row.params.max_tokens for row in rows) - 1  # the last token is picked, never fed back
+        if self.kv_buffer and room > 0:
+            from engine.llm.kv_buffer import preallocate
+
+            preallocate(cache, room)
         logits = logits[src]
         mask, last_pos = mask[src], positions[src, -1]
 
