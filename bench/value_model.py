@@ -37,9 +37,10 @@ from engine.datasets.samples import TreeRef, tree_refs
 from engine.envs.textcraft import TextCraftEnv
 from engine.llm.registry import load_generator
 from engine.search.runner import new_run
+from engine.search.value_critic import ValueCritic
 from engine.store import Store
 from engine.train.common import resolve_model_path
-from engine.train.value_model import ValueCritic, ValueTrainConfig, train_value_model, value_examples
+from engine.train.value_model import ValueTrainConfig, train_value_model, value_examples
 
 
 def sibling_pairs(refs: list[TreeRef]) -> list[tuple[TreeRef, int, int]]:

@@ -38,7 +38,7 @@ class SearchConfig:
     critic_mapping: str = "linear"  # rank -> Q^: "linear" (1 - r/(K-1)) or "reciprocal" (1/(r+1))
     critic_max_tokens: int = 128
     value_model: str = field(default="", metadata={
-        "help": "a value-model folder (engine/train/value_model.py): with the critic on, Q^ of each candidate is "
+        "help": "a value-model folder (trained by engine/train/value_model.py): with the critic on, Q^ of each candidate is "
                 "its predicted value instead of the policy's ranking; empty = the policy critic"})
     alpha: float = field(default=0.5, metadata={"help": "eq. 10 weight of the MCTS value Q~ against the critic's Q^"})
     selection_value: str = "mcts"  # value in UCB1: "mcts" (Q~) or "combined" (eq. 10 Q)

@@ -15,8 +15,10 @@ it too. Nothing here creates a file except `cache_dir` (its folders are made on 
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 HOME_ENV = "ORCHARD_HOME"
@@ -100,3 +102,15 @@ def cache_dir(*parts: str) -> Path:
     path = Path(root).joinpath(*parts)
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+TRAIN_META = "orchard_train.json"  # the record Orchard writes beside a trained model's weights
+
+
+def read_train_meta(path: str | Path) -> dict[str, Any] | None:
+    """A model folder's `orchard_train.json` (what was trained from what), or None when absent or unreadable."""
+    try:
+        meta = json.loads((Path(path) / TRAIN_META).read_text())
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) else None

@@ -93,7 +93,7 @@ TRL_MODULE = "engine/train/trl_trainers.py"
 
 def test_sft_shares_helpers_with_dpo_through_common_modules_not_through_dpo() -> None:
     graph = import_graph()
-    assert "engine.train.tokens" in graph["engine.train.sft"] and "engine.train.selection" in graph["engine.train.sft"]
+    assert "engine.llm.tokens" in graph["engine.train.sft"] and "engine.train.selection" in graph["engine.train.sft"]
     assert "engine.train.dpo" not in graph["engine.train.sft"]
 
 
@@ -153,3 +153,12 @@ def test_the_stores_column_lists_name_only_the_schemas_columns() -> None:
     assert len(set(columns.PAIRS)) == len(columns.PAIRS) and "merge_key" in columns.PAIRS
     row = tuple(range(len(columns.JOBS)))
     assert columns.named(columns.JOBS, row)["cancel_requested"] == len(columns.JOBS) - 1
+
+
+def test_the_search_never_reaches_up_into_training() -> None:
+    """The value critic's inference half lives in engine/search/value_critic.py; the trainers sit above."""
+    graph = import_graph()
+    assert "engine.search.value_critic" in graph["engine.search.mcts"]
+    up = sorted(f"{m} -> {t}" for m, targets in graph.items() if _under(m, "engine.search")
+                for t in targets if _under(t, "engine.train"))
+    assert not up, "; ".join(up)

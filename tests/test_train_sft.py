@@ -11,10 +11,10 @@ from doubles import action_text
 from tiny_model_fixture import build_tiny_model
 
 from engine.datasets.samples import Sample, Task, Turn
+from engine.llm.tokens import encode_prompt
 from engine.prompts import actor_prompt
 from engine.train.common import TRAIN_META, TrainError
 from engine.train.sft import SFTTrainConfig, build_trainer, mix_revisions, rft_config, sft_rows, train_sft
-from engine.train.tokens import encode_prompt
 
 
 @pytest.fixture(scope="module")

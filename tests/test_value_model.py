@@ -13,14 +13,8 @@ from engine.config import ConfigError, SearchConfig, from_dict
 from engine.datasets.prm import PRMConfig
 from engine.prompts import actor_prompt
 from engine.search.mcts import MCTS, start_tree
-from engine.train.value_model import (
-    KIND,
-    ValueCritic,
-    ValueTrainConfig,
-    load_value_model,
-    train_value_model,
-    value_examples,
-)
+from engine.search.value_critic import KIND, ValueCritic, load_value_model
+from engine.train.value_model import ValueTrainConfig, train_value_model, value_examples
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.config import ConfigError
-from engine.datasets.samples import TreeRef, action_text, tree_task
-from engine.search.tree import SearchTree
+from engine.datasets.samples import DatasetError, TreeRef, tree_task
+from engine.search.value_critic import step_text as critic_step_text
 
 
 @dataclass(frozen=True)
@@ -39,13 +39,12 @@ class PRMConfig:
 
 
 def step_text(ref: TreeRef, node_id: int) -> str:
-    """A step as the PRM sees it: the composite action, then what the env answered."""
-    return tree_step_text(ref.tree, node_id)
-
-
-def tree_step_text(tree: SearchTree, node_id: int) -> str:
-    """`step_text` of a bare tree (the value critic renders a fresh expansion's candidates with it)."""
-    return f"{action_text(tree, node_id)}\nOBSERVATION: {tree.nodes[node_id].observation}"
+    """A step as the PRM sees it, as the value critic reads it: the composite action, then what the env
+    answered (engine/search/value_critic.py); a node with neither text nor action is a DatasetError."""
+    try:
+        return critic_step_text(ref.tree, node_id)
+    except ValueError as e:
+        raise DatasetError(str(e)) from None
 
 
 def prm_rows(refs: Sequence[TreeRef], config: PRMConfig = PRMConfig()) -> list[dict[str, Any]]:

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from engine.actions import FormatError, parse, render
+from engine.actions import FormatError, parse
 from engine.prompts import HistoryStep, actor_prompt
 from engine.search.tree import SearchTree
 
@@ -217,14 +217,11 @@ def tree_task(ref: TreeRef) -> Task:
 
 
 def action_text(tree: SearchTree, node_id: int) -> str:
-    """The composite action text of the edge into `node_id`: the model's own completion when
-    recorded (its log-prob belongs to that text), else the canonical rendering."""
-    node = tree.nodes[node_id]
-    if node.raw is not None:
-        return node.raw
-    if node.action is None:
+    """`SearchTree.action_text`, or a DatasetError naming the node that has neither text nor action."""
+    text = tree.action_text(node_id)
+    if text is None:
         raise DatasetError(f"task {tree.task.id} node {node_id}: neither a completion nor an action")
-    return render(node.action)
+    return text
 
 
 def path_turns(tree: SearchTree, path: Sequence[int], loss: bool | None, segment: str) -> list[Turn]:

@@ -45,7 +45,7 @@ class BufferedLayer(DynamicLayer):
         self._v[:, :, self._length : end] = value_states
         self._length = end
         self._views()
-        return self.keys, self.values
+        return self._k[:, :, :end], self._v[:, :, :end]
 
     def get_seq_length(self) -> int:
         return self._length

@@ -35,6 +35,7 @@ from engine.llm.base import Completion, Generator, GeneratorError, SampleRequest
 from engine.prompts import HistoryStep, actor_prompt
 from engine.search.critic import rank_candidates, rank_to_score
 from engine.search.tree import Node, SearchTree, Simulation
+from engine.search.value_critic import value_critic
 
 Requests = list[SampleRequest]
 Replies = list[list[Completion]]
@@ -592,8 +593,6 @@ class MCTS:
         """The value critic (`SearchConfig.value_model`; docs/decisions.md "A value model from the trees'
         returns"): Q^ of each readable candidate is the value model's prediction, ranks by it (ties in
         sampling order). Synchronous: a forward pass of K short rows asks the generator for nothing."""
-        from engine.train.value_model import value_critic
-
         t = time.perf_counter()
         scores = value_critic(self.config.value_model).score_nodes(
             job.tree, [n.id for n in valid], job.env_description)

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.actions import CompositeAction
+from engine.actions import CompositeAction, render
 from engine.envs.base import TaskSpec
 from engine.prompts import HistoryStep
 
@@ -101,6 +101,14 @@ class SearchTree:
     def history(self, node: Node) -> list[HistoryStep]:
         """Earlier steps up to and including `node`'s action, as prompts show them."""
         return [HistoryStep(n.action, n.observation) for n in self.path(node) if n.action is not None]
+
+    def action_text(self, node_id: int) -> str | None:
+        """The composite action text of the edge into `node_id`: the model's own completion when
+        recorded (its log-prob belongs to that text), else the canonical rendering; None for neither."""
+        node = self.nodes[node_id]
+        if node.raw is not None:
+            return node.raw
+        return render(node.action) if node.action is not None else None
 
     def commands(self, node: Node) -> list[str]:
         """The env commands that lead from reset to `node` (format errors step nothing)."""

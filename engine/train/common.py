@@ -23,9 +23,9 @@ from typing import Any, Self
 
 from engine import paths
 from engine.config import ConfigError, from_dict
+from engine.paths import TRAIN_META, read_train_meta
 from engine.progress import Reporter
 
-TRAIN_META = "orchard_train.json"
 TRAIN_FORMAT = 1
 PRECISIONS = ("auto", "fp32", "bf16")
 DISTRIBUTED = ("ddp", "fsdp")
@@ -344,13 +344,6 @@ def save_trained(trainer: Any, tokenizer: Any, out_dir: str | Path, meta: dict[s
     saved = save_model(model, tokenizer, out_dir, meta, state_dict=state) if acc.is_main_process else None
     acc.wait_for_everyone()
     return saved
-
-
-def read_train_meta(path: str | Path) -> dict[str, Any] | None:
-    try:
-        return json.loads((Path(path) / TRAIN_META).read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def default_output_dir(name: str) -> Path:

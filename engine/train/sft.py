@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine.config import ConfigError
 from engine.datasets.samples import KINDS, Sample
+from engine.llm.tokens import encode_completion, encode_prompt
 from engine.progress import MemoryReporter, Reporter
 from engine.store.review import LABEL_RULES
 from engine.train.common import (
@@ -47,7 +48,6 @@ from engine.train.common import (
     with_threads,
 )
 from engine.train.selection import keep_labelled
-from engine.train.tokens import encode_completion, encode_prompt
 
 if TYPE_CHECKING:
     from engine.store import FinalLabel, Store
