@@ -5,8 +5,8 @@ generator's buffer (engine/llm/kv_buffer.py) writes one column in place. This ru
 MCTS-at-inference evaluation as bench/prefix_cache.py (fit tasks drawn with the seed, constrained
 decoding, per-request seeds, the prefix cache on in both arms) with the buffer off (the baseline) and
 on, alternating `--repeats` times in one process, and prints per run: wall, simulations per second,
-and the ratio of the medians. First, the bare decode step: ms per step of the generator's own decode
-loop at 1, 20 and 80 rows of a 500-token prompt, for each cache (`--decode-only` stops there). Outcomes are printed beside the speed, not asserted equal (a sampled
+and the ratio of the medians. First, the bare decode step: ms per step at 1, 20 and 80 rows of 500
+tokens of context, for each cache (`--decode-only` stops there). Outcomes are printed beside the speed, not asserted equal (a sampled
 token can flip at a float near-tie).
 
     .venv/bin/python bench/kv_buffer.py [--tasks 8] [--simulations 2] [--k 4] [--max-steps 8] [--repeats 2]
@@ -25,32 +25,45 @@ sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from engine.envs.textcraft import TextCraftEnv
 from engine.evaluate import EvalConfig, evaluate
-from engine.llm.base import SampleRequest, SamplingParams
 from engine.llm.hf import HFGenerator
 from engine.llm.tiny_checkpoint import tiny_model_dir
+from engine.torch_threads import torch_threads
 
 
-def decode_steps(folder: str, threads: int, context: int = 500, steps: int = 40) -> None:
-    """ms per decode step: `HFGenerator.sample` of one fixed random prompt as `rows` sampled rows of up to
-    `steps` tokens; the call's time (prefill included) over the longest row's tokens."""
+def decode_steps(folder: str, threads: int, context: int = 500, steps: int = 40, repeats: int = 3) -> None:
+    """ms per bare decode step of the model (the loop HFGenerator runs: one token per row, the mask grown
+    by one): prefill `rows` random prompts of `context` tokens, then `steps` greedy steps with
+    transformers' cache and with the same cache moved into the buffer (`preallocate`); the best of
+    `repeats`, so a step's cost is not mixed with the prefill's or with rows ending early."""
     import torch
 
+    from engine.llm.kv_buffer import preallocate
+
     gen = HFGenerator(folder, device="cpu", seed=0, num_threads=threads, prefix_cache_mb=0)
-    vocab = gen.tokenizer.vocab_size
-    text = gen.tokenizer.decode(torch.randint(100, vocab - 1, (context,), generator=torch.Generator().manual_seed(0)))
-    prompt = [{"role": "user", "content": text}]
-    params = SamplingParams(temperature=1.0, max_tokens=steps, seed=0)
+    model, kw = gen.model, gen._cache_kw
     for rows in (1, 20, 80):
-        line = []
+        ids = torch.randint(100, model.config.vocab_size - 1, (rows, context), generator=torch.Generator().manual_seed(0))
+        best = {}
         for buffered in (False, True):
-            gen.kv_buffer = buffered
-            gen.sample([SampleRequest(prompt, n=rows, params=SamplingParams(temperature=1.0, max_tokens=2))])
-            t = time.perf_counter()
-            out = gen.sample([SampleRequest(prompt, n=rows, params=params)])[0]
-            wall = time.perf_counter() - t
-            line.append(wall / max(max(c.n_tokens for c in out), 1) * 1000)
-        print(f"  decode, {rows:>2} rows x {context} prompt tokens: {line[0]:6.1f} ms/step concatenating, "
-              f"{line[1]:6.1f} ms/step buffer ({line[0] / line[1]:.2f}x; prefill included)", flush=True)
+            times = []
+            for _ in range(repeats):
+                with torch.inference_mode(), torch_threads(threads):
+                    mask = torch.ones_like(ids)
+                    out = model(input_ids=ids, attention_mask=mask, use_cache=True, logits_to_keep=1)
+                    cache = getattr(out, kw)
+                    if buffered:
+                        preallocate(cache, steps)
+                    tokens, pos = out.logits[:, -1].argmax(-1), torch.full((rows,), context - 1)
+                    t = time.perf_counter()
+                    for _ in range(steps):
+                        mask, pos = torch.cat([mask, mask.new_ones((rows, 1))], dim=1), pos + 1
+                        out = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=pos[:, None],
+                                    use_cache=True, **{kw: cache})
+                        tokens = out.logits[:, -1].argmax(-1)
+                    times.append((time.perf_counter() - t) / steps * 1000)
+            best[buffered] = min(times)
+        print(f"  bare decode step, {rows:>2} rows x {context} tokens of context: {best[False]:6.1f} ms concatenating, "
+              f"{best[True]:6.1f} ms buffer ({best[False] / best[True]:.2f}x)", flush=True)
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
