@@ -16,7 +16,7 @@ import pytest
 import vllm_double
 from tiny_model_fixture import build_tiny_model
 
-from engine.llm.base import GeneratorError, SampleRequest, SamplingParams
+from engine.llm.base import ContextOverflow, GeneratorError, SampleRequest, SamplingParams
 from engine.llm.vllm_backend import (
     SCORING_KWARGS,
     VLLMGenerator,
@@ -274,6 +274,7 @@ def test_validation_errors_from_the_engine_are_generator_errors(fake_vllm: Path)
     """vLLM's client errors (the prompt-length check raises VLLMValidationError, not a ValueError)
     are one-line GeneratorErrors; its server errors (a dead engine) and crashes are not."""
     gen = VLLMGenerator(fake_vllm, max_model_len=8)
+    FakeLLM.instances[-1].llm_engine.model_config = None  # an engine that does not say its limit: vLLM refuses
     with pytest.raises(GeneratorError, match=r"vLLM refused the request: The decoder prompt \(length \d+\) is longer"
                        ) as info:
         gen.sample([SampleRequest(PROMPT)])
@@ -396,3 +397,16 @@ def test_constrained_log_probs_are_rescored_without_the_mask(fake_vllm: Path) ->
     raw_out = FakeLLM.instances[0].generate([{"prompt_token_ids": gen.encode_prompt(PROMPT)}], [masked])[0]
     engine_sum = sum(step[t].logprob for step, t in zip(raw_out.outputs[0].logprobs, raw_out.outputs[0].token_ids))
     assert engine_sum > constrained.logprob + 1.0
+
+
+def test_a_prompt_past_max_model_len_is_named_and_the_others_answered(fake_vllm: Path) -> None:
+    """The engine's limit is read from its model config; a prompt past it is left out of the batch (vLLM
+    would refuse the whole `generate` for it) and ContextOverflow carries the others' completions."""
+    gen = VLLMGenerator(fake_vllm)
+    gen._llm.llm_engine.model_config.max_model_len = len(gen.encode_prompt(PROMPT)) + 4
+    long = [{"role": "user", "content": PROMPT[-1]["content"] * 4}]
+    params = SamplingParams(temperature=0.0, max_tokens=3)
+    with pytest.raises(ContextOverflow) as err:
+        gen.sample([SampleRequest(PROMPT, params=params), SampleRequest(long, params=params)])
+    assert list(err.value.overflowed) == [1] and "longer than the engine's max_model_len" in err.value.overflowed[1]
+    assert err.value.partial[1] is None and len(err.value.partial[0] or []) == 1

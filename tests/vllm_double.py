@@ -183,7 +183,8 @@ class LLM:
         self.shift = 0.0
         self.dead = False
         self.asleep: int | None = None
-        self.llm_engine = NS(engine_core=NS(shutdown=self._shutdown))
+        # As vLLM's LLMEngine: the engine core, and the model config that carries the context limit.
+        self.llm_engine = NS(engine_core=NS(shutdown=self._shutdown), model_config=NS(max_model_len=self.max_model_len))
         self.shut = False
         type(self).instances.append(self)
 

@@ -35,7 +35,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
-from engine.llm.base import Completion, GeneratorError, Prompt, SampleRequest, SamplingParams, is_canonical
+from engine.llm.base import (
+    Completion, ContextOverflow, GeneratorError, Prompt, SampleRequest, SamplingParams, is_canonical,
+)
 
 log = logging.getLogger(__name__)
 
@@ -283,10 +285,13 @@ class VLLMGenerator:
                                  f"{_one_line(exc)}") from exc
 
     def sample(self, requests: Sequence[SampleRequest]) -> list[list[Completion]]:
-        """For each request, `request.n` completions, in order; all requests in one `generate`."""
+        """For each request, `request.n` completions, in order; all requests in one `generate`. A prompt
+        longer than the engine's max_model_len is left out and named by ContextOverflow."""
         sent: list[int] = []
         prompts: list[dict[str, list[int]]] = []
         params: list[Any] = []
+        overflowed: dict[int, str] = {}
+        limit = self._max_model_len()
         for r, req in enumerate(requests):
             if req.n < 0:
                 raise ValueError(f"request {r}: n must be >= 0")
@@ -298,8 +303,13 @@ class VLLMGenerator:
                 raise GeneratorError(f"{self.name}: request {r}: {exc}") from None
             if req.params.grammar is not None:
                 kwargs.update(self._structured(r, req.params.grammar.regex))
+            ids = self.encode_prompt(req.prompt)
+            if limit is not None and len(ids) > limit:  # vLLM would refuse the whole batch for it
+                overflowed[r] = (f"{self.name}: request {r}: prompt of {len(ids)} tokens is longer than the "
+                                 f"engine's max_model_len {limit}")
+                continue
             sent.append(r)
-            prompts.append({"prompt_token_ids": self.encode_prompt(req.prompt)})
+            prompts.append({"prompt_token_ids": ids})
             params.append(self._sampling_params(r, kwargs))
         out: list[list[Completion]] = [[] for _ in requests]
         if prompts:
@@ -311,7 +321,15 @@ class VLLMGenerator:
                 if is_greedy(requests[r].params) and len(comps) == 1:
                     comps = comps * requests[r].n  # greedy: n equal completions (see sampling_kwargs)
                 out[r] = comps
+        if overflowed:
+            raise ContextOverflow(overflowed, [None if r in overflowed else o for r, o in enumerate(out)])
         return out
+
+    def _max_model_len(self) -> int | None:
+        """The engine's context limit (`LLM.llm_engine.model_config.max_model_len`), None where unknown."""
+        config = getattr(getattr(self._llm, "llm_engine", None), "model_config", None)
+        limit = getattr(config, "max_model_len", None)
+        return limit if isinstance(limit, int) and limit > 0 else None
 
     def _unmasked(self, prompt_ids: list[int], comps: list[Completion]) -> list[Completion]:
         """Constrained completions with their log-probs re-scored teacher-forced, without the mask.
