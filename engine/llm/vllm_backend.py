@@ -36,7 +36,13 @@ from pathlib import Path
 from typing import Any, cast
 
 from engine.llm.base import (
-    Completion, ContextOverflow, GeneratorError, Prompt, SampleRequest, SamplingParams, is_canonical,
+    Completion,
+    ContextOverflow,
+    GeneratorError,
+    Prompt,
+    SampleRequest,
+    SamplingParams,
+    is_canonical,
 )
 
 log = logging.getLogger(__name__)
