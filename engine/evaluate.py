@@ -76,6 +76,9 @@ class EvalConfig:
     mcts_backup: str = field(default="reward", metadata={  # SearchConfig.backup
         "help": "mcts mode: value backed up, the terminal reward or max(reward, latched progress)",
         "choices": ("reward", "progress")})
+    mcts_value_model: str = field(default="", metadata={  # SearchConfig.value_model
+        "help": "mcts mode: a value-model folder (trained by engine/train/value_model.py) as the critic "
+                "in place of the policy's ranking"})
     # What an unreadable completion does (greedy/sampled): "terminal" ends the episode, as search does
     # (the headline); "observe" answers it with FORMAT_ERROR_OBSERVATION and goes on, as AgentGym's
     # servers answer an invalid action. It still counts as a step and a format error.
@@ -533,7 +536,7 @@ def _mcts_loop(generator: Generator, make_env: Callable[[], Env], description: s
                                   critic=config.mcts_critic, alpha=config.mcts_alpha,
                                   rollout_temperature=config.mcts_rollout_temperature,
                                   backup=config.mcts_backup, success_threshold=config.success_threshold, seed=_seed(seed, step),
-                                  constrained=config.constrained)
+                                  constrained=config.constrained, value_model=config.mcts_value_model)
             MCTS(generator, search).run([batch[k] for k in ks])
         still = []
         for i in active:

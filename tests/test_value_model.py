@@ -118,3 +118,30 @@ def test_config_errors_name_the_field(tmp_path) -> None:
     (tmp_path / "policy" / "orchard_train.json").write_text('{"kind": "sft"}')
     with pytest.raises(ConfigError, match="not a value-model folder"):
         ValueCritic(tmp_path / "policy")
+
+
+def test_mcts_at_inference_can_take_the_value_critic(policy_dir, tmp_path) -> None:
+    """EvalConfig.mcts_value_model reaches the search: the policy is never asked to rank, and an
+    evaluation with the critic off and a value model set is refused naming the field."""
+    from engine.evaluate import EvalConfig, evaluate
+
+    folder = random_value_model(policy_dir, tmp_path / "vm")
+    seen: list[str] = []
+
+    class Recording(ScriptedGenerator):
+        def sample(self, requests):
+            seen.extend(r.prompt[-1]["content"] for r in requests)
+            return super().sample(requests)
+
+    config = EvalConfig(mode="mcts", mcts_simulations=2, mcts_k=3, max_steps=3, max_tokens=64,
+                        mcts_value_model=str(folder))
+    episodes = evaluate(Recording(p_right=0.5, p_garbage=0.1), LineEnv, LineEnv().tasks()[:2], config).episodes
+    assert len(episodes) == 2 and seen and not any("CANDIDATES:" in p for p in seen)
+    critic, tree = ValueCritic(folder, num_threads=1), episodes[0].tree
+    parent = next(n for n in tree.nodes if n.children)
+    readable = [c for c in parent.children if not tree.nodes[c].format_error]
+    assert readable and [tree.nodes[c].Q_critic for c in readable] == pytest.approx(
+        critic.score_nodes(tree, readable, LineEnv().describe()), abs=1e-5)  # Q^ is the model's prediction
+    with pytest.raises(ConfigError, match=r"SearchConfig\.value_model: set, but critic is off"):
+        evaluate(Recording(), LineEnv, LineEnv().tasks()[:1],
+                 EvalConfig(mode="mcts", mcts_critic=False, mcts_value_model=str(folder), max_steps=2))

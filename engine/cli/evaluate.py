@@ -18,7 +18,7 @@ from engine.config import ConfigError, read_table
 
 EVAL_FLAGS = {"mode": "--mode", "temperature": "--temperature", "mcts_simulations": "--simulations",
               "mcts_backup": "--backup", "max_steps": "--max-steps", "max_tokens": "--max-tokens",
-              "format_errors": "--format-errors", "constrained": "--constrained"}
+              "format_errors": "--format-errors", "constrained": "--constrained", "mcts_value_model": "--value-model"}
 
 ITERATE_FLAGS = {"method": "--method", "model": "--model", "env": "--env", "iterations": "--iterations",
                  "tasks_per_iteration": "--tasks-per-iteration", "eval_tasks": "--eval-tasks", "seed": "--seed",
