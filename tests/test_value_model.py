@@ -145,3 +145,30 @@ def test_mcts_at_inference_can_take_the_value_critic(policy_dir, tmp_path) -> No
     with pytest.raises(ConfigError, match=r"SearchConfig\.value_model: set, but critic is off"):
         evaluate(Recording(), LineEnv, LineEnv().tasks()[:1],
                  EvalConfig(mode="mcts", mcts_critic=False, mcts_value_model=str(folder), max_steps=2))
+
+
+def test_the_cli_trains_a_value_model_from_a_stored_search_and_the_search_takes_it(policy_dir, tmp_path,
+                                                                                     monkeypatch, capsys) -> None:
+    """`orchard train value` reads the store's trees and saves a folder `orchard search --value-model` uses."""
+    import json
+
+    import engine.llm.registry
+    from engine.cli import main
+
+    db = tmp_path / "o.db"
+    monkeypatch.setattr(engine.llm.registry, "load_generator",
+                        lambda spec, log=print, **_kw: ScriptedGenerator(p_right=0.5, p_garbage=0.1))
+    assert main(["search", "--tasks", "0:2", "--simulations", "4", "--k", "3", "--no-critic", "--name", "s",
+                 "--db", str(db)]) == 0
+    out = tmp_path / "vm"
+    capsys.readouterr()
+    assert main(["train", "value", "--model", str(policy_dir), "--run", "s", "--out", str(out), "--epochs", "2",
+                 "--threads", "1", "--db", str(db)]) == 0
+    printed = capsys.readouterr().out
+    meta = json.loads((out / "orchard_train.json").read_text())
+    assert meta["kind"] == KIND and meta["examples"] > 0 and f"{meta['examples']} visited steps" in printed
+    assert main(["search", "--tasks", "0:1", "--simulations", "2", "--k", "3", "--value-model", str(out),
+                 "--name", "v", "--db", str(db)]) == 0
+    assert main(["train", "value", "--model", str(policy_dir), "--run", "nothing-like-it", "--out",
+                 str(tmp_path / "vm2"), "--db", str(db)]) == 2  # an unknown run: one line, nothing saved
+    assert not (tmp_path / "vm2").exists()

@@ -18,6 +18,7 @@ SEARCH_FLAGS = {
     "simulations": "--simulations", "k": "--k", "depth_limit": "--depth", "c_exp": "--c-exp", "alpha": "--alpha",
     "temperature": "--temperature", "rollout_temperature": "--rollout-temperature", "max_tokens": "--max-tokens",
     "trees_in_flight": "--trees-in-flight", "backup": "--backup", "seed": "--seed", "constrained": "--constrained",
+    "value_model": "--value-model",
 }
 
 

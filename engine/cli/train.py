@@ -1,4 +1,4 @@
-"""`orchard train dpo|sft|rft`, `orchard jobs [cancel|show|log]`.
+"""`orchard train dpo|sft|rft|value`, `orchard jobs [cancel|show|log]`.
 
 Wired into engine.cli by `add_parsers(sub, common)`. Only argparse is imported at start-up.
 Training runs as a job in its own process by default (the command prints the job id and returns;
@@ -149,6 +149,31 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------ parsers
 
 
+def cmd_train_value(args: argparse.Namespace) -> int:
+    """A value model from the stored trees' backed-up returns (engine/train/value_model.py), in this process:
+    a few epochs over a search's visited steps take seconds to minutes on CPU."""
+    from engine.datasets.builds import run_trees
+    from engine.datasets.prm import PRMConfig
+    from engine.store import Store
+    from engine.train.common import default_output_dir, resolve_model_path
+    from engine.train.value_model import ValueTrainConfig, train_value_model, value_examples
+
+    config = ValueTrainConfig(epochs=args.epochs, learning_rate=args.lr, num_threads=args.threads,
+                              prm=PRMConfig(min_visits=args.min_visits))
+    base = resolve_model_path(args.model, log=_log)
+    with Store(args.db, must_exist=True) as store:
+        runs = [store.find_run(r) for r in args.run] if args.run else [r.id for r in store.runs()]
+        refs = [ref for run_id in runs for ref in run_trees(store, run_id)]
+    examples = value_examples(refs, config.prm)
+    out = args.out or str(default_output_dir("value-model"))
+    meta = train_value_model(base, examples, out, config)
+    losses = [h["loss"] for h in meta.get("history", [])]
+    print(f"value model: {meta['examples']} visited steps ({meta['visits']} visits) from {len(refs)} trees of "
+          f"{len(runs)} run(s); loss {losses[0]:.4f} -> {losses[-1]:.4f}; saved to {out} "
+          f"(use it: orchard search --value-model {out}, orchard eval --mode mcts --value-model {out})")
+    return 0
+
+
 def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     """Register `train` and `jobs` on the CLI's top-level subparsers."""
     from engine.train.dpo import DPOTrainConfig
@@ -177,6 +202,17 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
         else:
             p.add_argument("--kind", help="sample kinds (default revision,good; rft: rft)")
         p.set_defaults(func=cmd_train)
+    v = tsub.add_parser("value", parents=[common], help="a value model from the trees' backed-up returns (the "
+                                                         "search's learned critic), trained in this process")
+    v.add_argument("--model", required=True, help="tiny | PATH | hf:PATH (the policy whose weights it starts from)")
+    v.add_argument("--run", action="append", help="only trees of this run (repeatable; default: all runs)")
+    v.add_argument("--out", help="output folder (default: data/models/trained/value-model)")
+    v.add_argument("--epochs", type=int, default=4)
+    v.add_argument("--lr", type=float, default=1e-4)
+    v.add_argument("--threads", type=int, default=2)
+    v.add_argument("--min-visits", dest="min_visits", type=int, default=1,
+                   help="leave out paths through a step visited fewer times")
+    v.set_defaults(func=cmd_train_value)
 
     j = sub.add_parser("jobs", parents=[common], help="list training jobs; cancel, show or read the log of one")
     j.add_argument("--json", action="store_true")
