@@ -9,7 +9,10 @@ import sqlite3
 import time
 from typing import Any
 
+from engine.store import columns
 from engine.store.records import HistoryEntry, StoreError
+
+_COLUMNS = {"pairs": columns.PAIRS, "samples": columns.SAMPLES}  # the curated tables' one column lists
 
 
 class ConflictError(StoreError):
@@ -18,11 +21,11 @@ class ConflictError(StoreError):
 
 def _current(con: sqlite3.Connection, table: str, noun: str, row_id: str, expected_version: int) -> dict[str, Any]:
     """The row as a dict, if it is still at `expected_version` (inside the writer's transaction)."""
-    cur = con.execute(f"SELECT * FROM {table} WHERE id=?", (row_id,))
-    row = cur.fetchone()
+    names = _COLUMNS[table]
+    row = con.execute(f"SELECT {columns.select(names)} FROM {table} WHERE id=?", (row_id,)).fetchone()
     if row is None:
         raise StoreError(f"no {noun} {row_id!r}")
-    old = dict(zip([d[0] for d in cur.description], row))
+    old = columns.named(names, row)
     if old["version"] != expected_version:
         at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(old["updated_at"]))
         raise ConflictError(f"{noun} {row_id} was changed by {old['updated_by']} at {at}; reload "
