@@ -256,3 +256,18 @@ def test_num_threads_apply_during_calls_only(gen: HFGenerator) -> None:
         hook.remove()
     assert seen and set(seen) == {1}
     assert torch.get_num_threads() == before
+
+
+def test_cuda_forward_context_leaves_out_cudnn_attention(gen: HFGenerator) -> None:
+    """On CUDA, torch's cuDNN attention rebuilt a plan per decode length (bf16 sampling 18x slower than
+    fp32 on an H200): the generator's forward context turns that backend off, and only inside it."""
+    on_cuda = HFGenerator.from_model(gen.model, gen.tokenizer)
+    on_cuda.device = torch.device("cuda")  # the context's choice only; nothing runs on a GPU here
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    with on_cuda._forward_context():
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        assert torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.mem_efficient_sdp_enabled()
+        assert torch.is_inference_mode_enabled()
+    assert torch.backends.cuda.cudnn_sdp_enabled() == before
+    with gen._forward_context():  # on the CPU the backends are left as they are
+        assert torch.backends.cuda.cudnn_sdp_enabled() == before
