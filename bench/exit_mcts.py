@@ -7,18 +7,26 @@ MCTS at inference (`EvalConfig(mode="mcts")`, measured +0.188 over greedy on tes
 fit tasks the greedy policy FAILS: every successful episode is a trajectory the policy could not
 produce, with the recoveries search found (`engine.datasets.distill.episode_samples`).
 
+`--operator sampled` replaces MCTS at inference by the cheapest search there is, N sampled episodes
+from each failed task's start (best-of-N at `--temperature`; each is one MCTS rollout's cost), so that
+far more fit tasks fit in the same time; the `--per-task` shortest distinct successes of each task
+are kept, so tasks that are easy to hit do not outweigh the rest.
+
 Per run (seed stated; nothing chosen on test):
 1. greedy on `--tasks` fit tasks drawn as the loop draws its first batch (Random(seed).sample);
-2. MCTS at inference on the ones greedy fails (`--simulations` per real step, K, backup);
+2. the operator on the ones greedy fails: MCTS at inference (`--simulations` per real step, K,
+   backup) or `--samples` sampled episodes;
 3. arms, each SFT from the base and evaluated greedily on the same held-out tasks:
-   `mcts` (the MCTS successes), `mcts+greedy` (plus the greedy successes on the same fit tasks:
-   the policy's own solved behaviour as an anchor against drift), `greedy` (those alone: the control
-   that says whether a gain comes from search's trajectories or from training on anything).
+   OP (the operator's successes, OP = mcts or sampled), `OP+greedy` (plus the greedy successes on the
+   same fit tasks: the policy's own solved behaviour as an anchor against drift), `greedy` (those
+   alone: the control that says whether a gain comes from search's trajectories or from training on
+   anything).
 Prints the data counts, simulations per second, each arm with its interval and the PAIRED interval
 of its gain over the base.
 
     .venv/bin/python bench/exit_mcts.py --split val --test-tasks 0 --tasks 48 --constrained
         [--simulations 4] [--k 4] [--backup reward] [--sft-lr 1e-4] [--epochs 3] [--arms mcts,mcts+greedy,greedy]
+    .venv/bin/python bench/exit_mcts.py --operator sampled --samples 8 --per-task 1 --tasks 192 ...
 """
 
 from __future__ import annotations
@@ -41,7 +49,24 @@ from engine.llm.registry import load_generator
 from engine.train.common import resolve_model_path
 from engine.train.sft import rft_config, train_sft
 
-ARMS = ("mcts", "mcts+greedy", "greedy")
+OPERATORS = ("mcts", "sampled")
+
+
+def shortest_per_task(episodes: list, per_task: int) -> list:
+    """The `per_task` shortest distinct successful episodes of each task (ties: the lower seed), in task order."""
+    by_task: dict[str, list] = {}
+    for e in episodes:
+        if e.success and e.turns and not e.prefix_steps:
+            by_task.setdefault(e.task_id, []).append(e)
+    kept = []
+    for found in by_task.values():
+        seen: set[tuple[str, ...]] = set()
+        for e in sorted(found, key=lambda e: (e.steps, e.seed)):
+            key = tuple(text for text, _ in e.turns)
+            if key not in seen and len(seen) < per_task:
+                seen.add(key)
+                kept.append(e)
+    return kept
 
 
 def main(argv: list[str] | None = None) -> Table:
@@ -53,10 +78,17 @@ def main(argv: list[str] | None = None) -> Table:
     ap.add_argument("--backup", choices=("progress", "reward"), default="reward")
     ap.add_argument("--sft-lr", type=float, default=1e-4)
     ap.add_argument("--epochs", type=float, default=3.0)
-    ap.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated arms of {', '.join(ARMS)}")
+    ap.add_argument("--operator", choices=OPERATORS, default="mcts",
+                    help="the search on the greedy failures: MCTS at inference, or --samples sampled episodes")
+    ap.add_argument("--samples", type=int, default=8, help="sampled operator: episodes per failed task")
+    ap.add_argument("--temperature", type=float, default=1.0, help="sampled operator: sampling temperature")
+    ap.add_argument("--per-task", type=int, default=1, help="sampled operator: shortest distinct successes kept per task")
+    ap.add_argument("--arms", default="", help="comma-separated arms of OP, OP+greedy, greedy (default: all three)")
     args = ap.parse_args(argv)
-    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
-    if unknown := set(arms) - set(ARMS):
+    op = args.operator
+    known = (op, f"{op}+greedy", "greedy")
+    arms = [a.strip() for a in (args.arms or ",".join(known)).split(",") if a.strip()]
+    if unknown := set(arms) - set(known):
         ap.error(f"unknown arm(s) {sorted(unknown)}")
 
     work = Path(tempfile.mkdtemp(prefix="orchard-exit-mcts-"))
@@ -64,8 +96,10 @@ def main(argv: list[str] | None = None) -> Table:
     fit = random.Random(args.seed).sample(TextCraftEnv().tasks("fit"), args.tasks)
     table = Table("Expert iteration from MCTS at inference on the fit tasks greedy fails, greedy on held-out tasks",
                   {"model": args.model, "tasks": f"{args.split}[:{len(tasks)}]", "seed": args.seed,
-                   "data": f"{args.tasks} fit tasks; MCTS {args.simulations} simulations per real step, K={args.k}, "
-                           f"{args.backup} backup, on the greedy failures",
+                   "data": f"{args.tasks} fit tasks; " + (
+                       f"MCTS {args.simulations} simulations per real step, K={args.k}, {args.backup} backup"
+                       if op == "mcts" else f"{args.samples} sampled episodes at temperature {args.temperature}, "
+                                            f"{args.per_task} shortest success(es) kept per task") + " on the greedy failures",
                    "sft": f"lr {args.sft_lr}, {args.epochs} epochs, batch 8"},
                   bootstrap=args.bootstrap, seed=args.seed, constrained=args.constrained)
     table.header()
@@ -80,19 +114,27 @@ def main(argv: list[str] | None = None) -> Table:
     failed = [task for task, e in zip(fit, greedy, strict=True) if not e.success]
     print(f"  data: greedy solves {len(fit) - len(failed)}/{len(fit)} fit tasks ({time.perf_counter() - t:.0f} s)",
           flush=True)
-    mcts_config = EvalConfig(**{**eval_config.__dict__, "mode": "mcts", "mcts_simulations": args.simulations,
-                                "mcts_k": args.k, "mcts_backup": args.backup})
     t = time.perf_counter()
-    played = evaluate(generator, TextCraftEnv, failed, mcts_config).episodes
+    if op == "mcts":
+        op_config = EvalConfig(**{**eval_config.__dict__, "mode": "mcts", "mcts_simulations": args.simulations,
+                                  "mcts_k": args.k, "mcts_backup": args.backup})
+        played = evaluate(generator, TextCraftEnv, failed, op_config).episodes
+        work_done = f"{sum(e.steps for e in played) * args.simulations} simulations"
+        kept = played
+    else:
+        op_config = EvalConfig(**{**eval_config.__dict__, "mode": "sampled", "temperature": args.temperature,
+                                  "seeds": tuple(args.seed * 1000 + i for i in range(args.samples))})
+        played = evaluate(generator, TextCraftEnv, failed, op_config).episodes
+        work_done = f"{len(played)} sampled episodes ({sum(e.steps for e in played)} steps)"
+        kept = shortest_per_task(played, args.per_task)
     seconds = time.perf_counter() - t
-    simulations = sum(e.steps for e in played) * args.simulations
-    solved = [e for e in played if e.success]
-    print(f"  data: MCTS at inference solves {len(solved)}/{len(failed)} of the greedy failures; {simulations} "
-          f"simulations in {seconds:.0f} s ({simulations / max(seconds, 1e-9):.2f} simulations/s)", flush=True)
+    solved = {e.task_id for e in played if e.success}
+    print(f"  data: {op} solves {len(solved)}/{len(failed)} of the greedy failures; {work_done} in {seconds:.0f} s",
+          flush=True)
     del generator
-    rows = {"mcts": episode_samples(played, failed, description),
+    rows = {op: episode_samples(kept, failed, description),
             "greedy": episode_samples(greedy, fit, description, kind="rft")}
-    rows["mcts+greedy"] = rows["mcts"] + rows["greedy"]
+    rows[f"{op}+greedy"] = rows[op] + rows["greedy"]
     print("  data: " + ", ".join(f"{name} {len(rows[name])} trajectories "
                                  f"({sum(len(s.turns) for s in rows[name])} steps)" for name in arms), flush=True)
     common = {"epochs": args.epochs, "batch_size": 8, "num_threads": 2, "device": "cpu", "precision": "fp32",
