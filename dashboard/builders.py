@@ -19,7 +19,9 @@ from engine.store import JobInfo, RunInfo, Store
 
 PAIR_HELP = {"alpha": "eq. 10 weight of the MCTS value Q~ against the critic's Q^ (default: the run's)",
              "theta": "minimum Q gap between chosen and rejected, strict",
-             "trajectory_pairs": "success-vs-failure trajectory pairs per task at most"}
+             "trajectory_pairs": "success-vs-failure trajectory pairs per task at most",
+             "min_visits": "compare a child only when this many simulations went through it (its Q~ a mean of "
+                           "that many rollouts)"}
 REVISION_HELP = {"alpha_good": "a good leaf has a final reward above this",
                  "beta_gap": "pair a bad leaf when the good one's reward is higher by more than this",
                  "max_per_task": "revision trajectories per task at most",

@@ -75,6 +75,7 @@ class IterateConfig:
     eval_tasks: str = field(default="", metadata={"help": "range/ids in the test split (default all)"})
     seed: int = field(default=0, metadata={"help": "loop seed"})
     theta: float = 0.1
+    min_visits: int = 1  # PairsConfig.min_visits (agentq): compare children visited this often only
     include_pending: bool = field(default=False, metadata={
         "help": "also train on rows nobody has curated (by default only approved / edited rows are used)"})
     gate_split: str = field(default="val", metadata={
@@ -105,6 +106,7 @@ class IterateConfig:
             "first_iteration": self.first_iteration >= 1,
             "tasks_per_iteration": self.tasks_per_iteration >= 1,
             "theta": self.theta >= 0,
+            "min_visits": self.min_visits >= 1,
             "revision_shares": bool(self.revision_shares) and all(0 < s <= 1 for s in self.revision_shares),
             "gate_confidence": 0 < self.gate_confidence < 1,
             "accumulate": not (self.accumulate and self.method not in DISTILL_METHODS),
@@ -368,7 +370,8 @@ def run_loop(store: Store, config: IterateConfig, reporter: Reporter | None = No
             out_dir = out_root / f"iter-{i}"
             if config.method == "agentq":
                 trees = Units(building, "data", len(refs), rows=0)
-                built = build_pairs(refs, PairsConfig(alpha=search.alpha, theta=config.theta),
+                built = build_pairs(refs, PairsConfig(alpha=search.alpha, theta=config.theta,
+                                                               min_visits=config.min_visits),
                                     on_tree=count_rows(trees, lambda so_far: so_far.pairs))
                 built.save(store, run_id)
                 train_cfg = config.dpo_config()

@@ -83,7 +83,7 @@ def random_trees(draw):
 
 
 def brute_force(tree: SearchTree, exact, alpha: Fraction, theta: Fraction,
-                refused: set | None = None) -> set[tuple[int, int, int]]:
+                refused: set | None = None, min_visits: int = 1) -> set[tuple[int, int, int]]:
     """Every ordered (node, a, b) of explored siblings with exact Q(a) - Q(b) > theta whose commands
     differ (both format errors with the same text count as the same); the others go to `refused`."""
 
@@ -101,7 +101,7 @@ def brute_force(tree: SearchTree, exact, alpha: Fraction, theta: Fraction,
     for node in tree.nodes:
         for a in node.children:
             for b in node.children:
-                if a != b and tree.nodes[a].N > 0 and tree.nodes[b].N > 0 and q(a) - q(b) > theta:
+                if a != b and min(tree.nodes[a].N, tree.nodes[b].N) >= min_visits and q(a) - q(b) > theta:
                     if not same(a, b):
                         out.add((node.id, a, b))
                     elif refused is not None:
@@ -110,14 +110,15 @@ def brute_force(tree: SearchTree, exact, alpha: Fraction, theta: Fraction,
 
 
 @settings(max_examples=300, deadline=None)
-@given(random_trees(), st.sampled_from(ALPHAS), st.sampled_from(THETAS))
+@given(random_trees(), st.sampled_from(ALPHAS), st.sampled_from(THETAS), st.sampled_from((1, 1, 2, 3)))
 @pytest.mark.slow
-def test_step_pairs_match_brute_force(data, alpha, theta):
+def test_step_pairs_match_brute_force(data, alpha, theta, min_visits):
     tree, exact = data
     refusals: list = []
-    pairs = step_pairs(TreeRef(tree, "run1", 7, DESC), PairsConfig(alpha=float(alpha), theta=float(theta)), refusals)
+    config = PairsConfig(alpha=float(alpha), theta=float(theta), min_visits=min_visits)
+    pairs = step_pairs(TreeRef(tree, "run1", 7, DESC), config, refusals)
     refused: set = set()
-    assert keys(pairs) == brute_force(tree, exact, alpha, theta, refused)
+    assert keys(pairs) == brute_force(tree, exact, alpha, theta, refused, min_visits)
     assert {(r.node_id, r.chosen_node, r.rejected_node) for r in refusals} == refused
     assert len(pairs) == len(keys(pairs))  # no duplicates
     for p in pairs:
@@ -135,6 +136,24 @@ def test_threshold_is_strict_at_the_boundary_in_exact_arithmetic():
         assert step_pairs(TreeRef(tree, "r"), config) == [], (high, low)
         config = PairsConfig(alpha=0.0, theta=0.09)
         assert keys(step_pairs(TreeRef(tree, "r"), config)) == {(0, a, b)}
+
+
+def test_decisive_nodes_only_compare_children_with_enough_rollouts():
+    """Hand-worked: at the root, `right` won 3 of 4 rollouts (Q~ 0.75), `left` 0 of 3 (0.0), `wait` its
+    one rollout (1.0). With min_visits 3 and alpha 1 (the rollouts alone) only right > left is decisive;
+    `wait`'s single lucky rollout decides nothing. With the default (1) wait beats both."""
+    tree = new_tree()
+    right = add(tree, 0, "right", N=4, value_sum=3.0, q_critic=0.0)
+    left = add(tree, 0, "left", N=3, value_sum=0.0, q_critic=1.0)
+    wait = add(tree, 0, "wait", N=1, value_sum=1.0, q_critic=0.0)
+    decisive = PairsConfig(alpha=1.0, theta=0.5, min_visits=3)
+    assert keys(step_pairs(TreeRef(tree, "r"), decisive)) == {(0, right, left)}
+    assert keys(step_pairs(TreeRef(tree, "r"), PairsConfig(alpha=1.0, theta=0.5))) == {
+        (0, right, left), (0, wait, left)}
+    assert keys(step_pairs(TreeRef(tree, "r"), PairsConfig(alpha=1.0, theta=0.2))) == {
+        (0, right, left), (0, wait, left), (0, wait, right)}
+    with pytest.raises(ConfigError, match="min_visits"):
+        PairsConfig(min_visits=0)
 
 
 def test_eq10_mixing_decides_the_direction():

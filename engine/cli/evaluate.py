@@ -23,7 +23,8 @@ EVAL_FLAGS = {"mode": "--mode", "temperature": "--temperature", "mcts_simulation
 ITERATE_FLAGS = {"method": "--method", "model": "--model", "env": "--env", "iterations": "--iterations",
                  "tasks_per_iteration": "--tasks-per-iteration", "eval_tasks": "--eval-tasks", "seed": "--seed",
                  "name": "--name", "include_pending": "--include-pending", "gate_split": "--gate-split",
-                 "gate_confidence": "--gate-confidence", "accumulate": "--accumulate"}
+                 "gate_confidence": "--gate-confidence", "accumulate": "--accumulate", "theta": "--theta",
+                 "min_visits": "--min-visits"}
 
 
 def _int(text: str, flag: str) -> int:

@@ -53,13 +53,15 @@ class PairsJob:
     alpha: float | None = None
     theta: float | None = None
     trajectory_pairs: int | None = None
+    min_visits: int | None = None
 
     def __post_init__(self) -> None:
         _required_text("pairs", "run", self.run)
         self.settings(0.5)  # the ranges: a bad theta is refused when the job is made
 
     def settings(self, run_alpha: float) -> PairsConfig:
-        given = {k: getattr(self, k) for k in ("alpha", "theta", "trajectory_pairs") if getattr(self, k) is not None}
+        given = {k: getattr(self, k) for k in ("alpha", "theta", "trajectory_pairs", "min_visits")
+                 if getattr(self, k) is not None}
         return PairsConfig(**{"alpha": run_alpha, **given})
 
 

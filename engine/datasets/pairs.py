@@ -52,11 +52,15 @@ PAIR_KINDS = ("step", "trajectory")
 @dataclass(frozen=True)
 class PairsConfig:
     """alpha: eq. 10 weight of the MCTS value; theta: the minimum value gap (strict);
-    trajectory_pairs: at most this many success-vs-failure pairs per task."""
+    trajectory_pairs: at most this many success-vs-failure pairs per task; min_visits: a child is
+    compared only when at least this many simulations went through it, so that its Q~ is a mean of
+    that many rollouts (with alpha 1 and a margin theta: pairs only at decisive nodes, valued by
+    rollouts instead of the critic)."""
 
     alpha: float = 0.5
     theta: float = field(default=0.1, metadata={"help": "minimum Q gap, strict"})
     trajectory_pairs: int = field(default=4, metadata={"help": "success-vs-failure trajectory pairs per task"})
+    min_visits: int = field(default=1, metadata={"help": "simulations through each compared child, at least"})
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.alpha <= 1.0:
@@ -65,6 +69,8 @@ class PairsConfig:
             raise ConfigError(f"pairs theta: must be >= 0, got {self.theta!r}")
         if self.trajectory_pairs < 0:
             raise ConfigError(f"pairs trajectory_pairs: must be >= 0, got {self.trajectory_pairs!r}")
+        if self.min_visits < 1:
+            raise ConfigError(f"pairs min_visits: must be >= 1, got {self.min_visits!r}")
 
 
 @dataclass(frozen=True)
@@ -223,13 +229,13 @@ def merge_duplicates(pairs: Sequence[Pair]) -> tuple[list[Pair], int]:
 
 
 def step_pairs(ref: TreeRef, config: PairsConfig, refused: list[Refusal] | None = None) -> list[Pair]:
-    """Every (node, winner, loser) with Q(winner) - Q(loser) > theta among explored children whose
-    commands differ (a same-command pair goes to `refused`)."""
+    """Every (node, winner, loser) with Q(winner) - Q(loser) > theta among children visited at least
+    `min_visits` times whose commands differ (a same-command pair goes to `refused`)."""
     tree, alpha, limit = ref.tree, config.alpha, config.theta + EPS
     nodes, task = tree.nodes, tree.task
     out: list[Pair] = []
     for node in nodes:
-        explored = [nodes[c] for c in node.children if nodes[c].N > 0]
+        explored = [nodes[c] for c in node.children if nodes[c].N >= config.min_visits]
         if len(explored) < 2:
             continue
         values = [c.value(alpha) for c in explored]

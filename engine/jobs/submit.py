@@ -105,9 +105,9 @@ def submit_search(store: Any, env: str = "textcraft", tasks: str = "", split: st
 
 
 def submit_pairs(store: Any, run: str, alpha: float | None = None, theta: float = 0.1, trajectory_pairs: int = 4,
-                 device: str | None = None) -> str:
+                 device: str | None = None, min_visits: int = 1) -> str:
     return submit_stage(store, "pairs", {"run": run, "alpha": alpha, "theta": theta,
-                                         "trajectory_pairs": trajectory_pairs}, device=device)
+                                         "trajectory_pairs": trajectory_pairs, "min_visits": min_visits}, device=device)
 
 
 def submit_revisions(store: Any, run: str, model: str, device: str | None = None, **settings: Any) -> str:
