@@ -1,6 +1,6 @@
 """TextCraft with its tasks repeated (ids `train-3~1`), for benches that need more trees than the 546
-tasks: `--env textcraft-repeat` once `register()` ran (bench/scale.py calls it at import, so the
-worker processes of a local-shard search, which re-import the bench's main module, know it too)."""
+tasks: `--env textcraft-repeat` once `register()` ran (bench/scale.py calls it at import; the worker
+processes of a local-shard search get the parent's env table, engine/search/local_shards.py)."""
 
 from __future__ import annotations
 

@@ -175,3 +175,19 @@ def test_shards_start_under_a_main_script_that_cannot_run_again(served, tmp_path
     assert sys.modules["__main__"] is main
     for task in tasks[:2]:
         assert _texts(trees[task.id]) == _texts(local[task.id])
+
+
+def test_an_env_registered_at_run_time_reaches_the_shard_workers(served, tmp_path, monkeypatch):
+    """A bench (or a notebook) registers its own env in the parent; the workers, started without the
+    parent's __main__, must know it too (bench/scale.py's textcraft-repeat failed 'unknown env')."""
+    from engine.envs import registry
+
+    url, tasks, local = served
+    monkeypatch.setitem(registry.BUILTIN, "textcraft-again", "engine.envs.textcraft:TextCraftEnv")
+    with Store(tmp_path / "registered.db") as store:
+        search = prepare_run(store, "textcraft-again", tasks[:2], f"openai:{url}#m", CFG, "registered", shards=2)
+        search.run()
+        assert store.run(search.run_id).status == "finished"
+        trees = _trees(store, search.run_id)
+    for task in tasks[:2]:
+        assert _texts(trees[task.id]) == _texts(local[task.id])

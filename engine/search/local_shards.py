@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from engine.envs import registry
 from engine.envs.base import TaskSpec
 from engine.search.mcts import SearchStats
 from engine.search.ray_search import Events, ShardedSearch, new_mirrors, resume_mirrors, shard_messages
@@ -94,10 +95,18 @@ def shard_model_spec(model_spec: str, shard: int, n_shards: int) -> str:
 
 
 def _worker(conn: Any, env_spec: str, model_spec: str, config: dict[str, Any],
-            items: list[tuple[int, TaskSpec, SearchTree | None]], allow_http_key: bool | None) -> None:
+            items: list[tuple[int, TaskSpec, SearchTree | None]], allow_http_key: bool | None,
+            envs: dict[str, str] | None = None) -> None:
     """A worker process's body: the shard's messages down the pipe, each tagged by its kind's first
-    letter (s: a simulation, d: done, e: an error line)."""
+    letter (s: a simulation, d: done, e: an error line). `envs`: the parent's env table, so that an
+    env registered at run time (`registry.BUILTIN[name] = "module:Class"`) is known here too: the
+    worker starts without the parent's `__main__` (see `_bare_main`), which may be what registered it."""
     try:
+        if envs:
+            from engine.envs import registry
+
+            for name, target in envs.items():
+                registry.BUILTIN.setdefault(name, target)
         for kind, payload in shard_messages(env_spec, model_spec, config, items, allow_http_key):
             conn.send_bytes(kind[:1].encode() + payload)
     except BaseException as e:  # noqa: BLE001 - loading the model or the env failed: the driver reports it
@@ -166,7 +175,7 @@ class LocalShards(ShardedSearch):
         proc = self._context.Process(
             target=_worker, name=f"orchard-shard-{shard}", daemon=True,
             args=(theirs, self.env_spec, shard_model_spec(self.model_spec, shard, n_shards), asdict(config), items,
-                  self.allow_http_key))
+                  self.allow_http_key, dict(registry.BUILTIN)))
         with _bare_main():
             proc.start()
         theirs.close()  # the worker's end: only the worker holds it, so its death ends our reads
