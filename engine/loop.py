@@ -287,6 +287,7 @@ def run_loop(store: Store, config: IterateConfig, reporter: Reporter | None = No
     from engine.train.common import resolve_model_path
     from engine.train.dpo import labelled_pairs, run_backends, train_dpo
     from engine.train.gate import decide
+    from engine.train.served_precision import VISIBLE_ENOUGH, serves_in_bf16, visible_share
     from engine.train.sft import labelled_samples, mix_revisions, train_sft
 
     reporter = reporter or MemoryReporter()
@@ -444,6 +445,12 @@ def run_loop(store: Store, config: IterateConfig, reporter: Reporter | None = No
                                              config=asdict(train_cfg), metrics=result.metrics))
                 record["model"] = str(result.output)
                 record["train"] = dict(result.metrics)
+                if serves_in_bf16(config.model):  # issue 29 item 8: a bf16 server may not see a small update
+                    record["served_bf16_share"] = share = visible_share(start, result.output)
+                    if share is not None and share < VISIBLE_ENOUGH:
+                        reporter.log(f"iteration {i}: WARNING only {share:.1%} of the weights change once cast to "
+                                     "bf16 as the next search serves them: it runs mostly the old policy (train "
+                                     "with a larger learning rate, or serve fp32)")
                 if gates:
                     gating = stage(i, "gate", "episodes")
                     if current_gate is None:

@@ -122,6 +122,7 @@ def test_iterate_with_a_vllm_spec_searches_trains_and_reloads(fake_vllm, models,
         loop_id = run_loop(store, config, reporter=reporter, make_env=lambda: LineEnv(6))
         first = store.iterations(loop_id)[1]
         assert first["pairs"] > 0 and "model" in first and "eval" in first, first
+        assert 0 < first["served_bf16_share"] <= 1  # a vllm: policy is served in bf16: the loop records what it sees
         assert store.run(first["run_id"]).model == f"vllm:{base.resolve()}"
     assert len(WeightsLLM.instances) == 1  # one engine for the base evaluation, the search and the new policy
     rpc = [c for c in WeightsLLM.instances[0].calls if c[0] == "rpc"]

@@ -38,6 +38,7 @@ from engine.datasets.samples import Sample, Task, Turn
 from engine.llm.base import SampleRequest, SamplingParams
 from engine.llm.hf import HFGenerator
 from engine.llm.scratch_model import build_tiny_model
+from engine.train.served_precision import visible_share
 from engine.train.sft import SFTTrainConfig, train_sft
 
 
@@ -171,9 +172,7 @@ def main() -> int:
         phase(rows, "dpo 85% held", dev, lambda: held_memory_dpo(model, pairs, dev, 1))
     reloads = {k: reload_check(r["output"], pairs, dev) for k, r in rows.items() if "output" in r}
     # What a bf16 server (vLLM's dtype auto, HF on CUDA) sees of the fp32 update at lr 1e-6.
-    base, trained = load_weights(model), load_weights(Path(rows["dpo full bf16"]["output"]))
-    rows["dpo full bf16"]["share_changed_as_served_bf16"] = share_changed(
-        {k: w.bfloat16().float() for k, w in base.items()}, {k: w.bfloat16().float() for k, w in trained.items()})
+    rows["dpo full bf16"]["share_changed_as_served_bf16"] = visible_share(model, rows["dpo full bf16"]["output"])
 
     checks = {
         "fp32 log-probs match scoring (<1e-3/token)": rows["hf sampling fp32"]["compared"] > 0

@@ -33,21 +33,7 @@ from train_dpo_bf16 import make_pairs
 
 from engine.llm.scratch_model import build_tiny_model
 from engine.train.dpo import DPOTrainConfig, train_dpo
-
-
-def load_weights(folder: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    return {k: v.float() for k, v in load_file(str(folder / "model.safetensors")).items()}
-
-
-def share_changed(base: dict[str, torch.Tensor], new: dict[str, torch.Tensor]) -> float:
-    changed = total = 0
-    for name, w in base.items():
-        if name in new:
-            changed += int((new[name] != w).sum())
-            total += w.numel()
-    return changed / max(total, 1)
+from engine.train.served_precision import load_weights, share_changed
 
 
 def orchard_run(model: Path, pairs: list, device: str, precision: str, lora: bool, steps: int) -> dict:
