@@ -446,9 +446,9 @@ def run_loop(store: Store, config: IterateConfig, reporter: Reporter | None = No
                 record["model"] = str(result.output)
                 record["train"] = dict(result.metrics)
                 if serves_in_bf16(config.model):  # issue 29 item 8: a bf16 server may not see a small update
-                    record["served_bf16_share"] = share = visible_share(start, result.output)
-                    if share is not None and share < VISIBLE_ENOUGH:
-                        reporter.log(f"iteration {i}: WARNING only {share:.1%} of the weights change once cast to "
+                    record["served_bf16_share"] = seen = visible_share(start, result.output)
+                    if seen is not None and seen < VISIBLE_ENOUGH:
+                        reporter.log(f"iteration {i}: WARNING only {seen:.1%} of the weights change once cast to "
                                      "bf16 as the next search serves them: it runs mostly the old policy (train "
                                      "with a larger learning rate, or serve fp32)")
                 if gates:
