@@ -21,7 +21,6 @@ from engine import paths
 from engine.actions import CompositeAction
 from engine.datasets.pairs import Pair
 from engine.datasets.samples import Sample
-from engine.search.tree import Node, SearchTree
 from engine.store import (
     HistoryEntry,
     MissingStoreError,
@@ -31,6 +30,7 @@ from engine.store import (
     TreeSummary,
     data_version,
 )
+from engine.tree_nodes import Node, SearchTree
 
 DB_ENV = paths.DB_ENV
 NO_RUNS = "No runs yet — run `make run` to search the demo tasks, then reload this page."

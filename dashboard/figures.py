@@ -17,7 +17,7 @@ from dashboard import data, lod
 from dashboard.layout import TreeLayout, layout_tree
 from dashboard.shape import TreeShape
 from engine.actions import CompositeAction
-from engine.search.tree import Node, SearchTree
+from engine.tree_nodes import Node, SearchTree
 
 EDGE_COLOR = "#b0b0b0"
 

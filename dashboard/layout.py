@@ -19,7 +19,7 @@ import numpy as np
 
 from dashboard.lod import subtree_sizes
 from dashboard.shape import TreeShape, as_shape
-from engine.search.tree import SearchTree
+from engine.tree_nodes import SearchTree
 
 
 def tidy_x(children: Sequence[Sequence[int]], root: int = 0, distance: float = 1.0) -> list[float]:

@@ -16,7 +16,7 @@ import heapq
 from collections.abc import Collection
 
 from dashboard.shape import TreeShape, as_shape
-from engine.search.tree import SearchTree
+from engine.tree_nodes import SearchTree
 
 DEFAULT_BUDGET = 3000  # markers drawn at most (plus the focus path's siblings if they exceed it)
 

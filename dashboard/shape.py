@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.search.tree import SearchTree
 from engine.store import TreeSkeleton
+from engine.tree_nodes import SearchTree
 
 
 @dataclass(frozen=True)

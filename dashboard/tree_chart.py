@@ -34,7 +34,7 @@ from dashboard import data, figures
 from dashboard.figures import short_command
 from dashboard.layout import TreeLayout
 from dashboard.shape import TreeShape, as_shape
-from engine.search.tree import SearchTree
+from engine.tree_nodes import SearchTree
 
 PICK = "pick"  # the point selection: a click names a node (its "id" field)
 ZOOM = "zoom"  # the interval selection bound to the scales: wheel zoom, drag pan, double-click resets

@@ -422,7 +422,7 @@ def _policy_loop(generator: Generator, description: str, lives: list[_Live], con
 def reroot(tree: Any, node_id: int) -> tuple[Any, int]:
     """A copy of `tree` keeping the path root..node (each ancestor with only its path child) and
     the subtree below `node_id`; returns (tree, the node's new id). Node ids stay creation-ordered."""
-    from engine.search.tree import Node, SearchTree
+    from engine.tree_nodes import Node, SearchTree
 
     chain = [0, *(n.id for n in tree.path(tree.nodes[node_id]))]
     keep: list[int] = list(chain)
@@ -452,7 +452,7 @@ def played_tree(searched: Sequence[tuple[Any, int, int]]) -> Any:
     next step's (grown) copy takes over; every other explored child keeps the subtree it had when it
     was passed over; the committed path's visit counts are the last step's. Nodes are numbered
     depth-first, parents before children; the one simulation recorded is the committed path."""
-    from engine.search.tree import Node, SearchTree, Simulation
+    from engine.tree_nodes import Node, SearchTree, Simulation
 
     nodes: list[Node] = []
     committed: dict[int, int] = {}  # step -> the new id of the child committed to at that step

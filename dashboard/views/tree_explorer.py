@@ -31,8 +31,8 @@ from dashboard import forms as fm
 from dashboard import jobs_panel as jp
 from dashboard.shape import TreeShape
 from dashboard.text import md
-from engine.search.tree import TERMINALS, Node
 from engine.store import RunInfo, Store
+from engine.tree_nodes import TERMINALS, Node
 
 MAX_TABLE_ROWS = 500
 NODE_INPUT = "te_node"

@@ -16,11 +16,11 @@ from typing import Any
 
 from engine.actions import CompositeAction
 from engine.envs.base import TaskSpec
-from engine.search.tree import Node, SearchTree, Simulation
 from engine.store import columns
 from engine.store.columns import named, select
 from engine.store.connection import Connection, _valid_text
 from engine.store.records import RunInfo, StoreError, TreeSkeleton, TreeSummary
+from engine.tree_nodes import Node, SearchTree, Simulation
 
 JPEG_MAGIC = b"\xff\xd8\xff"
 NODES_PER_QUERY = 500  # ids bound in one IN (...): far below SQLite's and PostgreSQL's limits

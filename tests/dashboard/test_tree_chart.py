@@ -17,8 +17,8 @@ from dashboard.layout import layout_tree
 from dashboard.shape import TreeShape
 from engine.actions import CompositeAction
 from engine.envs.base import TaskSpec
-from engine.search.tree import SearchTree
 from engine.store import Store
+from engine.tree_nodes import SearchTree
 
 
 @pytest.fixture(scope="module")

@@ -3,6 +3,8 @@
 
 The values of an edge (h, a) live on the child node it leads to. `N` and `value_sum` are the only
 fields that change after a node is created (backpropagation); everything else is written once.
+On the ground floor (no search, no store): the search grows it, the store saves and loads it, the
+data builders and the dashboard read it.
 """
 
 from __future__ import annotations
