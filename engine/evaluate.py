@@ -514,13 +514,12 @@ def _mcts_loop(generator: Generator, make_env: Callable[[], Env], description: s
         still = []
         for i in active:
             live, tree, current = jobs[i]
-            node = tree.nodes[current]
-            visited = [tree.nodes[c] for c in node.children if tree.nodes[c].N > 0]
+            chosen = tree.best_child(current, config.mcts_alpha)
             e = live.episode
-            if not visited:
+            if chosen is None:
                 e.terminal = "no_candidate"
                 continue
-            best = max(visited, key=lambda n: (n.value(config.mcts_alpha), n.N, -n.id))
+            best = tree.nodes[chosen]
             live.searched.append((tree, current, best.id))
             go_on = _apply(live, best.raw if best.raw is not None else "", config)
             jobs[i] = (live, tree, best.id)

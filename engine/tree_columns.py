@@ -50,18 +50,24 @@ def path(parent_of: Callable[[int], int | None], v: int) -> list[int]:
     return out[::-1]
 
 
+def best_child(children_of: Callable[[int], Sequence[int]], visits_of: Callable[[int], int],
+               value_of: Callable[[int], float], v: int) -> int | None:
+    """The visited child of `v` with the highest eq. 10 value (ties: more visits, then the older
+    child; children in id order); None when no child of `v` was visited."""
+    visited = [c for c in children_of(v) if visits_of(c) > 0]
+    return max(visited, key=lambda c: (value_of(c), visits_of(c))) if visited else None
+
+
 def best_path(children_of: Callable[[int], Sequence[int]], visits_of: Callable[[int], int],
               value_of: Callable[[int], float]) -> list[int]:
-    """Greedy descent from the root by eq. 10 value among visited children (ties: more visits, then
-    the older child): the path the dashboard highlights and runs are compared by."""
+    """Greedy descent from the root by `best_child`: the path the dashboard highlights and runs are
+    compared by (MCTS at inference commits to its first step)."""
     out: list[int] = []
-    v = 0
-    while True:
-        visited = [c for c in children_of(v) if visits_of(c) > 0]
-        if not visited:
-            return out
-        v = max(visited, key=lambda c: (value_of(c), visits_of(c)))
+    v = best_child(children_of, visits_of, value_of, 0)
+    while v is not None:
         out.append(v)
+        v = best_child(children_of, visits_of, value_of, v)
+    return out
 
 
 def reroot_ids(parent_of: Callable[[int], int | None], children_of: Callable[[int], Sequence[int]],

@@ -18,7 +18,7 @@ from typing import Any
 from engine.actions import CompositeAction, render
 from engine.envs.base import TaskSpec
 from engine.prompts import HistoryStep
-from engine.tree_columns import TreeColumns, best_path, path, q_mcts, reroot_ids, value
+from engine.tree_columns import TreeColumns, best_child, best_path, path, q_mcts, reroot_ids, value
 
 TERMINALS = ("success", "failure", "depth_limit", "format_error", "stopped")
 FORMAT = "orchard.tree/1"
@@ -57,6 +57,15 @@ class Node:
     def value(self, alpha: float) -> float:
         """Eq. 10: alpha * Q~ + (1 - alpha) * Q^ (Q~ alone when there is no critic score)."""
         return value(self.value_sum, self.N, self.Q_critic, alpha)
+
+
+def link_children(nodes: list[Node]) -> list[Node]:
+    """Fill in each node's `children` from the others' `parent` (nodes in id order, read or copied
+    without their children), in id order; returns `nodes`."""
+    for n in nodes:
+        if n.parent is not None:
+            nodes[n.parent].children.append(n.id)
+    return nodes
 
 
 @dataclass(frozen=True)
@@ -125,6 +134,12 @@ class SearchTree:
         """Greedy descent by eq. 10 value among visited children (the path the dashboard highlights)."""
         nodes = self.nodes
         return best_path(lambda v: nodes[v].children, lambda v: nodes[v].N, lambda v: nodes[v].value(alpha))
+
+    def best_child(self, node_id: int, alpha: float = 0.5) -> int | None:
+        """The visited child of `node_id` with the highest eq. 10 value (`best_path`'s step; None when
+        no child was visited): the move MCTS at inference commits to."""
+        nodes = self.nodes
+        return best_child(lambda v: nodes[v].children, lambda v: nodes[v].N, lambda v: nodes[v].value(alpha), node_id)
 
     def columns(self) -> TreeColumns:
         """This tree's numbers as columns, a snapshot (later visits do not change it): what the
@@ -254,9 +269,7 @@ class SearchTree:
                     author=str(d.get("author") or "policy"),
                 )
             )
-        for n in nodes:
-            if n.parent is not None:
-                nodes[n.parent].children.append(n.id)
+        link_children(nodes)
         sims = [Simulation(tuple(s["path"]), s["reward"], tuple(s.get("rollout", ())),
                            tuple((str(t[0]), str(t[1])) for t in s.get("turns", ()))) for s in doc["simulations"]]
         return cls(task=task, nodes=nodes, simulations=sims)
@@ -301,7 +314,5 @@ def reroot(tree: SearchTree, node_id: int) -> tuple[SearchTree, int]:
         n = old[o]
         nodes.append(Node(**{k: v for k, v in n.__dict__.items() if k not in ("children", "id", "parent")},
                           id=new_id[o], parent=new_id[n.parent] if n.parent is not None else None))
-    for n in nodes:
-        if n.parent is not None:
-            nodes[n.parent].children.append(n.id)
+    link_children(nodes)
     return SearchTree(task=tree.task, nodes=nodes, simulations=[]), new_id[node_id]

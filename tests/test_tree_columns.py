@@ -67,6 +67,8 @@ def test_values_and_best_path_by_hand(alpha: float) -> None:
     tree = search_tree()  # the search's nodes run the same algorithms
     assert [n.value(alpha) for n in tree.nodes] == pytest.approx(VALUES[alpha])
     assert tree.best_path(alpha) == BEST[alpha]
+    assert tree.best_child(0, alpha) == BEST[alpha][0] and tree.best_child(BEST[alpha][0], alpha) == (BEST[alpha][1:] or [None])[0]
+    assert tree.best_child(2, alpha) is None and tree.best_child(6, alpha) is None  # 6: never visited; a leaf
 
 
 def test_q_mcts_and_a_missing_critic_score() -> None:

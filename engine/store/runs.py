@@ -21,7 +21,7 @@ from engine.store.columns import named, select
 from engine.store.connection import Connection, _valid_text
 from engine.store.records import RunInfo, StoreError, TreeSummary
 from engine.tree_columns import NodeRows
-from engine.tree_nodes import Node, SearchTree, Simulation
+from engine.tree_nodes import Node, SearchTree, Simulation, link_children
 
 JPEG_MAGIC = b"\xff\xd8\xff"
 NODES_PER_QUERY = 500  # ids bound in one IN (...): far below SQLite's and PostgreSQL's limits
@@ -284,9 +284,7 @@ class RunsStore(Connection):
             if node.id != i:
                 raise StoreError(f"tree {tree_id}: node ids not contiguous at {i} (found {node.id})")
             nodes.append(node)
-        for n in nodes:
-            if n.parent is not None:
-                nodes[n.parent].children.append(n.id)
+        link_children(nodes)
         sims = [
             _simulation(json.loads(path), reward, json.loads(rollout))
             for path, reward, rollout in self.con.execute(
