@@ -56,8 +56,8 @@ from dashboard.lod import DEFAULT_BUDGET, choose_open
 from dashboard.tree_chart import chart_data, tree_rows
 from engine.actions import CompositeAction, render
 from engine.envs.base import TaskSpec
-from engine.search.tree import SearchTree, Simulation
 from engine.store import Store
+from engine.tree_nodes import SearchTree, Simulation
 
 T = TypeVar("T")
 ITEMS = ["oak planks", "stick", "crafting table", "iron ingot", "cobblestone", "furnace", "torch", "chest"]

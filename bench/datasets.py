@@ -24,7 +24,7 @@ from engine.datasets.formats import dpo_rows, write_rows
 from engine.datasets.pairs import PairsConfig, step_pairs
 from engine.datasets.samples import TreeRef
 from engine.envs.base import TaskSpec
-from engine.search.tree import SearchTree
+from engine.tree_nodes import SearchTree
 
 ITEMS = ["oak planks", "stick", "crafting table", "iron ingot", "cobblestone", "oak log", "torch", "coal"]
 

@@ -31,8 +31,8 @@ from engine.envs.textcraft_expert import plan
 
 if TYPE_CHECKING:
     from engine.datasets.pairs import Pair
-    from engine.search.tree import SearchTree
     from engine.store import Store
+    from engine.tree_nodes import SearchTree
 
 
 def command_helps(env: TextCraftEnv, command: str) -> bool:

@@ -16,12 +16,10 @@ from typing import Any
 
 import streamlit as st
 
-from dashboard.shape import TreeShape
 from engine import paths
 from engine.actions import CompositeAction
 from engine.datasets.pairs import Pair
 from engine.datasets.samples import Sample
-from engine.search.tree import Node, SearchTree
 from engine.store import (
     HistoryEntry,
     MissingStoreError,
@@ -31,6 +29,8 @@ from engine.store import (
     TreeSummary,
     data_version,
 )
+from engine.tree_columns import TreeColumns
+from engine.tree_nodes import Node, SearchTree
 
 DB_ENV = paths.DB_ENV
 NO_RUNS = "No runs yet — run `make run` to search the demo tasks, then reload this page."
@@ -145,7 +145,7 @@ def load_tree(path: str, tree_id: int, version: Version) -> SearchTree | None:
     return read_tree(path, tree_id)
 
 
-def read_shape(path: str, tree_id: int, since: TreeShape | None = None) -> TreeShape | None:
+def read_shape(path: str, tree_id: int, since: TreeColumns | None = None) -> TreeColumns | None:
     """The tree's shape without texts (None until its root is written). With `since` (an older
     shape of the same tree), only the nodes added after it are read, plus every node's visits;
     a tree that does not continue `since` (another task's, or a commit between the two reads) is
@@ -157,15 +157,15 @@ def read_shape(path: str, tree_id: int, since: TreeShape | None = None) -> TreeS
             if new.task_id == since.task_id and len(visits[0]) == len(since) + len(new):
                 return since.extended(new, visits)
         sk = store.tree_skeleton(tree_id)
-    return TreeShape.from_skeleton(sk) if len(sk) else None
+    return TreeColumns.from_rows(sk) if len(sk) else None
 
 
-_LAST_SHAPE: dict[tuple[str, int], TreeShape] = {}  # newest shape read per tree: the base of the next
+_LAST_SHAPE: dict[tuple[str, int], TreeColumns] = {}  # newest shape read per tree: the base of the next
 _SHAPE_LOCK = threading.Lock()
 
 
 @st.cache_resource(show_spinner=False, max_entries=8)
-def load_shape(path: str, tree_id: int, version: Version) -> TreeShape | None:
+def load_shape(path: str, tree_id: int, version: Version) -> TreeColumns | None:
     """The committed tree's shape at `version`, shared (never changed). While a search commits, each
     new version reads only what was added since the newest shape read before (`read_shape`)."""
     with _SHAPE_LOCK:

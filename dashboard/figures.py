@@ -15,9 +15,9 @@ import streamlit as st
 
 from dashboard import data, lod
 from dashboard.layout import TreeLayout, layout_tree
-from dashboard.shape import TreeShape
 from engine.actions import CompositeAction
-from engine.search.tree import Node, SearchTree
+from engine.tree_columns import TreeColumns
+from engine.tree_nodes import Node, SearchTree
 
 EDGE_COLOR = "#b0b0b0"
 
@@ -58,7 +58,7 @@ def matching_texts(rows: Iterable[tuple[int, CompositeAction | None, str | None]
 # Rebuilt only when one of these changes (`dashboard.tree_chart.cached_chart_data` builds on them).
 
 
-def _shape(path: str, tree_id: int, version: data.Version) -> TreeShape:
+def _shape(path: str, tree_id: int, version: data.Version) -> TreeColumns:
     shape = data.load_shape(path, tree_id, version)
     if shape is None:
         raise ValueError(f"tree {tree_id} has no nodes yet")

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from dashboard.lod import subtree_sizes
-from dashboard.shape import TreeShape, as_shape
-from engine.search.tree import SearchTree
+from engine.tree_columns import TreeColumns
+from engine.tree_nodes import SearchTree
 
 
 def tidy_x(children: Sequence[Sequence[int]], root: int = 0, distance: float = 1.0) -> list[float]:
@@ -144,13 +144,13 @@ class TreeLayout:
 
 
 def layout_tree(
-    tree: SearchTree | TreeShape, max_depth: int | None = None, collapsed: Iterable[int] = (), distance: float = 1.0,
+    tree: SearchTree | TreeColumns, max_depth: int | None = None, collapsed: Iterable[int] = (), distance: float = 1.0,
     opened: Collection[int] | None = None, sizes: Sequence[int] | None = None,
 ) -> TreeLayout:
     """Lay out the part of `tree` that is shown: depth <= max_depth, nothing below a collapsed node;
     or, when `opened` is given (a level of detail, `dashboard.lod`), the root and the children of
     the `opened` nodes only. `sizes`: subtree sizes, when the caller has them already."""
-    shape = as_shape(tree)
+    shape = TreeColumns.from_tree(tree)
     children, depth = shape.children, shape.depth
     folded = set(collapsed)
     limit = max_depth if max_depth is not None else len(depth)

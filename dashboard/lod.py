@@ -15,25 +15,19 @@ from __future__ import annotations
 import heapq
 from collections.abc import Collection
 
-from dashboard.shape import TreeShape, as_shape
-from engine.search.tree import SearchTree
+from engine.tree_columns import TreeColumns
+from engine.tree_nodes import SearchTree
 
 DEFAULT_BUDGET = 3000  # markers drawn at most (plus the focus path's siblings if they exceed it)
 
 
-def subtree_sizes(tree: SearchTree | TreeShape) -> list[int]:
-    """Nodes in each node's subtree, itself included (node ids are created parents-first)."""
-    parent = as_shape(tree).parent
-    size = [1] * len(parent)
-    for v in range(len(parent) - 1, 0, -1):
-        p = parent[v]
-        if p is not None:
-            size[p] += size[v]
-    return size
+def subtree_sizes(tree: SearchTree | TreeColumns) -> list[int]:
+    """Nodes in each node's subtree, itself included (`TreeColumns.subtree_sizes`)."""
+    return TreeColumns.from_tree(tree).subtree_sizes()
 
 
 def choose_open(
-    tree: SearchTree | TreeShape,
+    tree: SearchTree | TreeColumns,
     budget: int = DEFAULT_BUDGET,
     focus: int | None = None,
     max_depth: int | None = None,
@@ -45,7 +39,7 @@ def choose_open(
     The path to `focus` and its children are opened first, even past the budget; then the focus's
     subtree, then the rest, most visits first, for as long as whole sibling groups fit.
     """
-    shape = as_shape(tree)
+    shape = TreeColumns.from_tree(tree)
     children, depth, visits, parent = shape.children, shape.depth, shape.N, shape.parent
     folded = set(collapsed)
     limit = max_depth if max_depth is not None else len(shape)
@@ -96,9 +90,9 @@ def choose_open(
     return frozenset(opened)
 
 
-def visible_ids(tree: SearchTree | TreeShape, opened: Collection[int]) -> list[int]:
+def visible_ids(tree: SearchTree | TreeColumns, opened: Collection[int]) -> list[int]:
     """The drawn nodes for `opened` (breadth-first from the root)."""
-    children = as_shape(tree).children
+    children = TreeColumns.from_tree(tree).children
     out = [0]
     for v in out:
         if v in opened:
@@ -106,11 +100,11 @@ def visible_ids(tree: SearchTree | TreeShape, opened: Collection[int]) -> list[i
     return out
 
 
-def fully_shown(tree: SearchTree | TreeShape, opened: Collection[int], node: int, max_depth: int | None = None,
+def fully_shown(tree: SearchTree | TreeColumns, opened: Collection[int], node: int, max_depth: int | None = None,
                 collapsed: Collection[int] = ()) -> bool:
     """Whether `node` is drawn with its children (or cannot be: a leaf, folded or at the depth limit);
     when not, the page makes it the focus."""
-    shape = as_shape(tree)
+    shape = TreeColumns.from_tree(tree)
     drawn = node == 0 or shape.parent[node] in opened
     can_open = bool(shape.children[node]) and node not in collapsed and (
         max_depth is None or shape.depth[node] < max_depth)

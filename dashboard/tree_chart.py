@@ -33,8 +33,8 @@ import streamlit as st
 from dashboard import data, figures
 from dashboard.figures import short_command
 from dashboard.layout import TreeLayout
-from dashboard.shape import TreeShape, as_shape
-from engine.search.tree import SearchTree
+from engine.tree_columns import TreeColumns
+from engine.tree_nodes import SearchTree
 
 PICK = "pick"  # the point selection: a click names a node (its "id" field)
 ZOOM = "zoom"  # the interval selection bound to the scales: wheel zoom, drag pan, double-click resets
@@ -106,7 +106,7 @@ def _fmt(value: float) -> str:
 
 
 def tree_rows(
-    tree: SearchTree | TreeShape,
+    tree: SearchTree | TreeColumns,
     lay: TreeLayout,
     measure: str = "q",
     alpha: float = 0.5,
@@ -116,13 +116,13 @@ def tree_rows(
     human: Collection[int] = (),
 ) -> pd.DataFrame:
     """One row per drawn node (`lay`), everything but the selection (`selection_data`). `commands`: the
-    drawn nodes' one-line commands (`figures.short_command`), for hover; a TreeShape has no texts.
+    drawn nodes' one-line commands (`figures.short_command`), for hover; a TreeColumns has no texts.
     `human`: ids of the human-authored nodes (a teal square around each; "human" on hover)."""
     if measure not in MEASURES.values():
         raise ValueError(f"unknown measure {measure!r} (one of {', '.join(MEASURES.values())})")
     if commands is None:
-        commands = {} if isinstance(tree, TreeShape) else {int(v): short_command(tree.nodes[v]) for v in lay.ids}
-    shape = as_shape(tree)
+        commands = {} if isinstance(tree, TreeColumns) else {int(v): short_command(tree.nodes[v]) for v in lay.ids}
+    shape = TreeColumns.from_tree(tree)
     ids = lay.ids
     x, y = lay.x.astype(np.float64), -lay.y.astype(np.float64)  # root on top
     par = np.where(lay.parent_index >= 0, lay.parent_index, np.arange(len(ids)))  # the root: a null edge
@@ -204,7 +204,7 @@ def chart_data(rows: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, pd.DataFrame
     return main, {name: frame.reset_index(drop=True) for name, frame in subsets.items()}
 
 
-def selection_data(main: pd.DataFrame, tree: TreeShape, node: int) -> dict[str, pd.DataFrame]:
+def selection_data(main: pd.DataFrame, tree: TreeColumns, node: int) -> dict[str, pd.DataFrame]:
     """The named datasets of `SELECTION`: the edges into the selected node's path from the root (drawn
     orange) and its ring, from `main` (`chart_data`); empty when the node is not drawn."""
     path = np.asarray([0, *tree.path(node)], dtype=np.int64) if node < len(tree) else np.zeros(1, np.int64)

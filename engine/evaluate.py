@@ -44,6 +44,7 @@ from engine.grammar import grammar_for
 from engine.llm.base import Generator, GeneratorError, SampleRequest, SamplingParams
 from engine.progress import Reporter, Units
 from engine.prompts import HistoryStep, actor_prompt
+from engine.tree_nodes import Node, SearchTree, Simulation, reroot
 
 if TYPE_CHECKING:
     from engine.store import Store
@@ -419,32 +420,6 @@ def _policy_loop(generator: Generator, description: str, lives: list[_Live], con
 # ------------------------------------------------------------------ MCTS at inference
 
 
-def reroot(tree: Any, node_id: int) -> tuple[Any, int]:
-    """A copy of `tree` keeping the path root..node (each ancestor with only its path child) and
-    the subtree below `node_id`; returns (tree, the node's new id). Node ids stay creation-ordered."""
-    from engine.search.tree import Node, SearchTree
-
-    chain = [0, *(n.id for n in tree.path(tree.nodes[node_id]))]
-    keep: list[int] = list(chain)
-    stack = list(tree.nodes[node_id].children)
-    while stack:
-        nid = stack.pop()
-        keep.append(nid)
-        stack.extend(tree.nodes[nid].children)
-    keep = sorted(set(keep))
-    new_id = {old: i for i, old in enumerate(keep)}
-    nodes = []
-    for old in keep:
-        n = tree.nodes[old]
-        copy = Node(**{k: v for k, v in n.__dict__.items() if k not in ("children", "id", "parent")},
-                    id=new_id[old], parent=new_id[n.parent] if n.parent is not None else None)
-        nodes.append(copy)
-    for n in nodes:
-        if n.parent is not None:
-            nodes[n.parent].children.append(n.id)
-    return SearchTree(task=tree.task, nodes=nodes, simulations=[]), new_id[node_id]
-
-
 def played_tree(searched: Sequence[tuple[Any, int, int]]) -> Any:
     """One tree of an MCTS-at-inference episode: every real step searched a re-rooted copy (`reroot`:
     the committed path, then the subtree below the current node); `searched[k]` is step k's tree
@@ -452,8 +427,6 @@ def played_tree(searched: Sequence[tuple[Any, int, int]]) -> Any:
     next step's (grown) copy takes over; every other explored child keeps the subtree it had when it
     was passed over; the committed path's visit counts are the last step's. Nodes are numbered
     depth-first, parents before children; the one simulation recorded is the committed path."""
-    from engine.search.tree import Node, SearchTree, Simulation
-
     nodes: list[Node] = []
     committed: dict[int, int] = {}  # step -> the new id of the child committed to at that step
 
@@ -541,13 +514,12 @@ def _mcts_loop(generator: Generator, make_env: Callable[[], Env], description: s
         still = []
         for i in active:
             live, tree, current = jobs[i]
-            node = tree.nodes[current]
-            visited = [tree.nodes[c] for c in node.children if tree.nodes[c].N > 0]
+            chosen = tree.best_child(current, config.mcts_alpha)
             e = live.episode
-            if not visited:
+            if chosen is None:
                 e.terminal = "no_candidate"
                 continue
-            best = max(visited, key=lambda n: (n.value(config.mcts_alpha), n.N, -n.id))
+            best = tree.nodes[chosen]
             live.searched.append((tree, current, best.id))
             go_on = _apply(live, best.raw if best.raw is not None else "", config)
             jobs[i] = (live, tree, best.id)

@@ -6,6 +6,8 @@ imports count, as in tests/test_import_cycles.py):
 - the progress types (engine/progress.py) are the ground floor: they import nothing of the engine;
 - only the store (engine/store) talks to a database driver (sqlite3, psycopg): every other module
   sees the store's own errors, so a driver's exception never escapes it;
+- the tree (engine/tree_columns.py, engine/tree_nodes.py) is the ground floor, and the store
+  never imports the search;
 - the trainers share helpers through common modules, never through each other (sft does not import
   dpo), and only engine/train/trl_trainers.py imports TRL (imported lazily by the trainers).
 """
@@ -162,3 +164,17 @@ def test_the_search_never_reaches_up_into_training() -> None:
     up = sorted(f"{m} -> {t}" for m, targets in graph.items() if _under(m, "engine.search")
                 for t in targets if _under(t, "engine.train"))
     assert not up, "; ".join(up)
+
+
+def test_the_tree_is_the_ground_floor_and_the_store_sits_below_the_search() -> None:
+    """One tree (engine/tree_columns.py: the columns and the tree algorithms; engine/tree_nodes.py: the
+    search's nodes, which hand out those columns) under the search, the store and the dashboard alike."""
+    graph = import_graph()
+    assert not {t for t in graph["engine.tree_columns"] if _under(t, "engine")}
+    assert "engine.tree_columns" in graph["engine.tree_nodes"]
+    up = sorted(t for t in graph["engine.tree_nodes"]
+                if any(_under(t, p) for p in ("engine.search", "engine.store", "engine.datasets", "dashboard")))
+    assert not up, "engine.tree_nodes imports from above: " + "; ".join(up)
+    below = sorted(f"{m} -> {t}" for m, targets in graph.items() if _under(m, "engine.store")
+                   for t in targets if _under(t, "engine.search"))
+    assert not below, "the store imports the search: " + "; ".join(below)

@@ -7,7 +7,7 @@ import pytest
 from test_pairs import add, new_tree
 
 from engine.search.compare_trees import align, command_paths, compare_trees
-from engine.search.tree import SearchTree, Simulation
+from engine.tree_nodes import SearchTree, Simulation
 
 
 def simulate(tree: SearchTree, leaf: int, reward: float) -> None:

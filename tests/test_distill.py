@@ -12,7 +12,7 @@ from test_pairs import add, new_tree
 from engine.config import ConfigError
 from engine.datasets.distill import DistillConfig, best_path_samples, distill, visit_samples, visit_targets
 from engine.datasets.samples import TreeRef, to_step_rows
-from engine.search.tree import Simulation
+from engine.tree_nodes import Simulation
 
 DESC = "Commands: left, right, wait."
 

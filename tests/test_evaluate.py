@@ -21,13 +21,13 @@ from engine.evaluate import (
     paired_bootstrap_diff,
     recovery_starts,
     repeats,
-    reroot,
     run_episodes,
     summarize,
 )
 from engine.llm.base import Completion
 from engine.prompts import HistoryStep
 from engine.store import Store
+from engine.tree_nodes import reroot
 
 TASKS = LineEnv(6).tasks("train")
 

@@ -19,9 +19,9 @@ from engine.datasets.formats import dpo_rows, write_rows
 from engine.datasets.pairs import SOURCE_FIELDS, PairsConfig, build_pairs, command_key
 from engine.datasets.samples import TreeRef, tree_refs
 from engine.search.runner import new_run
-from engine.search.tree import SearchTree
 from engine.store import Store
 from engine.train.dpo import DPOTrainConfig, select_pairs
+from engine.tree_nodes import SearchTree
 
 
 def human_tree() -> tuple[SearchTree, dict[str, int]]:

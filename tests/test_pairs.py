@@ -18,8 +18,8 @@ from engine.datasets.samples import TreeRef, to_messages
 from engine.envs.base import TaskSpec
 from engine.prompts import actor_prompt
 from engine.search.runner import new_run
-from engine.search.tree import SearchTree
 from engine.store import Store
+from engine.tree_nodes import SearchTree
 
 DESC = "Commands: left, right, wait."
 
@@ -289,7 +289,7 @@ def test_the_cli_explains_empty_trajectory_data_for_rollout_successes_stored_wit
     from engine.datasets.builds import rollout_only_hint
     from engine.datasets.samples import TreeRef
     from engine.envs.base import TaskSpec
-    from engine.search.tree import SearchTree, Simulation
+    from engine.tree_nodes import SearchTree, Simulation
 
     tree = SearchTree.new(TaskSpec(id="t", goal="g"), "start")
     child = tree.add_child(tree.root, observation="o")

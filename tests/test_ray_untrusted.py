@@ -23,7 +23,7 @@ from engine.search.ray_search import (
     check_sim_message,
     loads_message,
 )
-from engine.search.tree import Node, Simulation
+from engine.tree_nodes import Node, Simulation
 
 
 def _message(**changes):

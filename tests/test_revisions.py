@@ -289,7 +289,7 @@ def test_a_judge_returning_the_wrong_number_of_answers_is_an_error():
 
 
 def test_successes_found_in_rollouts_join_the_good_set() -> None:
-    from engine.search.tree import Simulation
+    from engine.tree_nodes import Simulation
 
     tree = new_tree()
     a = add(tree, 0, "right")

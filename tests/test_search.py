@@ -15,8 +15,8 @@ from engine.envs.base import EnvError, Step, TaskSpec
 from engine.search.critic import rank_to_score
 from engine.search.mcts import MCTS, select_child, start_tree, ucb_score
 from engine.search.runner import new_run, resume_run
-from engine.search.tree import SearchTree
 from engine.store import Store
+from engine.tree_nodes import SearchTree
 
 
 def _tree_with_children(stats):

@@ -21,8 +21,8 @@ from engine.progress import MemoryReporter
 from engine.search.export import tree_json
 from engine.search.runner import new_run
 from engine.search.steer import HumanBranch, MoreCandidates, SearchHere, human_action, probe_action, run_steer
-from engine.search.tree import SearchTree
 from engine.store import Store, schema
+from engine.tree_nodes import SearchTree
 
 TASK = "goal-3"
 

@@ -15,8 +15,8 @@ from doubles import ScriptedGenerator, SnapshotLineEnv
 from engine.actions import CompositeAction
 from engine.config import SearchConfig
 from engine.search.runner import new_run, resume_run
-from engine.search.tree import Simulation
 from engine.store import SCHEMA_VERSION, Store, StoreError
+from engine.tree_nodes import Simulation
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -8,9 +8,9 @@ from doubles import ScriptedGenerator, SnapshotLineEnv
 from engine.actions import CompositeAction
 from engine.config import SearchConfig
 from engine.search.runner import new_run
-from engine.search.tree import Simulation
 from engine.store import Store
 from engine.store.runs import NODES_PER_QUERY
+from engine.tree_nodes import Simulation
 
 
 def _searched(path):

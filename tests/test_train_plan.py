@@ -11,11 +11,11 @@ from test_pairs import add, new_tree
 
 from engine.datasets.distill import best_path_samples
 from engine.datasets.samples import TreeRef
-from engine.search.tree import Simulation
 from engine.store import Store
 from engine.train.dpo import DPOTrainConfig
 from engine.train.presets import MIN_ROWS, PRESETS, job_config, planned_steps, train_plan
 from engine.train.sft import SFTTrainConfig
+from engine.tree_nodes import Simulation
 
 
 @pytest.mark.parametrize(("rows", "batch", "accum", "epochs", "steps"), [

@@ -24,8 +24,8 @@ from dashboard.text import md
 from dashboard.versions import VersionGuard
 from engine.actions import FormatError, parse
 from engine.datasets.samples import Sample, to_messages
-from engine.search.tree import SearchTree
 from engine.store import CURATION_STATUSES, ConflictError, Store, StoreError
+from engine.tree_nodes import SearchTree
 
 KIND = "revision"
 PAGE_SIZE = 200

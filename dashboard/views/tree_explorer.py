@@ -8,7 +8,7 @@ subtree draws that subtree. The plot and the inspector are a fragment: a click, 
 typed id reruns only them. While the run is searching, they redraw every few seconds, keeping the
 selected node, the filters and the zoom (the chart is Vega-Lite, `dashboard.tree_chart`: a constant
 spec whose rows change; the sidebar can pause following). The tree is read as a skeleton
-(`dashboard.shape`: numbers, no texts; a live view reads only the nodes added since); texts are
+(`engine.tree_columns.TreeColumns`: numbers, no texts; a live view reads only the nodes added since); texts are
 read for the drawn nodes' hover labels and the inspected node's neighbourhood. Env and model text
 is shown only through `st.text` and data frames, never as markdown or HTML; not `st.code`: any code
 block on a page makes the browser load and run Streamlit's syntax highlighter (measured: ~0.4 s of
@@ -29,10 +29,10 @@ import streamlit as st
 from dashboard import auth, data, figures, lod, overview, tree_chart, tree_compare
 from dashboard import forms as fm
 from dashboard import jobs_panel as jp
-from dashboard.shape import TreeShape
 from dashboard.text import md
-from engine.search.tree import TERMINALS, Node
 from engine.store import RunInfo, Store
+from engine.tree_columns import TreeColumns
+from engine.tree_nodes import TERMINALS, Node
 
 MAX_TABLE_ROWS = 500
 NODE_INPUT = "te_node"
@@ -81,7 +81,7 @@ task_id = task_id if task_id is not None else trees[0][1]
 shown_task: str = task_id  # a task of the run by now
 tree_id = tree_of_task[task_id]
 summary_of = {s.task_id: s for s in summaries}
-tree: TreeShape | None = data.load_shape(db, tree_id, version)  # numbers only; texts of the nodes shown
+tree: TreeColumns | None = data.load_shape(db, tree_id, version)  # numbers only; texts of the nodes shown
 
 node_id = 0
 raw_node = qp.get("node")
@@ -541,7 +541,7 @@ def explorer(live: bool) -> None:
     inspector(tree, node_id, best, inspect_col, version)
 
 
-def inspector(tree: TreeShape, node_id: int, best: list[int], inspect_col: Any, version: data.Version) -> None:
+def inspector(tree: TreeColumns, node_id: int, best: list[int], inspect_col: Any, version: data.Version) -> None:
     """The selected node: values, composite action, observation, siblings, path, children. Only
     these nodes' texts are read from the store (`Store.load_nodes`), not the whole tree's."""
     parent = tree.parent[node_id]

@@ -41,7 +41,7 @@ from engine.datasets.samples import (
     trajectory_sample,
 )
 from engine.prompts import actor_prompt
-from engine.search.tree import Node, SearchTree
+from engine.tree_nodes import Node, SearchTree
 
 # Q values are means of rewards mixed with rank scores: 0.4 - 0.3 must not pass theta = 0.1 when
 # 0.6 - 0.5 does not, so differences within EPS of theta count as equal to it (not kept).

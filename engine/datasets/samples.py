@@ -22,7 +22,7 @@ from typing import Any
 
 from engine.actions import FormatError, parse
 from engine.prompts import HistoryStep, actor_prompt
-from engine.search.tree import SearchTree
+from engine.tree_nodes import SearchTree
 
 KINDS = ("revision", "good", "rft", "recovery", "refine", "imported", "exit", "visits")
 STATUSES = ("pending", "approved", "rejected", "edited")

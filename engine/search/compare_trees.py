@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.search.tree import Node, SearchTree
+from engine.tree_nodes import Node, SearchTree
 
 Key = tuple[str | None, ...]  # the command of each step from the root (None: a format error)
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import io
 import json
 
-from engine.search.tree import SearchTree
 from engine.store.records import RunInfo
+from engine.tree_nodes import SearchTree
 
 
 def tree_json(tree: SearchTree, info: RunInfo) -> str:

@@ -32,8 +32,8 @@ from engine.envs import registry
 from engine.envs.base import TaskSpec
 from engine.search.mcts import SearchStats
 from engine.search.ray_search import Events, ShardedSearch, new_mirrors, resume_mirrors, shard_messages
-from engine.search.tree import SearchTree
 from engine.store import Store
+from engine.tree_nodes import SearchTree
 
 # Requests in flight one process drives at the no-barrier bound (docs/decisions.md "Local shards"):
 # about one core of client + scheduler CPU at ~1.2 ms per request and 75-500 ms answers.

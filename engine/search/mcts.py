@@ -34,8 +34,8 @@ from engine.grammar import ActionGrammar, grammar_for
 from engine.llm.base import Completion, Generator, GeneratorError, SampleRequest, SamplingParams
 from engine.prompts import HistoryStep, actor_prompt
 from engine.search.critic import rank_candidates, rank_to_score
-from engine.search.tree import Node, SearchTree, Simulation
 from engine.search.value_critic import value_critic
+from engine.tree_nodes import Node, SearchTree, Simulation
 
 Requests = list[SampleRequest]
 Replies = list[list[Completion]]

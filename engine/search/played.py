@@ -50,7 +50,7 @@ def play_run(store: Store, env_spec: str, tasks: Sequence[TaskSpec], generator: 
     are too small to count)."""
     from engine.config import ConfigError
     from engine.evaluate import evaluate
-    from engine.search.tree import SearchTree
+    from engine.tree_nodes import SearchTree
 
     if config.mode != "mcts":
         raise ConfigError(f"play_run: EvalConfig.mode must be 'mcts', got {config.mode!r}")

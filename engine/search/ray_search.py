@@ -59,9 +59,9 @@ from engine.config import ConfigError, SearchConfig, from_dict
 from engine.envs.base import TaskSpec, close_env, close_envs
 from engine.llm.base import GeneratorError
 from engine.search.mcts import SearchStats, TreeJob
-from engine.search.tree import Node, SearchTree, Simulation
 from engine.store import Store, StoreError
 from engine.store.runs import SimulationRows, simulation_rows
+from engine.tree_nodes import Node, SearchTree, Simulation
 
 INSTALL_HINT = 'Ray is not installed: pip install "orchard[ray]" (or "ray[default]>=2.60")'
 ADDRESS_HELP = "HOST:PORT, auto (the cluster this machine has joined) or empty (start a local Ray)"
@@ -164,7 +164,7 @@ def check_auth(address: str, allow: bool | None = None) -> None:
 
 # --------------------------------------------------------------------- worker messages, untrusted
 
-_ALLOWED_CLASSES = {("engine.search.tree", "Node"): Node, ("engine.search.tree", "Simulation"): Simulation,
+_ALLOWED_CLASSES = {("engine.tree_nodes", "Node"): Node, ("engine.tree_nodes", "Simulation"): Simulation,
                     ("engine.actions", "CompositeAction"): CompositeAction,
                     ("engine.search.mcts", "SearchStats"): SearchStats}
 

@@ -18,9 +18,9 @@ from engine.envs.base import Env, EnvError, TaskSpec, close_env, close_envs
 from engine.envs.registry import env_factory
 from engine.llm.base import Generator
 from engine.search.mcts import MCTS, SearchStats, TreeJob, start_tree
-from engine.search.tree import Simulation
 from engine.store import Store, StoreError
 from engine.store.runs import SimulationRows, simulation_rows
+from engine.tree_nodes import Simulation
 
 Progress = Callable[[TreeJob, Simulation], None]
 

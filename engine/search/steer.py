@@ -38,8 +38,8 @@ if TYPE_CHECKING:
     from engine.envs.base import Env
     from engine.llm.base import Generator
     from engine.search.mcts import TreeJob
-    from engine.search.tree import SearchTree
     from engine.store import RunInfo, Store
+    from engine.tree_nodes import SearchTree
 
 MAX_ACTION_CHARS = 4000  # a typed composite action; its command is limited by engine.actions
 MAX_STEER_SIMULATIONS = 10_000
@@ -264,7 +264,7 @@ def run_steer(store: Store, spec: Steer, reporter: Reporter, generator: Generato
               make_env: Callable[[], Env] | None = None) -> StageResult:
     """Grow the stored tree as `spec` asks; returns the run id (output) and a line saying what was done."""
     from engine.search.mcts import MCTS
-    from engine.search.tree import Simulation
+    from engine.tree_nodes import Simulation
 
     target = open_target(store, spec.run, spec.task, spec.at)
     _check_idle(target)

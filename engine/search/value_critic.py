@@ -20,8 +20,8 @@ from engine.config import ConfigError
 from engine.llm.tokens import encode_completion, encode_prompt
 from engine.paths import TRAIN_META, read_train_meta
 from engine.prompts import actor_prompt
-from engine.search.tree import SearchTree
 from engine.torch_threads import torch_threads
+from engine.tree_nodes import SearchTree
 
 KIND = "value_model"  # `kind` in the folder's orchard_train.json
 

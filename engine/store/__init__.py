@@ -37,7 +37,6 @@ from engine.store.records import (
     RunInfo,
     SaveReport,
     StoreError,
-    TreeSkeleton,
     TreeSummary,
     UserInfo,
 )
@@ -51,7 +50,7 @@ from engine.store.versioning import ConflictError
 __all__ = [
     "APP_ID", "CURATION_STATUSES", "FINAL_JOB_STATES", "JOB_STATES", "LABEL_RULES", "MIGRATIONS", "SCHEMA_VERSION",
     "ConflictError", "Connection", "Decision", "DriverError", "EditError", "FinalLabel", "HistoryEntry", "JobInfo",
-    "LeaseError", "MissingStoreError", "ModelRecord", "RunInfo", "SaveReport", "Store", "StoreError", "TreeSkeleton",
+    "LeaseError", "MissingStoreError", "ModelRecord", "RunInfo", "SaveReport", "Store", "StoreError",
     "TreeSummary", "UserInfo", "data_version",
     "default_db_path",
 ]

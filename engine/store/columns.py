@@ -20,7 +20,7 @@ TREES = ("id", "run_id", "position", "task_id", "goal", "context", "split", "sim
 NODES = ("node_id", "parent_id", "depth", "action", "raw", "format_error", "n", "value_sum", "q_critic",
          "critic_rank", "critic_reason", "logprob", "reward", "progress", "terminal", "gen_ms", "env_ms",
          "n_tokens", "author")
-# What drawing a tree needs (TreeSkeleton): numbers, no texts.
+# What drawing a tree needs (NodeRows, engine/tree_columns.py): numbers, no texts.
 NODE_SKELETON = ("node_id", "parent_id", "depth", "n", "value_sum", "q_critic", "critic_rank", "terminal")
 SIMULATIONS = ("path", "reward", "rollout")
 PAIRS = ("id", "kind", "run_id", "tree_id", "task_id", "node_id", "chosen_node", "rejected_node", "prompt", "chosen",

@@ -177,30 +177,3 @@ class TreeSummary:
     nodes: int
     successes: int  # success leaves
     max_depth: int
-
-
-@dataclass(frozen=True)
-class TreeSkeleton:
-    """A tree's numbers without its texts (`RunsStore.tree_skeleton`): what drawing it needs.
-
-    Why: reading every node's observation, action and completion (`load_tree`) costs seconds on a
-    100k-node tree, while the Tree explorer draws a few thousand nodes and shows one. Columns are
-    aligned lists in node-id order (ids from `after + 1` on, contiguous); `q_critic` and
-    `critic_rank` hold None where a node has none. `simulations` and `solved` are the tree's own
-    counts (the `trees` row the search updates with every simulation)."""
-
-    task_id: str
-    goal: str
-    simulations: int
-    solved: bool
-    node_id: list[int]
-    parent: list[int | None]
-    depth: list[int]
-    n: list[int]
-    value_sum: list[float]
-    q_critic: list[float | None]
-    critic_rank: list[int | None]
-    terminal: list[str | None]
-
-    def __len__(self) -> int:
-        return len(self.node_id)

@@ -16,11 +16,12 @@ from typing import Any
 
 from engine.actions import CompositeAction
 from engine.envs.base import TaskSpec
-from engine.search.tree import Node, SearchTree, Simulation
 from engine.store import columns
 from engine.store.columns import named, select
 from engine.store.connection import Connection, _valid_text
-from engine.store.records import RunInfo, StoreError, TreeSkeleton, TreeSummary
+from engine.store.records import RunInfo, StoreError, TreeSummary
+from engine.tree_columns import NodeRows
+from engine.tree_nodes import Node, SearchTree, Simulation, link_children
 
 JPEG_MAGIC = b"\xff\xd8\xff"
 NODES_PER_QUERY = 500  # ids bound in one IN (...): far below SQLite's and PostgreSQL's limits
@@ -283,9 +284,7 @@ class RunsStore(Connection):
             if node.id != i:
                 raise StoreError(f"tree {tree_id}: node ids not contiguous at {i} (found {node.id})")
             nodes.append(node)
-        for n in nodes:
-            if n.parent is not None:
-                nodes[n.parent].children.append(n.id)
+        link_children(nodes)
         sims = [
             _simulation(json.loads(path), reward, json.loads(rollout))
             for path, reward, rollout in self.con.execute(
@@ -296,8 +295,9 @@ class RunsStore(Connection):
 
     # --- partial reads (the dashboard: numbers for drawing, texts for the few nodes shown) ----------
 
-    def tree_skeleton(self, tree_id: int, after: int = -1) -> TreeSkeleton:
-        """The numbers of the nodes with id > `after` (all of them by default), no texts: a live view
+    def tree_skeleton(self, tree_id: int, after: int = -1) -> NodeRows:
+        """The numbers of the nodes with id > `after` (all of them by default), no texts, as rows
+        (`TreeColumns.from_rows` makes the tree of them; engine/tree_columns.py): a live view
         that has read up to node `after` reads only what was added since (ids grow, never reused).
         Visits of the older nodes change too: `tree_visits` reads those."""
         t = self._tree(tree_id)
@@ -310,9 +310,9 @@ class RunsStore(Connection):
         if ids != list(range(after + 1, after + 1 + len(rows))):
             at = next(i for i, v in enumerate(ids, after + 1) if v != i)
             raise StoreError(f"tree {tree_id}: node ids not contiguous at {at} (found {ids[at - after - 1]})")
-        return TreeSkeleton(
+        return NodeRows(
             task_id=t["task_id"], goal=t["goal"], simulations=t["simulations"], solved=bool(t["solved"]),
-            node_id=ids, parent=cols["parent_id"], depth=cols["depth"], n=cols["n"], value_sum=cols["value_sum"],
+            node_id=ids, parent=cols["parent_id"], depth=cols["depth"], N=cols["n"], value_sum=cols["value_sum"],
             q_critic=cols["q_critic"], critic_rank=cols["critic_rank"], terminal=cols["terminal"],
         )
 

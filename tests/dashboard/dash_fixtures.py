@@ -149,7 +149,7 @@ def grow_tree(path: Path, run_id: str, task_id: str, parent: int, n: int) -> lis
     """What a running search commits: `n` new children of `parent` and one simulation through the
     last of them (values backpropagated), in one transaction. Returns the new node ids."""
     from engine.actions import CompositeAction
-    from engine.search.tree import Simulation
+    from engine.tree_nodes import Simulation
 
     with Store(path) as store:
         tree_id = store.tree_id(run_id, task_id)

@@ -8,8 +8,8 @@ import pytest
 from dash_fixtures import APP, XSS, chart_datasets, tree_chart_of
 from streamlit.testing.v1 import AppTest
 
-from engine.search.tree import SearchTree
 from engine.store import Store
+from engine.tree_nodes import SearchTree
 
 TREE_PAGE = "views/tree_explorer.py"
 

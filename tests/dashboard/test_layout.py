@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from dashboard.layout import layout_tree, tidy_x
 from engine.envs.base import TaskSpec
-from engine.search.tree import SearchTree
+from engine.tree_nodes import SearchTree
 
 EPS = 1e-9
 

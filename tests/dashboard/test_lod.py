@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from dashboard import lod
 from dashboard.layout import layout_tree
 from engine.envs.base import TaskSpec
-from engine.search.tree import SearchTree
+from engine.tree_nodes import SearchTree
 
 
 def random_tree(n: int, seed: int, window: int = 40) -> SearchTree:

@@ -10,9 +10,9 @@ import numpy as np
 from dash_fixtures import copy_store, grow_tree
 
 from dashboard import data
-from dashboard.shape import TreeShape
-from engine.search.tree import SearchTree
 from engine.store import Store
+from engine.tree_columns import TreeColumns as TreeShape
+from engine.tree_nodes import SearchTree
 
 
 def same(shape: TreeShape, tree: SearchTree) -> None:

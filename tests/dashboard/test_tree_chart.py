@@ -14,11 +14,11 @@ import pytest
 from dashboard import lod, tree_chart
 from dashboard.figures import matching_nodes
 from dashboard.layout import layout_tree
-from dashboard.shape import TreeShape
 from engine.actions import CompositeAction
 from engine.envs.base import TaskSpec
-from engine.search.tree import SearchTree
 from engine.store import Store
+from engine.tree_columns import TreeColumns as TreeShape
+from engine.tree_nodes import SearchTree
 
 
 @pytest.fixture(scope="module")

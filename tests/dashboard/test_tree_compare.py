@@ -11,8 +11,8 @@ from test_app import open_tree
 from engine.actions import CompositeAction
 from engine.config import SearchConfig
 from engine.search.runner import new_run
-from engine.search.tree import SearchTree, Simulation
 from engine.store import Store
+from engine.tree_nodes import SearchTree, Simulation
 
 
 def two_runs(path: Path) -> tuple[str, str, str]:

@@ -31,8 +31,8 @@ from engine.envs.web_site import booking
 from engine.envs.web_site.expert import elements, expert_command
 from engine.llm.base import Completion, SampleRequest
 from engine.search.runner import new_run
-from engine.search.tree import SearchTree, Simulation
 from engine.store import Store
+from engine.tree_nodes import SearchTree, Simulation
 
 pytestmark = pytest.mark.skipif(not Path(web.CHROMIUM).exists(),
                                 reason=f"needs Chromium at {web.CHROMIUM} (apt-get install chromium)")

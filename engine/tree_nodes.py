@@ -1,8 +1,12 @@
-"""The search tree of Agent Q (arXiv 2408.07199): nodes are agent histories, edges composite actions
-(docs/algorithms.md §2; its JSON form `orchard.tree/1`, §6.2).
+"""The search tree of Agent Q (arXiv 2408.07199) as the search grows it: a list of mutable nodes,
+each an agent history, edges composite actions (docs/algorithms.md §2; its JSON form `orchard.tree/1`, §6.2).
 
 The values of an edge (h, a) live on the child node it leads to. `N` and `value_sum` are the only
 fields that change after a node is created (backpropagation); everything else is written once.
+The tree's numbers as columns (`SearchTree.columns()`) and the tree algorithms (eq. 10 value, best
+path, path, re-rooting) are engine/tree_columns.py's: these nodes run the same functions.
+On the ground floor (no search, no store): the search grows it, the store saves and loads it, the
+data builders and the dashboard read it.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from typing import Any
 from engine.actions import CompositeAction, render
 from engine.envs.base import TaskSpec
 from engine.prompts import HistoryStep
+from engine.tree_columns import TreeColumns, best_child, best_path, path, q_mcts, reroot_ids, value
 
 TERMINALS = ("success", "failure", "depth_limit", "format_error", "stopped")
 FORMAT = "orchard.tree/1"
@@ -47,13 +52,20 @@ class Node:
     @property
     def Q_mcts(self) -> float:
         """Q~: the running mean of eq. 8 (0 before any visit)."""
-        return self.value_sum / self.N if self.N else 0.0
+        return q_mcts(self.value_sum, self.N)
 
     def value(self, alpha: float) -> float:
         """Eq. 10: alpha * Q~ + (1 - alpha) * Q^ (Q~ alone when there is no critic score)."""
-        if self.Q_critic is None:
-            return self.Q_mcts
-        return alpha * self.Q_mcts + (1.0 - alpha) * self.Q_critic
+        return value(self.value_sum, self.N, self.Q_critic, alpha)
+
+
+def link_children(nodes: list[Node]) -> list[Node]:
+    """Fill in each node's `children` from the others' `parent` (nodes in id order, read or copied
+    without their children), in id order; returns `nodes`."""
+    for n in nodes:
+        if n.parent is not None:
+            nodes[n.parent].children.append(n.id)
+    return nodes
 
 
 @dataclass(frozen=True)
@@ -92,11 +104,8 @@ class SearchTree:
 
     def path(self, node: Node) -> list[Node]:
         """Nodes from the root's child down to `node` (empty for the root)."""
-        out = []
-        while node.parent is not None:
-            out.append(node)
-            node = self.nodes[node.parent]
-        return out[::-1]
+        nodes = self.nodes
+        return [nodes[i] for i in path(lambda v: nodes[v].parent, node.id)]
 
     def history(self, node: Node) -> list[HistoryStep]:
         """Earlier steps up to and including `node`'s action, as prompts show them."""
@@ -123,14 +132,28 @@ class SearchTree:
 
     def best_path(self, alpha: float = 0.5) -> list[int]:
         """Greedy descent by eq. 10 value among visited children (the path the dashboard highlights)."""
-        out, node = [], self.root
-        while node.children:
-            visited = [self.nodes[c] for c in node.children if self.nodes[c].N > 0]
-            if not visited:
-                break
-            node = max(visited, key=lambda n: (n.value(alpha), n.N))
-            out.append(node.id)
-        return out
+        nodes = self.nodes
+        return best_path(lambda v: nodes[v].children, lambda v: nodes[v].N, lambda v: nodes[v].value(alpha))
+
+    def best_child(self, node_id: int, alpha: float = 0.5) -> int | None:
+        """The visited child of `node_id` with the highest eq. 10 value (`best_path`'s step; None when
+        no child was visited): the move MCTS at inference commits to."""
+        nodes = self.nodes
+        return best_child(lambda v: nodes[v].children, lambda v: nodes[v].N, lambda v: nodes[v].value(alpha), node_id)
+
+    def columns(self) -> TreeColumns:
+        """This tree's numbers as columns, a snapshot (later visits do not change it): what the
+        dashboard draws and the shared tree algorithms run on (`TreeColumns.from_rows` makes the
+        same from the store's rows)."""
+        nodes, nan = self.nodes, math.nan
+        return TreeColumns(
+            task_id=self.task.id, goal=self.task.goal, simulations=len(self.simulations), solved=self.solved(),
+            parent=[n.parent for n in nodes], depth=[n.depth for n in nodes], N=[n.N for n in nodes],
+            value_sum=[n.value_sum for n in nodes],
+            q_critic=[nan if n.Q_critic is None else n.Q_critic for n in nodes],
+            critic_rank=[n.critic_rank for n in nodes], terminal=[n.terminal for n in nodes],
+            children=[list(n.children) for n in nodes],
+        )
 
     def solved(self) -> bool:
         return any(n.terminal == "success" for n in self.nodes) or any(
@@ -246,9 +269,7 @@ class SearchTree:
                     author=str(d.get("author") or "policy"),
                 )
             )
-        for n in nodes:
-            if n.parent is not None:
-                nodes[n.parent].children.append(n.id)
+        link_children(nodes)
         sims = [Simulation(tuple(s["path"]), s["reward"], tuple(s.get("rollout", ())),
                            tuple((str(t[0]), str(t[1])) for t in s.get("turns", ()))) for s in doc["simulations"]]
         return cls(task=task, nodes=nodes, simulations=sims)
@@ -279,3 +300,19 @@ class SearchTree:
             if n.parent is not None:
                 g.add_edge(n.parent, n.id)
         return g
+
+
+def reroot(tree: SearchTree, node_id: int) -> tuple[SearchTree, int]:
+    """A copy of `tree` keeping the path root..node (each ancestor with only its path child) and the
+    subtree below `node_id` (`reroot_ids`); returns (tree, the node's new id). Node ids stay
+    creation-ordered; the copy has no simulations."""
+    old = tree.nodes
+    keep = reroot_ids(lambda v: old[v].parent, lambda v: old[v].children, node_id)
+    new_id = {o: i for i, o in enumerate(keep)}
+    nodes = []
+    for o in keep:
+        n = old[o]
+        nodes.append(Node(**{k: v for k, v in n.__dict__.items() if k not in ("children", "id", "parent")},
+                          id=new_id[o], parent=new_id[n.parent] if n.parent is not None else None))
+    link_children(nodes)
+    return SearchTree(task=tree.task, nodes=nodes, simulations=[]), new_id[node_id]
