@@ -68,9 +68,11 @@ def _model_spec_path(spec: str, cwd: str | Path | None) -> str:
     text = spec.strip()
     if text == "tiny" or text.startswith("openai:"):
         return spec
-    for prefix in ("hf:", "vllm:"):
-        if text.startswith(prefix):
-            return prefix + absolute_path(text[len(prefix):], cwd)
+    if text.startswith("vllm:"):  # its engine options (after '?') stay as typed
+        folder, sep, query = text[len("vllm:"):].partition("?")
+        return "vllm:" + absolute_path(folder, cwd) + sep + query
+    if text.startswith("hf:"):
+        return "hf:" + absolute_path(text[len("hf:"):], cwd)
     return absolute_path(text, cwd)
 
 
