@@ -65,8 +65,9 @@ class IterateConfig:
                 "default), exit-mcts: expert iteration from MCTS at inference played on the tasks greedy fails, "
                 "agentq: DPO on step pairs, agentr: SFT on revisions, visits: SFT toward MCTS visit counts",
         "choices": METHODS})
-    model: str = field(default="tiny", metadata={"help": "starting policy: tiny | PATH | hf:PATH | vllm:PATH "
-                                                         "(one vLLM engine for the loop, each policy reloaded into it)"})
+    model: str = field(default="tiny", metadata={"help": "starting policy: tiny | PATH | hf:PATH | vllm:PATH[?opts] "
+                                                         "(one vLLM engine for the loop, each policy reloaded into it, "
+                                                         "asleep while the loop trains unless ?sleep=0)"})
     env: str = field(default="textcraft", metadata={"help": "environment"})
     iterations: int = field(default=1, metadata={"help": "iterations"})
     tasks_per_iteration: int = field(default=8, metadata={"help": "B train tasks per iteration"})
