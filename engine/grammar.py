@@ -103,6 +103,8 @@ class ActionGrammar:
     def free_tail(self, where: str, line: str) -> bool:
         """Is the rest of the current line free text (any characters but a newline)? Then a token
         mask needs no per-token check but the newline's (engine/llm/hf_constrain.py)."""
+        if where == "action" and self.command == ANY_COMMAND:  # any non-blank line: free but its newline
+            return line.startswith("ACTION: ")
         heads = _FREE_HEADS[where]
         return heads is not None and heads.match(line) is not None
 

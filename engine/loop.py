@@ -65,8 +65,9 @@ class IterateConfig:
                 "default), exit-mcts: expert iteration from MCTS at inference played on the tasks greedy fails, "
                 "agentq: DPO on step pairs, agentr: SFT on revisions, visits: SFT toward MCTS visit counts",
         "choices": METHODS})
-    model: str = field(default="tiny", metadata={"help": "starting policy: tiny | PATH | hf:PATH | vllm:PATH "
-                                                         "(one vLLM engine for the loop, each policy reloaded into it)"})
+    model: str = field(default="tiny", metadata={"help": "starting policy: tiny | PATH | hf:PATH | vllm:PATH[?opts] "
+                                                         "(one vLLM engine for the loop, each policy reloaded into it, "
+                                                         "asleep while the loop trains unless ?sleep=0)"})
     env: str = field(default="textcraft", metadata={"help": "environment"})
     iterations: int = field(default=1, metadata={"help": "iterations"})
     tasks_per_iteration: int = field(default=8, metadata={"help": "B train tasks per iteration"})
@@ -209,6 +210,11 @@ def _evaluate(store: Store, model_path: Path, config: IterateConfig, eval_tasks:
             "loop_rate": result.metrics["loop_rate"]}
 
 
+def _gpu_memory(readings: dict[str, dict[str, float]]) -> dict[str, Any]:
+    """An iteration record's "gpu_memory" (peak per phase, engine.gpu_memory); nothing without CUDA."""
+    return {"gpu_memory": readings} if readings else {}
+
+
 GATE_EVERY = 10  # an env without the gate split: every 10th train task is held out for the gate
 
 
@@ -279,7 +285,8 @@ def run_loop(store: Store, config: IterateConfig, reporter: Reporter | None = No
     from engine.datasets.revisions import RevisionConfig, build_revisions
     from engine.envs.registry import env_factory
     from engine.evaluate import CountedGenerator
-    from engine.llm.registry import load_generator
+    from engine.gpu_memory import PhasePeaks
+    from engine.llm.registry import load_generator, parse_model_spec
     from engine.search.played import play_run
     from engine.search.runner import new_run
     from engine.search.stage import count_simulations
@@ -291,12 +298,20 @@ def run_loop(store: Store, config: IterateConfig, reporter: Reporter | None = No
     from engine.train.sft import labelled_samples, mix_revisions, train_sft
 
     reporter = reporter or MemoryReporter()
-    on_vllm = config.model.strip().startswith("vllm:")
+    spec = parse_model_spec(config.model)  # a vllm: spec's options are checked here, before anything runs
+    on_vllm = spec.kind == "vllm"
     if load is None and on_vllm:  # one engine for the whole loop, each new policy reloaded into it
         from engine.train.vllm_policy import VLLMPolicy
 
-        load = VLLMPolicy(log=reporter.log)
+        load = VLLMPolicy(log=reporter.log, options=spec.options)
     load = load or (lambda path: load_generator(str(path), log=reporter.log))
+    peaks = PhasePeaks(reporter.log)
+
+    def release_gpu() -> None:
+        """Before training in this process: a load that holds the GPU (VLLMPolicy) lets it go."""
+        release = getattr(load, "release", None)
+        if release is not None:
+            release()
     loop_id = config.name or f"{config.method}-{uuid.uuid4().hex[:8]}"
     out_root = Path(config.output_root) if config.output_root else default_output_dir(loop_id)
     make_env = make_env or env_factory(config.env)
@@ -307,8 +322,7 @@ def run_loop(store: Store, config: IterateConfig, reporter: Reporter | None = No
     rng = random.Random(config.seed if first == 1 else f"{config.seed}:{first}")  # a continuation draws new tasks
     # Training needs the weights at hand: a vllm:PATH policy trains from PATH, and is searched and
     # evaluated on vLLM (engine/train/vllm_policy.py).
-    policy = resolve_model_path(config.model.strip().removeprefix("vllm:") if on_vllm else config.model,
-                                log=reporter.log)
+    policy = resolve_model_path(spec.target if on_vllm else config.model, log=reporter.log)
     search = config.search_config()
     total = config.iterations
     gate_split, gates = gate_tasks(config, env)
@@ -332,12 +346,14 @@ def run_loop(store: Store, config: IterateConfig, reporter: Reporter | None = No
         within = Within(reporter, f"iteration {i}" if i else "base", unit=unit, loop_id=loop_id, iteration=i,
                         stage=name, last_iteration=first + total - 1)
         within.begin(name)
+        peaks.begin(name, f"iteration {i}" if i else "base")
         return within
 
     try:
         if config.evaluate_base and first == 1:
             scores = _evaluate(store, policy, config, eval_tasks, make_env, stage(0, "evaluate", "episodes"), job_id, load)
-            store.save_iteration(loop_id, 0, config.method, {"model": str(policy), "eval": scores, "config": asdict(config)})
+            store.save_iteration(loop_id, 0, config.method, {"model": str(policy), "eval": scores, "config": asdict(config),
+                                                             **_gpu_memory(peaks.take())})
         for i in range(first, first + total):
             if reporter.should_stop():
                 reporter.log(f"stopped before iteration {i}")
@@ -386,6 +402,7 @@ def run_loop(store: Store, config: IterateConfig, reporter: Reporter | None = No
                     training = stage(i, "train", "steps")
                     tokens = store.node_token_counts([(p.tree_id, n) for p in pairs for n in (p.chosen_node, p.rejected_node)])
                     del generator
+                    release_gpu()
                     result = train_dpo(start, pairs, train_cfg, out_dir, training, node_tokens=tokens, parent=str(start),
                                        backends=run_backends(store, [run_id]))
             elif config.method in DISTILL_METHODS:
@@ -411,6 +428,7 @@ def run_loop(store: Store, config: IterateConfig, reporter: Reporter | None = No
                     reporter.log(gate_line(i, curation))
                     training = stage(i, "train", "steps")
                     del generator
+                    release_gpu()
                     result = train_sft(start, samples, train_cfg, out_dir, training, kind=config.method,
                                        parent=str(start))
             else:
@@ -435,6 +453,7 @@ def run_loop(store: Store, config: IterateConfig, reporter: Reporter | None = No
                     reporter.log(gate_line(i, curation))
                     training = stage(i, "train", "steps")
                     del generator
+                    release_gpu()
                     result = train_sft(start, samples, train_cfg, out_dir, training, kind="sft", parent=str(start))
             if "skipped" not in record:
                 if result.stopped or result.output is None:
@@ -471,6 +490,7 @@ def run_loop(store: Store, config: IterateConfig, reporter: Reporter | None = No
                 record["model"] = str(policy)
                 reporter.log(f"iteration {i}: {record['skipped']}; the policy is unchanged")
             record["policy"] = str(policy)  # what the next iteration searches with (and Next iteration continues)
+            record.update(_gpu_memory(peaks.take()))
             record["seconds"] = time.perf_counter() - began
             record["cpu_s"] = time.process_time() - began_cpu  # every thread of this process: the loop's compute
             store.save_iteration(loop_id, i, config.method, record)

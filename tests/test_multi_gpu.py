@@ -53,6 +53,27 @@ def test_one_gpu_is_one_process_and_several_are_an_accelerate_launch(tmp_path: P
         worker_command("py", "j5", "o.db", "cuda:0,1", "eval", {})
 
 
+def test_the_fsdp_launch_turns_cpu_ram_efficient_loading_off_as_accelerate_reads_it() -> None:
+    """Read by the installed accelerate's own launch parser and environment builder: with its default
+    (true) transformers would load the checkpoint on rank 0 only, and TRL's reference model, loaded
+    after the process group exists, would be zeros on every other rank."""
+    pytest.importorskip("accelerate")
+    from accelerate.commands.launch import launch_command_parser
+    from accelerate.utils.launch import prepare_multi_gpu_env
+
+    argv, _ = worker_command("py", "j", "o.db", "cuda:0,1", "dpo", {"train": {"distributed": "fsdp"}})
+    assert argv[1:3] == ["-m", "accelerate.commands.launch"]
+    args = launch_command_parser().parse_args(argv[3:])
+    assert (args.module, args.training_script, args.training_script_args) == (True, "engine.jobs.worker",
+                                                                             ["j", "--db", "o.db"])
+    env = prepare_multi_gpu_env(args)
+    assert env["ACCELERATE_USE_FSDP"] == "true" and env["FSDP_VERSION"] == "2"
+    assert env["FSDP_CPU_RAM_EFFICIENT_LOADING"] == "false"
+    at = argv.index("--fsdp_cpu_ram_efficient_loading")
+    without = launch_command_parser().parse_args(argv[3:at] + argv[at + 2:])
+    assert prepare_multi_gpu_env(without)["FSDP_CPU_RAM_EFFICIENT_LOADING"] == "true"  # what the flag overrides
+
+
 def test_fsdp_is_a_train_setting_and_refuses_lora() -> None:
     from engine.train.common import TrainConfig
 

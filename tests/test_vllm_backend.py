@@ -410,3 +410,66 @@ def test_a_prompt_past_max_model_len_is_named_and_the_others_answered(fake_vllm:
         gen.sample([SampleRequest(PROMPT, params=params), SampleRequest(long, params=params)])
     assert list(err.value.overflowed) == [1] and "longer than the engine's max_model_len" in err.value.overflowed[1]
     assert err.value.partial[1] is None and len(err.value.partial[0] or []) == 1
+
+
+def test_sleep_mode_frees_the_engine_and_refuses_requests_until_woken(fake_vllm: Path) -> None:
+    gen = VLLMGenerator(fake_vllm, sleep_mode=True)
+    llm = FakeLLM.instances[0]
+    assert llm.kwargs["enable_sleep_mode"] is True
+    awake = gen.sample([SampleRequest(PROMPT)])[0][0]
+    gen.sleep(1)
+    assert llm.asleep == 1 and gen.asleep == 1
+    with pytest.raises(GeneratorError, match="asleep"):
+        gen.sample([SampleRequest(PROMPT)])
+    with pytest.raises(GeneratorError, match="asleep"):
+        gen.logprobs([PROMPT], [REPLY])
+    gen.wake_up()
+    assert llm.calls[-2:] == [("sleep", 1), ("wake_up", None)] and gen.asleep is None
+    assert gen.sample([SampleRequest(PROMPT)])[0][0].logprob == pytest.approx(awake.logprob)  # level 1 kept them
+    with pytest.raises(ValueError, match="level"):
+        gen.sleep(3)
+
+
+def test_sleep_needs_an_engine_built_for_it(fake_vllm: Path) -> None:
+    gen = VLLMGenerator(fake_vllm)
+    assert "enable_sleep_mode" not in FakeLLM.instances[0].kwargs
+    with pytest.raises(GeneratorError, match="without sleep mode.*sleep=1"):
+        gen.sleep(1)
+
+
+def test_an_engine_setting_this_vllm_lacks_is_named_before_the_engine_starts(fake_vllm: Path) -> None:
+    with pytest.raises(GeneratorError, match="vLLM 0.33.0 has no engine setting 'gpu_memory_fraction'"):
+        VLLMGenerator(fake_vllm, gpu_memory_fraction=0.5)
+    assert FakeLLM.instances == []
+
+
+def test_level_2_drops_the_weights_until_they_are_reloaded(fake_vllm: Path) -> None:
+    """The double as vLLM: after a level-2 sleep and wake_up the engine computes with garbage; a
+    reload_weights writes the folder back. Level 1 keeps them (the test above)."""
+    gen = VLLMGenerator(fake_vllm, sleep_mode=True)
+    before = gen.logprobs([PROMPT], [REPLY])[0]
+    gen.sleep(2)
+    gen.wake_up()
+    assert gen.logprobs([PROMPT], [REPLY])[0] != pytest.approx(before, abs=1.0)
+    gen.reload(fake_vllm)
+    assert gen.logprobs([PROMPT], [REPLY])[0] == pytest.approx(before)
+
+
+def test_the_double_sleeps_as_vllms_executor(fake_vllm: Path) -> None:
+    sp = vllm_double.SamplingParams
+    with pytest.raises(ValueError, match="Sleep mode is not enabled"):
+        FakeLLM(str(fake_vllm)).sleep(level=1)
+    llm = FakeLLM(str(fake_vllm), enable_sleep_mode=True)
+    llm.sleep(level=2)
+    with pytest.raises(RuntimeError, match="asleep"):
+        llm.generate([{"prompt_token_ids": [1]}], sp())
+    with pytest.raises(RuntimeError, match="unmapped"):  # writing weights whose memory is not mapped
+        llm.collective_rpc("reload_weights", kwargs={"weights_path": str(fake_vllm)})
+    llm.wake_up(tags=["weights"])
+    assert llm.sleeping_tags == {"kv_cache"} and llm.asleep == 2  # still asleep: no KV cache
+    llm.wake_up(tags=["weights"])  # not sleeping: a warning in vLLM, nothing done
+    assert llm.sleeping_tags == {"kv_cache"}
+    llm.wake_up()
+    assert llm.asleep is None and llm.weights_lost
+    llm.collective_rpc("reload_weights", kwargs={"weights_path": str(fake_vllm)})
+    assert not llm.weights_lost and len(llm.generate([{"prompt_token_ids": [1]}], sp())) == 1

@@ -12,6 +12,12 @@ whatever real vLLM does (issue 29). This one holds the pinned version's facts, r
   length check) raises `vllm.exceptions.VLLMValidationError`, a `VLLMClientError`, not a ValueError;
   a regex holding a NUL is a ValueError (backend_xgrammar.validate_xgrammar_grammar).
 - a dead engine raises `vllm.v1.engine.exceptions.EngineDeadError`, a `VLLMServerError`.
+- sleep mode (docs/features/sleep_mode.md; the executor's sleep / wake_up): `sleep` needs an engine
+  built with `enable_sleep_mode=True`; level 1 keeps the weights (offloaded to host RAM), level 2
+  discards them, so after `wake_up` the engine computes with garbage until `reload_weights` writes
+  a model in; `wake_up(tags=...)` wakes only those of {"weights", "kv_cache"}, and the engine is
+  asleep while any is. A request while asleep is refused here (vLLM would queue it behind a paused
+  scheduler and an offline `generate` would never return).
 - the grammar is applied: the bitmask goes onto the logits BEFORE the sampler computes
   `raw_logprobs` (gpu_model_runner: apply_grammar_bitmask, then sampler), so a constrained sample's
   log-probs are renormalised over the allowed tokens; `prompt_logprobs` are never masked.
@@ -182,7 +188,9 @@ class LLM:
         self.max_model_len = kwargs.get("max_model_len") or 4096
         self.shift = 0.0
         self.dead = False
-        self.asleep: int | None = None
+        self.asleep: int | None = None  # the level of the last sleep, while any tag sleeps
+        self.sleeping_tags: set[str] = set()
+        self.weights_lost = False  # a level-2 sleep discarded them; reload_weights writes them again
         # As vLLM's LLMEngine: the engine core, and the model config that carries the context limit.
         self.llm_engine = NS(engine_core=NS(shutdown=self._shutdown), model_config=NS(max_model_len=self.max_model_len))
         self.shut = False
@@ -216,6 +224,8 @@ class LLM:
         return self.tok(text, add_special_tokens=False)["input_ids"] + [self.eos]
 
     def _logits(self, script: list[int], k: int) -> torch.Tensor:
+        if self.weights_lost:  # memory handed back by a level-2 sleep: whatever it holds now
+            return torch.randn(self.vocab, generator=torch.Generator().manual_seed(len(script) * 7919 + k)) * 4
         logits = torch.zeros(self.vocab)
         logits[self.newlines] = 1.0
         logits[self.eos] = 1.0
@@ -305,8 +315,13 @@ class LLM:
         if self.dead:
             raise EngineDeadError()
         call_args, call_kwargs = tuple(kwargs.get("args", ())), dict(kwargs.get("kwargs") or {})
+        if method == "reload_weights" and "weights" in self.sleeping_tags:
+            raise RuntimeError("CUDA error: an illegal memory access (the weights' memory is unmapped while asleep)")
         self.calls.append(("rpc", method, call_args, call_kwargs))
-        return [self.rpc(method, call_args, call_kwargs)]
+        result = [self.rpc(method, call_args, call_kwargs)]
+        if method == "reload_weights":  # the weights are written again (the subclass's rpc did not fail)
+            self.weights_lost = False
+        return result
 
     def reset_prefix_cache(self, *args: Any, **kwargs: Any) -> bool:
         _check_call("reset_prefix_cache", args, kwargs)
@@ -318,14 +333,27 @@ class LLM:
         level = (args or (kwargs.get("level", 1),))[0]
         if not self.kwargs.get("enable_sleep_mode"):
             raise ValueError("Sleep mode is not enabled. Start the engine with enable_sleep_mode=True.")
+        if level not in (1, 2):
+            raise ValueError(f"sleep level must be 1 or 2 in this double, got {level!r}")
+        if self.dead:
+            raise EngineDeadError()
         self.calls.append(("sleep", level))
-        self.asleep = level
+        if self.sleeping_tags:  # the executor: "Executor is already sleeping." (a warning, nothing done)
+            return
+        self.asleep, self.sleeping_tags = level, {"weights", "kv_cache"}
+        self.weights_lost = self.weights_lost or level == 2
 
-    def wake_up(self, *args: Any, **kwargs: Any) -> bool:
+    def wake_up(self, *args: Any, **kwargs: Any) -> None:
         _check_call("wake_up", args, kwargs)
-        self.calls.append(("wake_up",))
-        self.asleep = None
-        return True
+        tags = (args or (kwargs.get("tags"),))[0]
+        if self.dead:
+            raise EngineDeadError()
+        self.calls.append(("wake_up", tags))
+        if tags and any(t not in self.sleeping_tags for t in tags):
+            return  # the executor warns "Tag ... is not in sleeping tags" and wakes nothing
+        self.sleeping_tags -= set(tags) if tags else self.sleeping_tags
+        if not self.sleeping_tags:
+            self.asleep = None
 
 
 def install(monkeypatch: Any, llm_cls: type[LLM]) -> types.ModuleType:

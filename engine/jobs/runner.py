@@ -68,9 +68,11 @@ def _model_spec_path(spec: str, cwd: str | Path | None) -> str:
     text = spec.strip()
     if text == "tiny" or text.startswith("openai:"):
         return spec
-    for prefix in ("hf:", "vllm:"):
-        if text.startswith(prefix):
-            return prefix + absolute_path(text[len(prefix):], cwd)
+    if text.startswith("vllm:"):  # its engine options (after '?') stay as typed
+        folder, sep, query = text[len("vllm:"):].partition("?")
+        return "vllm:" + absolute_path(folder, cwd) + sep + query
+    if text.startswith("hf:"):
+        return "hf:" + absolute_path(text[len("hf:"):], cwd)
     return absolute_path(text, cwd)
 
 
@@ -195,8 +197,15 @@ def worker_command(python: str, job_id: str, db: str | Path, device: str, kind: 
               "--mixed_precision", "no", "--dynamo_backend", "no",  # the Trainer sets bf16 itself
               "--main_process_ip", "127.0.0.1", "--main_process_port", str(_free_port())]
     if strategy == "fsdp" and device != "cpu":
+        # fsdp_cpu_ram_efficient_loading off (accelerate's launcher defaults it to true): with it on,
+        # transformers loads the checkpoint on rank 0 only and the other ranks get empty weights for
+        # FSDP to fill from rank 0 when it wraps the model, but TRL loads the DPO reference model
+        # after the process group exists and never wraps it there, so ranks > 0 would score with
+        # zeroed reference weights. The price: every rank loads the whole fp32 model into host RAM
+        # (n_gpus x 4 bytes x parameters at once; docs/decisions.md).
         launch += ["--use_fsdp", "--fsdp_version", "2", "--fsdp_auto_wrap_policy", "TRANSFORMER_BASED_WRAP",
-                   "--fsdp_state_dict_type", "FULL_STATE_DICT", "--fsdp_reshard_after_forward", "true"]
+                   "--fsdp_state_dict_type", "FULL_STATE_DICT", "--fsdp_reshard_after_forward", "true",
+                   "--fsdp_cpu_ram_efficient_loading", "false"]
     else:
         # accelerate's --cpu starts one process (several need MPI); --multi_gpu starts torchrun's
         # processes, and ACCELERATE_USE_CPU makes them a gloo (MULTI_CPU) group on a CPU.

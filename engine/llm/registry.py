@@ -1,4 +1,4 @@
-"""Model specs -> Generators: `tiny | PATH | hf:PATH | openai:URL[,URL...]#MODEL[?opts] | vllm:PATH`.
+"""Model specs -> Generators: `tiny | PATH | hf:PATH | openai:URL[,URL...]#MODEL[?opts] | vllm:PATH[?opts]`.
 
 Backends are imported only when chosen, so the CLI starts fast and vLLM stays optional.
 A Generator's `name` is a spec that loads it again (runs store it; resume uses it).
@@ -7,33 +7,125 @@ A Generator's `name` is a spec that loads it again (runs store it; resume uses i
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from engine.llm.base import Generator, GeneratorError
 
-SPEC_HELP = "tiny | PATH | hf:PATH | openai:URL[,URL...]#MODEL[?concurrency=N] | vllm:PATH"
+SPEC_HELP = ("tiny | PATH | hf:PATH | openai:URL[,URL...]#MODEL[?concurrency=N] | "
+             "vllm:PATH[?gpu_memory_utilization=F&max_model_len=N&enforce_eager=0|1&sleep=0|1...]")
+
+
+def _flag(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("is not 0 or 1")
+
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError("is not a whole number >= 1")
+    return int(text)
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError("is not a number") from None
+    if not 0 < value <= 1:
+        raise ValueError("is not in (0, 1]")
+    return value
+
+
+def _dtype(text: str) -> str:
+    if text not in VLLM_DTYPES:
+        raise ValueError(f"is not one of {', '.join(VLLM_DTYPES)}")
+    return text
+
+
+VLLM_DTYPES = ("auto", "bfloat16", "float16", "float32")
+# `vllm:PATH?key=value&...`: each option and how its value is read. All but the generator's own
+# (VLLM_GENERATOR_OPTIONS) are vllm.LLM engine arguments, under the names vLLM 0.33.0 gives them
+# (tests check them against the pinned version's EngineArgs).
+VLLM_SPEC_OPTIONS: dict[str, Callable[[str], Any]] = {
+    "gpu_memory_utilization": _fraction,
+    "max_model_len": _positive_int,
+    "max_num_seqs": _positive_int,
+    "enforce_eager": _flag,
+    "dtype": _dtype,
+    "tensor_parallel_size": _positive_int,
+    "sleep": _flag,
+    "request_seeds": _flag,
+}
+# Options VLLMGenerator reads itself -> its keyword argument: `sleep` builds the engine with
+# enable_sleep_mode (engine.train.vllm_policy sleeps it while training), `request_seeds` sends
+# each request's seed.
+VLLM_GENERATOR_OPTIONS = {"sleep": "sleep_mode", "request_seeds": "request_seeds"}
+
+
+def parse_vllm_options(spec: str, query: str) -> dict[str, Any]:
+    """`key=value&...` after a `vllm:PATH?` -> options (see VLLM_SPEC_OPTIONS); a GeneratorError in
+    one line names the option that is unknown, repeated or ill-typed."""
+    options: dict[str, Any] = {}
+    for item in query.split("&"):
+        key, eq, value = item.partition("=")
+        if key not in VLLM_SPEC_OPTIONS:
+            raise GeneratorError(f"model {spec!r}: unknown option {key!r} after '?' (known: "
+                                 f"{', '.join(VLLM_SPEC_OPTIONS)})")
+        if not eq:
+            raise GeneratorError(f"model {spec!r}: option {key} has no value (write {key}=VALUE)")
+        if key in options:
+            raise GeneratorError(f"model {spec!r}: option {key} is given twice")
+        try:
+            options[key] = VLLM_SPEC_OPTIONS[key](value)
+        except ValueError as e:
+            raise GeneratorError(f"model {spec!r}: option {key}={value!r} {e}") from None
+    return options
+
+
+def vllm_query(options: dict[str, Any]) -> str:
+    """The `?key=value&...` tail that parse_vllm_options reads back ('' when there is none)."""
+    def text(value: Any) -> str:
+        return str(int(value)) if isinstance(value, bool) else f"{value:g}" if isinstance(value, float) else str(value)
+
+    return "?" + "&".join(f"{k}={text(v)}" for k, v in options.items()) if options else ""
+
+
+def vllm_generator_kwargs(options: dict[str, Any]) -> dict[str, Any]:
+    """Spec options -> VLLMGenerator keyword arguments (engine arguments pass through by name)."""
+    return {VLLM_GENERATOR_OPTIONS.get(k, k): v for k, v in options.items()}
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A model spec as read once: `kind` (tiny | openai | vllm | hf), `text` (the spec, normalised)
-    and `target` (the server part after `openai:`, or the folder)."""
+    """A model spec as read once: `kind` (tiny | openai | vllm | hf), `text` (the spec, normalised),
+    `target` (the server part after `openai:`, or the folder) and, for `vllm:`, the `options` after
+    '?' (parsed, typed; `target` is the folder without them)."""
 
     kind: str
     text: str
     target: str
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 def parse_model_spec(spec: str) -> ModelSpec:
     """The one reading of a spec. WHY one: whatever decides whether $OPENAI_API_KEY may go to a spec's
     server (a resume asks first for a spec read from the database) must see the spec exactly as the
     loader does; a check on the raw text and a loader on the stripped one let `' openai:http://...'`
-    past the check (docs/decisions.md)."""
+    past the check (docs/decisions.md). A `vllm:` spec's options are read here too (a GeneratorError
+    names a bad one), so a job with a mistyped option is refused when it is submitted."""
     text = spec.strip()
     if text == "tiny":
         return ModelSpec("tiny", text, "")
-    for kind in ("openai", "vllm", "hf"):
+    if text.startswith("vllm:"):
+        folder, sep, query = text[len("vllm:"):].partition("?")
+        return ModelSpec("vllm", text, folder, parse_vllm_options(text, query) if sep else {})
+    for kind in ("openai", "hf"):
         if text.startswith(f"{kind}:"):
             return ModelSpec(kind, text, text[len(kind) + 1 :])
     return ModelSpec("hf", text, text)
@@ -65,7 +157,8 @@ def load_generator(spec: str, log=print, allow_http_key: bool | None = None) -> 
         from engine.llm.vllm_backend import VLLMGenerator
 
         path = _model_dir(parsed.target)
-        return VLLMGenerator(path, name=f"vllm:{path}")
+        return VLLMGenerator(path, name=f"vllm:{path}{vllm_query(parsed.options)}",
+                             **vllm_generator_kwargs(parsed.options))
     path = _model_dir(parsed.target)
     from engine.llm.hf import HFGenerator
 

@@ -187,9 +187,25 @@ def prompt_logprob_sum(output: Any, start: int) -> float | None:
     return float(sum(lps)) if lps is not None else None
 
 
+def check_engine_options(overrides: dict[str, Any], known: Collection[str], version: str) -> None:
+    """GeneratorError naming the first engine setting this vLLM does not take (vLLM itself raises a
+    TypeError deep in EngineArgs, after the tokenizer is loaded)."""
+    unknown = sorted(set(overrides) - set(known))
+    if unknown:
+        raise GeneratorError(f"vLLM {version} has no engine setting {unknown[0]!r} (a vllm: spec option or "
+                             "engine override)")
+
+
 class VLLMGenerator:
     """A `Generator` over `vllm.LLM` (see the module docstring). `engine_overrides` go to
-    `vllm.LLM` as they are (e.g. `max_model_len`, `enforce_eager`, `dtype`).
+    `vllm.LLM` as they are (e.g. `max_model_len`, `enforce_eager`, `dtype`), each checked against
+    the installed vLLM's `LLM` / `EngineArgs` names first.
+
+    `sleep_mode`: build the engine with `enable_sleep_mode=True`, so `sleep()` can hand its GPU
+    memory (weights and KV cache) to training in this process and `wake_up()` take it back
+    (engine.train.vllm_policy does so around every training phase of the loop). While asleep,
+    `sample` / `logprobs` raise GeneratorError: vLLM would queue the requests behind a paused
+    scheduler, and an offline `generate` would wait forever.
 
     `request_seeds` (off by default): send each request's seed. vLLM 0.33 gives every seeded
     request its own torch.Generator, drawn one request at a time (sampler's random_sample), and a
@@ -206,6 +222,7 @@ class VLLMGenerator:
         gpu_memory_utilization: float = 0.85,
         name: str | None = None,
         request_seeds: bool = False,
+        sleep_mode: bool = False,
         **engine_overrides: Any,
     ) -> None:
         path = Path(model_dir)
@@ -222,10 +239,41 @@ class VLLMGenerator:
         self._seed = seed
         self.request_seeds = request_seeds
         self._overrides = {"gpu_memory_utilization": gpu_memory_utilization, **engine_overrides}
+        if sleep_mode:
+            self._overrides["enable_sleep_mode"] = True
         self._engine_arg_names = frozenset(inspect.signature(vllm.EngineArgs).parameters)
+        check_engine_options(self._overrides, self._engine_arg_names | _parameters(vllm.LLM.__init__),
+                             getattr(vllm, "__version__", "?"))
+        self.sleep_mode = sleep_mode
+        self.asleep: int | None = None  # the sleep level while asleep
         self._llm = vllm.LLM(**engine_kwargs(path, seed, self._engine_arg_names, self._overrides))
         self._load_tokenizer(path)
         self.name = name or f"vllm:{path}"
+        # What follows the folder in `name` ("?max_model_len=4096..."), kept across reloads.
+        self._name_tail = self.name[len(f"vllm:{path}"):] if self.name.startswith(f"vllm:{path}") else ""
+
+    def sleep(self, level: int) -> None:
+        """Free the engine's GPU memory (vLLM's `LLM.sleep`): level 1 copies the weights to host RAM
+        and drops the KV cache; level 2 drops the weights too (serve again only after `reload`).
+        GeneratorError when the engine was built without sleep mode."""
+        if not self.sleep_mode:
+            raise GeneratorError(f"{self.name}: the engine was built without sleep mode (vllm: spec option sleep=1)")
+        if level not in (1, 2):
+            raise ValueError(f"sleep level must be 1 or 2 (got {level})")
+        if self.asleep is None:
+            self._llm.sleep(level=level)
+            self.asleep = level
+
+    def wake_up(self) -> None:
+        """Take the GPU memory back (weights, KV cache); after a level-2 sleep the weights hold
+        garbage until `reload` writes a model folder into them."""
+        if self.asleep is not None:
+            self._llm.wake_up()
+            self.asleep = None
+
+    def _awake(self) -> None:
+        if self.asleep is not None:
+            raise GeneratorError(f"{self.name}: the engine is asleep (level {self.asleep}); wake_up() it first")
 
     @property
     def llm(self) -> Any:
@@ -293,6 +341,7 @@ class VLLMGenerator:
     def sample(self, requests: Sequence[SampleRequest]) -> list[list[Completion]]:
         """For each request, `request.n` completions, in order; all requests in one `generate`. A prompt
         longer than the engine's max_model_len is left out and named by ContextOverflow."""
+        self._awake()
         sent: list[int] = []
         prompts: list[dict[str, list[int]]] = []
         params: list[Any] = []
@@ -367,6 +416,7 @@ class VLLMGenerator:
             raise ValueError("prompts and completions differ in length")
         if not prompts:
             return []
+        self._awake()
         starts, batch = [], []
         for prompt, text in zip(prompts, completions, strict=True):
             p = self.encode_prompt(prompt)
@@ -385,10 +435,12 @@ class VLLMGenerator:
         older RL recipe (`update_config` pointing the model config at the new folder, then
         `reload_weights()`); cached prefixes belong to the old weights, so the prefix cache is
         reset. If neither in-place path works in this vLLM the engine is rebuilt (a full start),
-        with a WARNING in the log: never silently. `name` becomes "vllm:<model_dir>"."""
+        with a WARNING in the log: never silently. `name` becomes "vllm:<model_dir>" with the spec's
+        options (if any) kept. Call it awake: an asleep engine's weights are not mapped."""
         path = Path(model_dir)
         if not path.is_dir():
             raise GeneratorError(f"model folder {path} does not exist")
+        self._awake()
         how = "in-place"
         try:
             self._llm.collective_rpc("reload_weights", kwargs={"weights_path": str(path)})
@@ -406,7 +458,7 @@ class VLLMGenerator:
         if how == "in-place":
             self._llm.reset_prefix_cache()
         self._load_tokenizer(path)
-        self.name = f"vllm:{path}"
+        self.name = f"vllm:{path}{self._name_tail}"
         log.info("%s: weights reloaded (%s)", self.name, how)
         return how
 
@@ -421,6 +473,12 @@ class VLLMGenerator:
 
         torch.cuda.empty_cache()  # for an in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0)
         self._llm = self._vllm.LLM(**engine_kwargs(path, self._seed, self._engine_arg_names, self._overrides))
+
+
+def _parameters(fn: Any) -> frozenset[str]:
+    """The keyword names `fn` takes (not self, *args, **kwargs)."""
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return frozenset(n for n, p in inspect.signature(fn).parameters.items() if p.kind in kinds and n != "self")
 
 
 def _one_line(exc: BaseException) -> str:

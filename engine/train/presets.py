@@ -96,7 +96,8 @@ PRESETS: dict[str, Preset] = {
          "distributed": "fsdp"},
         {"dpo": {"learning_rate": 1e-6}, "sft": {"learning_rate": 2e-5}, "rft": {"learning_rate": 2e-5}},
         "For a model that does not fit one GPU: weights, gradients and optimizer state sharded across "
-        "every visible GPU (FSDP2, full fine-tuning; not yet run on GPUs).",
+        "every visible GPU (FSDP2, full fine-tuning; not yet run on GPUs). Every process first loads the "
+        "whole fp32 model into host RAM (GPUs x 4 bytes x parameters at once).",
         all_gpus=True,
     ),
 }
