@@ -10,7 +10,8 @@ iteration the data rows, tasks solved in search, simulations per second and wall
 model is selected on the test split: every iteration is reported. Choose settings with
 `--split val` (43 train tasks held out of the model and of every search).
 
-With `--method exit-mcts`, `--simulations` is MCTS at inference's simulations per real step (use 4).
+With `--method exit-mcts`, `--simulations` is MCTS at inference's simulations per real step (use 4);
+with `--method exit-sampled`, `--samples` sampled episodes are played on each task greedy fails.
 
     .venv/bin/python bench/loop_gain.py [--method exit] [--iterations 3] [--tasks 64] [--simulations 12]
         [--sft-lr 1e-4] [--epochs 3] [--split val|test] [--test-tasks 0] [--constrained] [--seed 0]
@@ -51,6 +52,7 @@ def main(argv: list[str] | None = None) -> Table:
     ap.add_argument("--per-tree", type=int, default=1, help="exit: successful trajectories kept per solved tree")
     ap.add_argument("--no-critic", action="store_true", help="search without the critic (exit, visits need none)")
     ap.add_argument("--trees-in-flight", type=int, default=64)
+    ap.add_argument("--samples", type=int, default=8, help="exit-sampled: episodes per task greedy fails")
     ap.add_argument("--gate-split", default=None, help="the promotion gate's split (default: val, or none when "
                                                         "--split val: the gate must be held out of the evaluation)")
     args = ap.parse_args(argv)
@@ -71,13 +73,16 @@ def main(argv: list[str] | None = None) -> Table:
         sft=train if args.method != "agentq" else {}, distill={"per_tree": args.per_tree},
         eval=greedy_settings(args),
         # exit-mcts plays with MCTS at inference: --simulations per real step (4 is the measured operator)
-        play={"mcts_simulations": args.simulations, "mcts_k": args.k, "mcts_backup": args.backup},
+        play=({"seeds": [args.seed * 1000 + j for j in range(args.samples)]} if args.method == "exit-sampled" else
+              {"mcts_simulations": args.simulations, "mcts_k": args.k, "mcts_backup": args.backup}),
     )
     table = Table(f"The loop's curve ({args.method}) vs the base policy, greedy on the same held-out TextCraft tasks",
                   {"model": args.model, "tasks": f"{args.split}[:{len(tasks)}]", "seed": args.seed,
                    "budget": (f"{args.iterations} x ({args.tasks} fit tasks, greedy; MCTS at inference on its failures, "
                               f"{args.simulations} simulations per real step, K={args.k}, critic on, {args.backup} backup)"
                               if args.method == "exit-mcts" else
+                              f"{args.iterations} x ({args.tasks} fit tasks, greedy; {args.samples} sampled episodes of "
+                              f"each failure, merged into a tree)" if args.method == "exit-sampled" else
                               f"{args.iterations} x ({args.tasks} fit tasks x {args.simulations} simulations, K={args.k}, "
                               f"depth {args.depth_limit}, critic {'off' if args.no_critic else 'on'}, {args.backup} backup)"),
                    "train": f"lr {train['learning_rate']}, {args.epochs} epochs, batch 8"},

@@ -48,8 +48,9 @@ if TYPE_CHECKING:
     from engine.evaluate import EvalConfig
     from engine.store import Store
 
-METHODS = ("exit", "exit-mcts", "agentq", "agentr", "visits")
-DISTILL_METHODS = ("exit", "exit-mcts", "visits")
+METHODS = ("exit", "exit-mcts", "exit-sampled", "agentq", "agentr", "visits")
+DISTILL_METHODS = ("exit", "exit-mcts", "exit-sampled", "visits")
+PLAY_METHODS = ("exit-mcts", "exit-sampled")  # data collection by play_run on the greedy failures
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,7 @@ class IterateConfig:
     method: str = field(default="exit", metadata={
         "help": "exit: expert iteration (SFT on each solved tree's shortest successful path; the measured "
                 "default), exit-mcts: expert iteration from MCTS at inference played on the tasks greedy fails, "
+                "exit-sampled: the same from N sampled episodes of each task greedy fails (a Monte Carlo tree), "
                 "agentq: DPO on step pairs, agentr: SFT on revisions, visits: SFT toward MCTS visit counts",
         "choices": METHODS})
     model: str = field(default="tiny", metadata={"help": "starting policy: tiny | PATH | hf:PATH | vllm:PATH[?opts] "
@@ -98,7 +100,7 @@ class IterateConfig:
     sft: dict[str, Any] = field(default_factory=dict)
     eval: dict[str, Any] = field(default_factory=dict)
     distill: dict[str, Any] = field(default_factory=dict)
-    play: dict[str, Any] = field(default_factory=dict)  # exit-mcts: EvalConfig overrides of the MCTS play
+    play: dict[str, Any] = field(default_factory=dict)  # exit-mcts / exit-sampled: EvalConfig overrides of the play
 
     def __post_init__(self) -> None:
         checks = {
@@ -144,7 +146,7 @@ class IterateConfig:
     def sft_config(self) -> Any:
         from engine.train.sft import SFTTrainConfig
 
-        kinds = {"kinds": ("exit" if self.method == "exit-mcts" else self.method,)} if self.method in DISTILL_METHODS else {}
+        kinds = {"kinds": (self.row_kind,)} if self.method in DISTILL_METHODS else {}
         return SFTTrainConfig.from_dict({"include_pending": self.include_pending, "seed": self.seed, **kinds,
                                          **self.sft}, where="iterate sft")
 
@@ -158,14 +160,23 @@ class IterateConfig:
 
         return EvalConfig.from_dict(self.eval)
 
+    @property
+    def row_kind(self) -> str:
+        """The kind of the rows a distilling method stores and trains on (the play methods' are exit rows)."""
+        return "exit" if self.method in PLAY_METHODS else self.method
+
     def play_config(self) -> EvalConfig:
-        """exit-mcts's data collection: the evaluation's limits and decoding, MCTS at inference with the
-        measured operator's settings (4 simulations per real step, K=4, reward backup) unless `play` says."""
+        """The play methods' data collection: the evaluation's limits and decoding, then for exit-mcts MCTS
+        at inference with the measured operator's settings (4 simulations per real step, K=4, reward
+        backup), for exit-sampled 8 episodes per task at temperature 1, unless `play` says."""
         from engine.evaluate import EvalConfig
 
-        defaults = {"mcts_simulations": 4, "mcts_k": 4, "mcts_backup": "reward"}
-        return EvalConfig.from_dict({**self.eval, **defaults, "seeds": [self.seed], **self.play, "mode": "mcts"},
-                                    where="iterate play")
+        if self.method == "exit-sampled":
+            defaults: dict[str, Any] = {"temperature": 1.0, "seeds": [self.seed * 1000 + j for j in range(8)]}
+            mode = "sampled"
+        else:
+            defaults, mode = {"mcts_simulations": 4, "mcts_k": 4, "mcts_backup": "reward", "seeds": [self.seed]}, "mcts"
+        return EvalConfig.from_dict({**self.eval, **defaults, **self.play, "mode": mode}, where="iterate play")
 
 
 @dataclass(frozen=True)
@@ -360,14 +371,15 @@ def run_loop(store: Store, config: IterateConfig, reporter: Reporter | None = No
                 break
             began, began_cpu = time.perf_counter(), time.process_time()
             batch = rng.sample(train_tasks, config.tasks_per_iteration)
-            searching = stage(i, "search", "episodes" if config.method == "exit-mcts" else "simulations")
+            searching = stage(i, "search", "episodes" if config.method in PLAY_METHODS else "simulations")
             generator = load(policy)
             played: list[Any] = []
-            if config.method == "exit-mcts":  # the run's units are its episodes, not each real step's small search
+            if config.method in PLAY_METHODS:  # the run's units are its episodes, not each real step's small search
                 play = config.play_config()
+                shift = i * len(play.seeds)  # each iteration its own episodes
                 run_id, play_stats, played = play_run(store, config.env, batch, generator,
-                                                      replace(play, seeds=(play.seeds[0] + i,)), f"{loop_id}-it{i}",
-                                                      make_env=make_env, reporter=searching)
+                                                      replace(play, seeds=tuple(s + shift for s in play.seeds)),
+                                                      f"{loop_id}-it{i}", make_env=make_env, reporter=searching)
                 search_s, extra = play_stats.wall_s, {"play": play_stats.to_dict()}
             else:
                 sims = Units(searching, "search", search.simulations * len(batch))
@@ -406,13 +418,13 @@ def run_loop(store: Store, config: IterateConfig, reporter: Reporter | None = No
                     result = train_dpo(start, pairs, train_cfg, out_dir, training, node_tokens=tokens, parent=str(start),
                                        backends=run_backends(store, [run_id]))
             elif config.method in DISTILL_METHODS:
-                kind = "exit" if config.method == "exit-mcts" else config.method
+                kind = config.row_kind
                 if config.method == "exit-mcts":
                     rows = episode_samples(played, batch, description, run_id=run_id)
                     Units(building, "data", len(played), unit="episodes").step(len(played), rows=len(rows))
                 else:
                     trees = Units(building, "data", len(refs), rows=0)
-                    rows = distill(refs, config.method, config.distill_config(),
+                    rows = distill(refs, kind, config.distill_config(),  # exit-sampled: its Monte Carlo trees
                                    on_tree=count_rows(trees, len))
                 store.save_samples(rows, prune_run=run_id, prune_kinds=(kind,))
                 train_cfg = config.sft_config()
@@ -422,7 +434,7 @@ def run_loop(store: Store, config: IterateConfig, reporter: Reporter | None = No
                 if not samples:
                     record["skipped"] = (skip_reason(curation, "search rows") if curation["uncurated_left_out"] else
                                          "no successful trajectory in the trees (no task solved in search)"
-                                         if config.method in ("exit", "exit-mcts") else f"no node with {config.distill_config().min_visits}"
+                                         if config.method != "visits" else f"no node with {config.distill_config().min_visits}"
                                          " or more visits")
                 else:
                     reporter.log(gate_line(i, curation))

@@ -35,7 +35,7 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny-loop"))
 
 
-@pytest.mark.parametrize("method", ["agentq", "agentr", "exit", "exit-mcts", "visits"])
+@pytest.mark.parametrize("method", ["agentq", "agentr", "exit", "exit-mcts", "exit-sampled", "visits"])
 @pytest.mark.slow
 def test_a_loop_records_runs_models_and_scores(tmp_path: Path, model: Path, method: str) -> None:
     loaded: list[Path] = []
@@ -51,17 +51,20 @@ def test_a_loop_records_runs_models_and_scores(tmp_path: Path, model: Path, meth
         assert rows[0]["model"] == str(model) and rows[0]["eval"]["success"]["n"] == 3
         first, second = rows[1], rows[2]
         assert first["parent"] == str(model) and second["searched_with"] == first["policy"] == first["model"]
-        if method in ("exit", "exit-mcts", "visits"):  # accumulation: every candidate from the base, on every iteration's rows
+        if method in ("exit", "exit-mcts", "exit-sampled", "visits"):  # accumulation: every candidate from the base, on every iteration's rows
             assert second["parent"] == str(model) and second["samples"] >= first["samples"]
         else:
             assert second["parent"] == first["model"]  # pi_ref <- current policy
         assert first["model"] == str((tmp_path / "loop" / "iter-1").resolve())
         for r in (first, second):
             assert store.run(r["run_id"]).model == "scripted" and len(r["tasks"]) == 3
-            if method == "exit-mcts":  # the run holds the tasks greedy failed, each played with MCTS
+            if method in ("exit-mcts", "exit-sampled"):  # the run holds the tasks greedy failed, each played
                 play = r["play"]
                 assert play["tasks"] == 3 and play["played"] == len(store.tree_ids(r["run_id"])) == 3 - play["greedy_solved"]
                 assert r["solved_in_search"] >= play["solved"]
+            if method == "exit-sampled":  # 8 sampled episodes of each: one Monte Carlo tree per task
+                assert r["play"]["simulations"] == 8 * r["play"]["played"]
+                assert all(store.load_tree(t).root.N == 8 for t, _ in store.tree_ids(r["run_id"]))
             assert r["eval"]["eval_id"] in {e["id"] for e in store.evaluations(model=r["model"])}
             meta = read_train_meta(r["model"])
             assert meta is not None and meta["base_model"] == r["parent"]
@@ -75,11 +78,11 @@ def test_a_loop_records_runs_models_and_scores(tmp_path: Path, model: Path, meth
             assert first["revision_share"] == 0.25 and second["revision_share"] == 0.5
             assert first["revisions"] > 0 and first["samples"] >= first["revisions"]
         else:  # expert iteration / visit counts: the search's own rows, each trained on
-            samples = store.samples(run_id=first["run_id"], kind=["exit" if method == "exit-mcts" else method])
+            samples = store.samples(run_id=first["run_id"], kind=["exit" if method.startswith("exit") else method])
             assert samples and first["samples"] == len(samples) == len(read_train_meta(first["model"])["data_ids"])
             if method == "exit-mcts":  # one row per episode MCTS solved
                 assert len(samples) == first["play"]["solved"] > 0
-            if method == "exit":
+            if method in ("exit", "exit-sampled"):
                 assert first["solved_trees"] >= len(samples) > 0  # one shortest success per solved tree
         # what each iteration trained on, by curation state (nobody curated: all uncurated, included)
         assert first["curation"] == {"final": 0, "uncurated_used": first.get("pairs", first.get("samples")),
