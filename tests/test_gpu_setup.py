@@ -55,10 +55,12 @@ def test_each_pinned_packages_declared_requirements_admit_the_other_pins(name: s
     assert checked or name == "datasets"  # trl/peft/accelerate each name at least one pinned package
 
 
-def test_the_readme_gpu_section_says_no_gpu_run_has_happened_and_what_to_run() -> None:
+def test_the_readme_gpu_section_says_what_ran_on_a_gpu_and_what_to_run() -> None:
     text = (ROOT / "README.md").read_text()
     section = text.split("## GPU set-up", 1)[1].split("\n## ", 1)[0]
-    assert "No GPU run has happened yet" in section and "bash bench/gpu/check.sh" in section
+    assert "One GPU run so far" in section and "vLLM was not run" in section
+    assert "bash bench/gpu/device_run.sh" in section and "bash bench/gpu/check.sh" in section
+    assert (ROOT / "bench" / "gpu" / "device_run.sh").is_file()
     assert "constraints-gpu.txt" in section and (ROOT / "bench" / "gpu" / "check.sh").is_file()
 
 
