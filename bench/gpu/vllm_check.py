@@ -82,6 +82,7 @@ def main() -> int:
     ap.add_argument("--max-model-len", type=int, default=4096)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.6)
     ap.add_argument("--skip-reload", action="store_true")
+    ap.add_argument("--skip-sleep", action="store_true", help="skip the sleep / wake / reload check (the loop's)")
     args = ap.parse_args()
 
     import vllm
@@ -89,7 +90,8 @@ def main() -> int:
     failures: list[str] = []
     t0 = time.perf_counter()
     gen = VLLMGenerator(
-        args.model_dir, max_model_len=args.max_model_len, gpu_memory_utilization=args.gpu_memory_utilization
+        args.model_dir, max_model_len=args.max_model_len, gpu_memory_utilization=args.gpu_memory_utilization,
+        sleep_mode=not args.skip_sleep,
     )
     start_s = time.perf_counter() - t0
     mode = getattr(getattr(gen.llm.llm_engine, "model_config", None), "logprobs_mode", "(no such option)")
@@ -153,6 +155,7 @@ def main() -> int:
     reload_ok = None
     if not args.skip_reload:
         reload_ok = check_reload(gen, args.model_dir, pairs[0], failures)
+    sleep = None if args.skip_sleep else check_sleep(gen, args.model_dir, pairs[0], failures)
 
     summary = {
         "vllm": vllm.__version__,
@@ -165,6 +168,7 @@ def main() -> int:
         "logprob_comparisons": len(gaps),
         "constrained": constrained,
         "reload_ok": reload_ok,
+        "sleep": sleep,
         "total_s": round(time.perf_counter() - t0, 1),
         "failures": failures,
     }
@@ -234,6 +238,37 @@ def check_reload(
     if not ok:
         failures.append(f"reload: {before} -> perturbed {changed} -> original {after}")
     return ok
+
+
+def check_sleep(gen: VLLMGenerator, model_dir: Path, pair: tuple[Prompt, Completion],
+                failures: list[str]) -> dict[str, object]:
+    """The loop's cycle around training: sleep at level 2 (weights and KV cache freed), wake, write the
+    folder back in (`reload`), and the score comes back; prints the device memory freed while asleep."""
+    import torch
+
+    prompt, comp = pair
+    before = gen.logprobs([prompt], [comp.text])[0]
+
+    def used() -> int:  # the whole device's bytes in use (vLLM's engine core is another process)
+        free, total = torch.cuda.mem_get_info()
+        return total - free
+
+    awake_bytes = used()
+    t = time.perf_counter()
+    gen.sleep(2)
+    asleep_bytes, slept_s = used(), time.perf_counter() - t
+    t = time.perf_counter()
+    gen.wake_up()
+    gen.reload(model_dir)
+    woke_s = time.perf_counter() - t
+    after = gen.logprobs([prompt], [comp.text])[0]
+    freed = (awake_bytes - asleep_bytes) / 2**30
+    print(f"sleep level 2: device memory in use {awake_bytes / 2**30:.1f} -> {asleep_bytes / 2**30:.1f} GiB "
+          f"({freed:.1f} GiB freed) in {slept_s:.1f} s; wake + reload {woke_s:.1f} s; score {before:.4f} -> {after:.4f}")
+    if freed <= 0 or abs(after - before) > 1e-2 * max(1.0, abs(before)):
+        failures.append(f"sleep: freed {freed:.2f} GiB, score {before} -> {after}")
+    return {"freed_gib": round(freed, 2), "asleep_gib": round(asleep_bytes / 2**30, 2), "sleep_s": round(slept_s, 1),
+            "wake_reload_s": round(woke_s, 1), "score_before": before, "score_after": after}
 
 
 if __name__ == "__main__":
