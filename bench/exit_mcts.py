@@ -32,6 +32,7 @@ of its gain over the base.
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import sys
 import tempfile
@@ -42,9 +43,10 @@ from pathlib import Path
 sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from bench.common import Table, add_common_args, greedy_config, held_out, ordering
+from engine.datasets.corrections import CorrectionConfig, correction_samples
 from engine.datasets.distill import episode_samples
 from engine.envs.textcraft import TextCraftEnv
-from engine.evaluate import EvalConfig, evaluate
+from engine.evaluate import Episode, EvalConfig, evaluate
 from engine.llm.registry import load_generator
 from engine.train.common import resolve_model_path
 from engine.train.sft import rft_config, train_sft
@@ -69,6 +71,29 @@ def shortest_per_task(episodes: list, per_task: int) -> list:
     return kept
 
 
+def write_episodes(path: Path, phases: dict[str, list]) -> None:
+    """Every played episode with its turns, one JSON line each (phase = greedy or the operator)."""
+    with path.open("w", encoding="utf-8") as f:
+        for phase, episodes in phases.items():
+            for e in episodes:
+                f.write(json.dumps({"phase": phase, **e.to_dict(), "turns": e.turns,
+                                    "first_observation": e.first_observation}) + "\n")
+
+
+def read_episodes(path: Path) -> dict[str, list]:
+    """`write_episodes`' file back as Episodes by phase."""
+    phases: dict[str, list] = {}
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        try:
+            data = json.loads(line)
+            phase = data.pop("phase")
+            data["turns"] = [tuple(t) for t in data["turns"]]
+            phases.setdefault(phase, []).append(Episode(**data))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise SystemExit(f"{path}:{n}: not an episode line ({exc})") from None
+    return phases
+
+
 def main(argv: list[str] | None = None) -> Table:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_common_args(ap, test_tasks=0)
@@ -84,9 +109,13 @@ def main(argv: list[str] | None = None) -> Table:
     ap.add_argument("--temperature", type=float, default=1.0, help="sampled operator: sampling temperature")
     ap.add_argument("--per-task", type=int, default=1, help="sampled operator: shortest distinct successes kept per task")
     ap.add_argument("--arms", default="", help="comma-separated arms of OP, OP+greedy, greedy (default: all three)")
+    ap.add_argument("--per-episode", type=int, default=3, help="corrections arms: failing steps corrected per "
+                                                                "greedy failure (the first ones)")
+    ap.add_argument("--episodes", default="", help="JSONL of the played episodes: read when it exists (the greedy "
+                                                    "and operator play skipped), else written after playing")
     args = ap.parse_args(argv)
     op = args.operator
-    known = (op, f"{op}+greedy", "greedy")
+    known = (op, f"{op}+greedy", "greedy", f"{op}+corrections", "corrections")
     arms = [a.strip() for a in (args.arms or ",".join(known)).split(",") if a.strip()]
     if unknown := set(arms) - set(known):
         ap.error(f"unknown arm(s) {sorted(unknown)}")
@@ -109,13 +138,21 @@ def main(argv: list[str] | None = None) -> Table:
     table.evaluate("base", generator, TextCraftEnv, tasks, eval_config)
     description = TextCraftEnv().describe()
 
+    cache = Path(args.episodes) if args.episodes else None
+    cached = read_episodes(cache) if cache is not None and cache.exists() else None
     t = time.perf_counter()
-    greedy = evaluate(generator, TextCraftEnv, fit, eval_config).episodes
+    greedy = cached["greedy"] if cached else evaluate(generator, TextCraftEnv, fit, eval_config).episodes
+    if [e.task_id for e in greedy] != [task.id for task in fit]:
+        ap.error(f"{cache}: its greedy episodes are not the {len(fit)} fit tasks of seed {args.seed}")
     failed = [task for task, e in zip(fit, greedy, strict=True) if not e.success]
-    print(f"  data: greedy solves {len(fit) - len(failed)}/{len(fit)} fit tasks ({time.perf_counter() - t:.0f} s)",
-          flush=True)
+    print(f"  data: greedy solves {len(fit) - len(failed)}/{len(fit)} fit tasks ({time.perf_counter() - t:.0f} s)"
+          + (f" (read from {cache})" if cached else ""), flush=True)
     t = time.perf_counter()
-    if op == "mcts":
+    if cached:
+        played = cached[op]
+        work_done = f"{len(played)} episodes read from {cache}"
+        kept = played if op == "mcts" else shortest_per_task(played, args.per_task)
+    elif op == "mcts":
         op_config = EvalConfig(**{**eval_config.__dict__, "mode": "mcts", "mcts_simulations": args.simulations,
                                   "mcts_k": args.k, "mcts_backup": args.backup})
         played = evaluate(generator, TextCraftEnv, failed, op_config).episodes
@@ -128,6 +165,8 @@ def main(argv: list[str] | None = None) -> Table:
         work_done = f"{len(played)} sampled episodes ({sum(e.steps for e in played)} steps)"
         kept = shortest_per_task(played, args.per_task)
     seconds = time.perf_counter() - t
+    if cache is not None and not cached:
+        write_episodes(cache, {"greedy": greedy, op: played})
     solved = {e.task_id for e in played if e.success}
     print(f"  data: {op} solves {len(solved)}/{len(failed)} of the greedy failures; {work_done} in {seconds:.0f} s",
           flush=True)
@@ -135,6 +174,14 @@ def main(argv: list[str] | None = None) -> Table:
     rows = {op: episode_samples(kept, failed, description),
             "greedy": episode_samples(greedy, fit, description, kind="rft")}
     rows[f"{op}+greedy"] = rows[op] + rows["greedy"]
+    if any(a.endswith("corrections") for a in arms):
+        t = time.perf_counter()
+        rows["corrections"] = correction_samples(greedy, played, fit, TextCraftEnv, description,
+                                                 CorrectionConfig(per_episode=args.per_episode))
+        rows[f"{op}+corrections"] = rows[op] + rows["corrections"]
+        tasks_corrected = {s.source["task_id"] for s in rows["corrections"]}
+        print(f"  data: corrections at {len(rows['corrections'])} failing steps of {len(tasks_corrected)} greedy "
+              f"failures ({args.per_episode} per episode at most; {time.perf_counter() - t:.1f} s)", flush=True)
     print("  data: " + ", ".join(f"{name} {len(rows[name])} trajectories "
                                  f"({sum(len(s.turns) for s in rows[name])} steps)" for name in arms), flush=True)
     common = {"epochs": args.epochs, "batch_size": 8, "num_threads": 2, "device": "cpu", "precision": "fp32",
