@@ -53,6 +53,8 @@ def main(argv: list[str] | None = None) -> Table:
     ap.add_argument("--no-critic", action="store_true", help="search without the critic (exit, visits need none)")
     ap.add_argument("--trees-in-flight", type=int, default=64)
     ap.add_argument("--samples", type=int, default=8, help="exit-sampled: episodes per task greedy fails")
+    ap.add_argument("--corrections", type=int, default=0, help="exit-mcts / exit-sampled: search-labelled corrections "
+                                                                "at up to N failing steps of each greedy failure")
     ap.add_argument("--gate-split", default=None, help="the promotion gate's split (default: val, or none when "
                                                         "--split val: the gate must be held out of the evaluation)")
     args = ap.parse_args(argv)
@@ -70,7 +72,7 @@ def main(argv: list[str] | None = None) -> Table:
         include_pending=True,  # nobody curates a bench: the rows search produced, as the method builds them
         output_root=str(work / "models"), name=f"bench-{args.method}", search=search,
         dpo={**train, "beta": 0.1, "ref_source": "auto"} if args.method == "agentq" else {},
-        sft=train if args.method != "agentq" else {}, distill={"per_tree": args.per_tree},
+        sft=train if args.method != "agentq" else {}, distill={"per_tree": args.per_tree}, corrections=args.corrections,
         eval=greedy_settings(args),
         # exit-mcts plays with MCTS at inference: --simulations per real step (4 is the measured operator)
         play=({"seeds": [args.seed * 1000 + j for j in range(args.samples)]} if args.method == "exit-sampled" else
@@ -82,7 +84,9 @@ def main(argv: list[str] | None = None) -> Table:
                               f"{args.simulations} simulations per real step, K={args.k}, critic on, {args.backup} backup)"
                               if args.method == "exit-mcts" else
                               f"{args.iterations} x ({args.tasks} fit tasks, greedy; {args.samples} sampled episodes of "
-                              f"each failure, merged into a tree)" if args.method == "exit-sampled" else
+                              f"each failure, merged into a tree)" + (f", corrections at <= {args.corrections} failing "
+                                                                       "steps per greedy failure" if args.corrections else "")
+                              if args.method == "exit-sampled" else
                               f"{args.iterations} x ({args.tasks} fit tasks x {args.simulations} simulations, K={args.k}, "
                               f"depth {args.depth_limit}, critic {'off' if args.no_critic else 'on'}, {args.backup} backup)"),
                    "train": f"lr {train['learning_rate']}, {args.epochs} epochs, batch 8"},

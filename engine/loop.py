@@ -101,6 +101,9 @@ class IterateConfig:
     eval: dict[str, Any] = field(default_factory=dict)
     distill: dict[str, Any] = field(default_factory=dict)
     play: dict[str, Any] = field(default_factory=dict)  # exit-mcts / exit-sampled: EvalConfig overrides of the play
+    corrections: int = field(default=0, metadata={
+        "help": "exit-mcts / exit-sampled: also train on search-labelled corrections, the first N failing steps of "
+                "each greedy failure labelled with a played win's step the env verified (0: off)"})
 
     def __post_init__(self) -> None:
         checks = {
@@ -113,6 +116,7 @@ class IterateConfig:
             "revision_shares": bool(self.revision_shares) and all(0 < s <= 1 for s in self.revision_shares),
             "gate_confidence": 0 < self.gate_confidence < 1,
             "accumulate": not (self.accumulate and self.method not in DISTILL_METHODS),
+            "corrections": self.corrections >= 0 and not (self.corrections and self.method not in PLAY_METHODS),
         }
         for name, ok in checks.items():
             if not ok:
@@ -146,7 +150,8 @@ class IterateConfig:
     def sft_config(self) -> Any:
         from engine.train.sft import SFTTrainConfig
 
-        kinds = {"kinds": (self.row_kind,)} if self.method in DISTILL_METHODS else {}
+        kinds = {"kinds": (self.row_kind, *(("correction",) if self.corrections else ()))} \
+            if self.method in DISTILL_METHODS else {}
         return SFTTrainConfig.from_dict({"include_pending": self.include_pending, "seed": self.seed, **kinds,
                                          **self.sft}, where="iterate sft")
 
@@ -291,6 +296,7 @@ def run_loop(store: Store, config: IterateConfig, reporter: Reporter | None = No
     """Run the loop; returns its id (its iterations are in `store.iterations(loop_id)`).
     `make_env` / `load` (model folder -> Generator) replace the env registry and
     `load_generator`, for envs or generators built in code (tests, notebooks)."""
+    from engine.datasets.corrections import CorrectionConfig, correction_samples
     from engine.datasets.distill import distill, episode_samples
     from engine.datasets.pairs import PairsConfig, build_pairs
     from engine.datasets.revisions import RevisionConfig, build_revisions
@@ -374,10 +380,11 @@ def run_loop(store: Store, config: IterateConfig, reporter: Reporter | None = No
             searching = stage(i, "search", "episodes" if config.method in PLAY_METHODS else "simulations")
             generator = load(policy)
             played: list[Any] = []
+            greedy: list[Any] = []
             if config.method in PLAY_METHODS:  # the run's units are its episodes, not each real step's small search
                 play = config.play_config()
                 shift = i * len(play.seeds)  # each iteration its own episodes
-                run_id, play_stats, played = play_run(store, config.env, batch, generator,
+                run_id, play_stats, played, greedy = play_run(store, config.env, batch, generator,
                                                       replace(play, seeds=tuple(s + shift for s in play.seeds)),
                                                       f"{loop_id}-it{i}", make_env=make_env, reporter=searching)
                 search_s, extra = play_stats.wall_s, {"play": play_stats.to_dict()}
@@ -426,7 +433,12 @@ def run_loop(store: Store, config: IterateConfig, reporter: Reporter | None = No
                     trees = Units(building, "data", len(refs), rows=0)
                     rows = distill(refs, kind, config.distill_config(),  # exit-sampled: its Monte Carlo trees
                                    on_tree=count_rows(trees, len))
-                store.save_samples(rows, prune_run=run_id, prune_kinds=(kind,))
+                if config.corrections:
+                    fixes = correction_samples(greedy, played, batch, make_env, description,
+                                               CorrectionConfig(per_episode=config.corrections), run_id=run_id)
+                    record["corrections"] = len(fixes)
+                    rows = rows + fixes
+                store.save_samples(rows, prune_run=run_id, prune_kinds=(kind, "correction"))
                 train_cfg = config.sft_config()
                 samples, curation = curated(store, train_cfg, loop_runs if config.accumulates else [run_id], labelled_samples)
                 record.update({"samples": len(samples), "rows_new": len(rows), "curation": curation,

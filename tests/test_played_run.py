@@ -20,8 +20,10 @@ def test_a_play_run_stores_the_greedy_failures_trees_as_played(tmp_path: Path) -
     make = lambda: SnapshotLineEnv(6)
     tasks = make().tasks("train")
     with Store(tmp_path / "o.db") as store:
-        run_id, stats, episodes = play_run(store, "line", tasks, ScriptedGenerator(p_right=0.4), PLAY, "play",
-                                           make_env=make)
+        run_id, stats, episodes, greedy = play_run(store, "line", tasks, ScriptedGenerator(p_right=0.4), PLAY,
+                                                   "play", make_env=make)
+        assert [e.task_id for e in greedy] == [t.id for t in tasks]  # the greedy pass, every task
+        assert {e.task_id for e in episodes} == {e.task_id for e in greedy if not e.success}
         info = store.run(run_id)
         assert info.status == "finished" and info.config["mode"] == "mcts at inference" and info.config["seed"] == 3
         assert stats.tasks == 6 and stats.played == len(episodes) == info.trees == 6 - stats.greedy_solved
@@ -44,9 +46,9 @@ def test_a_play_run_can_play_every_task_and_refuses_other_modes(tmp_path: Path) 
     make = lambda: SnapshotLineEnv(3)
     tasks = make().tasks("train")
     with Store(tmp_path / "o.db") as store:
-        _, stats, episodes = play_run(store, "line", tasks, ScriptedGenerator(p_right=0.9), PLAY, "all",
-                                      make_env=make, skip_greedy_solved=False)
-        assert stats.greedy_solved == 0 and stats.played == len(episodes) == 3
+        _, stats, episodes, greedy = play_run(store, "line", tasks, ScriptedGenerator(p_right=0.9), PLAY, "all",
+                                            make_env=make, skip_greedy_solved=False)
+        assert stats.greedy_solved == 0 and stats.played == len(episodes) == 3 and greedy == []
         with pytest.raises(ConfigError, match="mode"):
             play_run(store, "line", tasks, ScriptedGenerator(), EvalConfig(mode="greedy"), "no", make_env=make)
 
@@ -88,7 +90,7 @@ def test_a_sampled_play_run_stores_each_failed_tasks_samples_as_one_tree(tmp_pat
     tasks = make().tasks("train")
     play = EvalConfig(mode="sampled", seeds=(5, 6, 7, 8), max_steps=8, temperature=1.0, bootstrap=50)
     with Store(tmp_path / "o.db") as store:
-        run_id, stats, episodes = play_run(store, "line", tasks, ScriptedGenerator(p_right=0.4), play, "sampled",
+        run_id, stats, episodes, _ = play_run(store, "line", tasks, ScriptedGenerator(p_right=0.4), play, "sampled",
                                            make_env=make)
         info = store.run(run_id)
         assert info.config["mode"] == "sampled episodes" and info.config["samples"] == 4

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from doubles import LineEnv, ScriptedGenerator
+from doubles import LineEnv, ScriptedGenerator, SnapshotLineEnv
 from tiny_model_fixture import build_tiny_model
 
 from engine.config import ConfigError
@@ -120,6 +120,37 @@ def test_the_loop_trains_only_on_curated_rows_unless_told_otherwise(tmp_path: Pa
                                                              "uncurated_left_out": uncurated - 1}
         rows, gate = curated(store, replace(train, include_pending=True), [record["run_id"]], labelled_samples)
         assert len(rows) == uncurated and gate == {"final": 1, "uncurated_used": uncurated - 1, "uncurated_left_out": 0}
+
+
+@pytest.mark.slow
+def test_corrections_join_the_rows_of_a_play_method(tmp_path: Path, model: Path) -> None:
+    """exit-sampled with corrections: the greedy failures' failing steps, labelled with the played wins,
+    are stored as correction rows of the iteration's run and trained on with its exit rows."""
+    from dataclasses import replace
+
+    with Store(tmp_path / "o.db") as store:
+        config = replace(_config(tmp_path, "exit-sampled", model), iterations=1, evaluate_base=False, corrections=2,
+                         tasks_per_iteration=6)
+        loop_id = run_loop(store, config, make_env=lambda: SnapshotLineEnv(6),
+                           load=lambda path: ScriptedGenerator(p_right=0.6))
+        [record] = store.iterations(loop_id)
+        fixes = store.samples(run_id=record["run_id"], kind=["correction"])
+        wins = store.samples(run_id=record["run_id"], kind=["exit"])
+        assert record["corrections"] == len(fixes) > 0 and wins
+        assert len({s.source["task_id"] for s in fixes}) * 2 >= len(fixes)  # at most 2 per greedy failure
+        for s in fixes:  # the policy's own steps as context, the win's step trained
+            assert not any(t.trains for t in s.turns[:-1]) and s.turns[-1].trains
+            assert s.source["label_command"] == "right" and s.source["failed_command"] != "right"
+        trained = set(read_train_meta(record["model"])["data_ids"])
+        assert record["samples"] == len(trained) == len(fixes) + len(wins) and {s.id for s in fixes} <= trained
+
+
+def test_corrections_are_offered_to_the_play_methods_only() -> None:
+    assert IterateConfig(method="exit-sampled", corrections=3).sft_config().kinds == ("exit", "correction")
+    assert IterateConfig(method="exit-sampled").sft_config().kinds == ("exit",)
+    for bad in ({"method": "exit", "corrections": 3}, {"method": "exit-mcts", "corrections": -1}):
+        with pytest.raises(ConfigError, match="corrections"):
+            IterateConfig(**bad)
 
 
 def test_the_default_method_is_expert_iteration() -> None:

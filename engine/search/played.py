@@ -90,12 +90,13 @@ EPISODE_ENDS = {"success": "success", "failure": "failure", "format_error": "for
 
 def play_run(store: Store, env_spec: str, tasks: Sequence[TaskSpec], generator: Generator, config: EvalConfig,
              name: str, make_env: Callable[[], Env], skip_greedy_solved: bool = True,
-             reporter: Reporter | None = None) -> tuple[str, PlayStats, list[Episode]]:
+             reporter: Reporter | None = None) -> tuple[str, PlayStats, list[Episode], list[Episode]]:
     """Play `tasks` with MCTS at inference (`config`, mode "mcts", one seed), or sample `config.seeds`
     episodes of each from its start (mode "sampled": best-of-N, stored as `sampled_tree`s), and store a
     run whose trees are the played episodes' trees; with `skip_greedy_solved`, a greedy pass first and
     only the tasks greedy fails are played (the others add nothing the policy lacks). Returns (run id,
-    stats, episodes). `reporter`: each pass's episodes as they end (the run's units; the searches inside
+    stats, episodes, the greedy pass's episodes: the policy's own failures, which
+    `engine.datasets.corrections` labels with the played wins). `reporter`: each pass's episodes as they end (the run's units; the searches inside
     each real step are too small to count)."""
     from engine.config import ConfigError
     from engine.evaluate import evaluate
@@ -107,6 +108,7 @@ def play_run(store: Store, env_spec: str, tasks: Sequence[TaskSpec], generator: 
     sampled = config.mode == "sampled"
     began = time.perf_counter()
     todo = list(tasks)
+    greedy: list[Episode] = []
     if skip_greedy_solved and todo:
         counted = _counter(reporter, "greedy pass", len(todo))
         greedy = evaluate(generator, make_env, todo, replace(config, mode="greedy", seeds=config.seeds[:1]),
@@ -138,7 +140,7 @@ def play_run(store: Store, env_spec: str, tasks: Sequence[TaskSpec], generator: 
                       simulations=len(episodes) if sampled else sum(e.steps for e in episodes) * config.mcts_simulations,
                       greedy_s=greedy_s, wall_s=wall)
     store.set_run_status(run_id, "finished", stats.to_dict())
-    return run_id, stats, episodes
+    return run_id, stats, episodes, greedy
 
 
 def _counter(reporter: Reporter | None, phase: str, total: int) -> Callable[[Episode], None] | None:
