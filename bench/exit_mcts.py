@@ -20,7 +20,11 @@ Per run (seed stated; nothing chosen on test):
    OP (the operator's successes, OP = mcts or sampled), `OP+greedy` (plus the greedy successes on the
    same fit tasks: the policy's own solved behaviour as an anchor against drift), `greedy` (those
    alone: the control that says whether a gain comes from search's trajectories or from training on
-   anything).
+   anything), `OP+corrections` / `corrections` (search-labelled corrections,
+   `engine.datasets.corrections`: the first `--per-episode` failing steps of each greedy failure, the
+   policy's own prompt there labelled with the step of an operator's win the env verified from that
+   state; `--correct-from all` corrects the operator's failed episodes too).
+`--episodes FILE` keeps the played episodes (JSONL), so arms can be trained again without playing.
 Prints the data counts, simulations per second, each arm with its interval and the PAIRED interval
 of its gain over the base.
 
@@ -111,6 +115,8 @@ def main(argv: list[str] | None = None) -> Table:
     ap.add_argument("--arms", default="", help="comma-separated arms of OP, OP+greedy, greedy (default: all three)")
     ap.add_argument("--per-episode", type=int, default=3, help="corrections arms: failing steps corrected per "
                                                                 "greedy failure (the first ones)")
+    ap.add_argument("--correct-from", choices=("greedy", "all"), default="greedy",
+                    help="corrections arms: the failed episodes corrected (greedy's, or the operator's failures too)")
     ap.add_argument("--episodes", default="", help="JSONL of the played episodes: read when it exists (the greedy "
                                                     "and operator play skipped), else written after playing")
     args = ap.parse_args(argv)
@@ -176,12 +182,14 @@ def main(argv: list[str] | None = None) -> Table:
     rows[f"{op}+greedy"] = rows[op] + rows["greedy"]
     if any(a.endswith("corrections") for a in arms):
         t = time.perf_counter()
-        rows["corrections"] = correction_samples(greedy, played, fit, TextCraftEnv, description,
+        failures = greedy + ([e for e in played if not e.success] if args.correct_from == "all" else [])
+        rows["corrections"] = correction_samples(failures, played, fit, TextCraftEnv, description,
                                                  CorrectionConfig(per_episode=args.per_episode))
         rows[f"{op}+corrections"] = rows[op] + rows["corrections"]
         tasks_corrected = {s.source["task_id"] for s in rows["corrections"]}
-        print(f"  data: corrections at {len(rows['corrections'])} failing steps of {len(tasks_corrected)} greedy "
-              f"failures ({args.per_episode} per episode at most; {time.perf_counter() - t:.1f} s)", flush=True)
+        print(f"  data: corrections at {len(rows['corrections'])} failing steps of {args.correct_from} failures of "
+              f"{len(tasks_corrected)} tasks ({args.per_episode} per episode at most; {time.perf_counter() - t:.1f} s)",
+              flush=True)
     print("  data: " + ", ".join(f"{name} {len(rows[name])} trajectories "
                                  f"({sum(len(s.turns) for s in rows[name])} steps)" for name in arms), flush=True)
     common = {"epochs": args.epochs, "batch_size": 8, "num_threads": 2, "device": "cpu", "precision": "fp32",
