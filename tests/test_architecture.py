@@ -10,7 +10,9 @@ imports count, as in tests/test_import_cycles.py):
   never imports the search;
 - the trainers share helpers through common modules, never through each other (sft does not import
   dpo), and only engine/train/trl_trainers.py imports TRL (imported lazily by the trainers);
-- the data builds (engine/datasets) sit below the search: they read stored trees, never engine.search.
+- the data builds (engine/datasets) sit below the search: they read stored trees, never engine.search;
+- the dashboard reaches the store through one module of its own (dashboard/store.py): no other
+  dashboard module imports engine.store.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from test_import_cycles import ROOT, import_graph
+from test_import_cycles import ROOT, _imports, _modules, import_graph
 
 BELOW_JOBS = ("engine.search", "engine.datasets", "engine.train")
 DRIVERS = ("sqlite3", "psycopg", "psycopg2", "psycopg_pool")
@@ -192,3 +194,29 @@ def test_the_datasets_never_reach_up_into_the_search() -> None:
     up = reaching(graph, "engine.datasets", "engine.search")
     assert not up, "engine.datasets imports the search: " + "; ".join(up)
 
+
+DASHBOARD_STORE = "dashboard.store"  # the dashboard's one door to engine.store
+
+
+def test_the_store_finder_sees_lazy_and_type_only_imports(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text("from typing import TYPE_CHECKING\n"
+                     "from dashboard.store import Store\n"
+                     "if TYPE_CHECKING:\n    from engine.store.records import RunInfo\n"
+                     "def f():\n    from engine import store\n    import engine.store.credentials as c\n")
+    modules = _modules()
+    graph = {"dashboard.views.probe": _imports("dashboard.views.probe", probe, modules),
+             DASHBOARD_STORE: {"engine.store"}, "engine.cli": {"engine.store"}}
+    assert reaching(graph, "dashboard", "engine.store", allowed=(DASHBOARD_STORE,)) == [
+        "dashboard.views.probe -> engine.store", "dashboard.views.probe -> engine.store.credentials",
+        "dashboard.views.probe -> engine.store.records"]
+
+
+def test_the_dashboard_reaches_the_store_through_one_module() -> None:
+    """Pages, panels and the cached reads (dashboard/data.py) import the store's names from
+    dashboard/store.py, never from engine.store."""
+    graph = import_graph()
+    assert "engine.store" in graph[DASHBOARD_STORE], f"{DASHBOARD_STORE} no longer imports engine.store"
+    assert DASHBOARD_STORE in graph["dashboard.data"] and DASHBOARD_STORE in graph["dashboard.views.review"]
+    others = reaching(graph, "dashboard", "engine.store", allowed=(DASHBOARD_STORE,))
+    assert not others, f"dashboard modules importing engine.store (import from {DASHBOARD_STORE}): " + "; ".join(others)
