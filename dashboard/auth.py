@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import streamlit as st
 
+from dashboard.store import MissingStoreError, Store, StoreError
 from dashboard.text import md
 from engine import auth
-from engine.store import MissingStoreError, Store, StoreError
 
 TOKEN = "auth_token"
 VIEWER = "auth_viewer"

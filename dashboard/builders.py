@@ -14,8 +14,8 @@ import streamlit as st
 from dashboard import auth
 from dashboard import forms as fm
 from dashboard import jobs_panel as jp
+from dashboard.store import JobInfo, RunInfo, Store
 from dashboard.text import md
-from engine.store import JobInfo, RunInfo, Store
 
 PAIR_HELP = {"alpha": "eq. 10 weight of the MCTS value Q~ against the critic's Q^ (default: the run's)",
              "theta": "minimum Q gap between chosen and rejected, strict",

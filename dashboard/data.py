@@ -1,4 +1,5 @@
-"""Reads for the dashboard, through the engine's Store API only, cached per database version.
+"""Reads for the dashboard, through the engine's Store API only (reached through dashboard/store.py),
+cached per database version.
 
 Why the version token: a search may be writing to the same database while people look at it. The
 token changes with every committed simulation (SQLite in WAL mode writes the -wal file first), so
@@ -16,11 +17,7 @@ from typing import Any
 
 import streamlit as st
 
-from engine import paths
-from engine.actions import CompositeAction
-from engine.datasets.pairs import Pair
-from engine.datasets.samples import Sample
-from engine.store import (
+from dashboard.store import (
     HistoryEntry,
     MissingStoreError,
     RunInfo,
@@ -28,7 +25,13 @@ from engine.store import (
     StoreError,
     TreeSummary,
     data_version,
+    redact,
+    scrub,
 )
+from engine import paths
+from engine.actions import CompositeAction
+from engine.datasets.pairs import Pair
+from engine.datasets.samples import Sample
 from engine.tree_columns import TreeColumns
 from engine.tree_nodes import Node, SearchTree
 
@@ -45,8 +48,6 @@ def db_path() -> Path | str:
 def shown_db(path: Path | str) -> str:
     """The database as a page shows it: every password masked (engine.store.credentials), also for
     an anonymous visitor on a dashboard that listens beyond loopback."""
-    from engine.store.credentials import redact
-
     return redact(path)
 
 
@@ -89,8 +90,6 @@ def db_problem(path: Path | str, need_runs: bool = True) -> tuple[str, str] | No
     except MissingStoreError:
         return "empty", NO_RUNS
     except StoreError as e:
-        from engine.store.credentials import redact, scrub
-
         return "error", redact(scrub(str(e).splitlines()[0], path))
     if not runs and need_runs:
         return "empty", NO_RUNS

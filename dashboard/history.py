@@ -11,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from engine.store import HistoryEntry
+from dashboard.store import HistoryEntry
 
 VALUE_CHARS = 80
 ACTIONS = {"create": "created", "rebuild": "rebuilt", "approve": "approved", "reject": "rejected",

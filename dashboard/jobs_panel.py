@@ -16,10 +16,10 @@ from collections.abc import Callable, Sequence
 import streamlit as st
 
 from dashboard import auth
+from dashboard.store import JobInfo, Store, StoreError
 from dashboard.text import md
 from engine.jobs.runner import JobRunner
 from engine.progress import progress_line
-from engine.store import JobInfo, Store, StoreError
 
 LIVE_EVERY_S = 2.0
 LOG_TAIL_LINES = 40

@@ -17,8 +17,8 @@ from typing import Any
 import streamlit as st
 
 from dashboard import data
+from dashboard.store import JobInfo, Store, StoreError
 from engine.progress import progress_line
-from engine.store import JobInfo, Store
 
 TRAIN_KINDS = ("dpo", "sft", "rft")
 LOOP_STAGES = ("search", "data", "train", "gate", "evaluate")  # an iteration's stages, in the order it runs them
@@ -74,8 +74,6 @@ def human_counts(store: Store, run_ids: list[str]) -> dict[str, int]:
 
 
 def _find(store: Store, key: str) -> str | None:
-    from engine.store import StoreError
-
     try:
         return store.find_run(key)
     except StoreError:

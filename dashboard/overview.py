@@ -16,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from engine.store import TreeSummary
+from dashboard.store import TreeSummary
 
 PICK = "tree"  # the point selection: a click names a tree (its "task" field)
 OUTCOME_COLORS = {"solved": "#2e7d32", "not solved": "#c62828", "searching": "#1e88e5", "not started": "#cfd8dc"}

@@ -15,9 +15,9 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import data, figures, tree_chart
+from dashboard.store import RunInfo
 from dashboard.text import md
 from engine.search.compare_trees import TreeComparison, compare_trees
-from engine.store import RunInfo
 
 FORMAT_ERROR = "(format error)"
 CHART_HEIGHT = 360  # px: each side's tree chart, fitted to its column

@@ -119,6 +119,14 @@ class SearchTree:
             return node.raw
         return render(node.action) if node.action is not None else None
 
+    def step_text(self, node_id: int) -> str:
+        """The step into `node_id` as the value model reads it (and the PRM rows render it): the composite
+        action (`action_text`), then the observation the env answered; ValueError for neither text nor action."""
+        action = self.action_text(node_id)
+        if action is None:
+            raise ValueError(f"task {self.task.id} node {node_id}: neither a completion nor an action")
+        return f"{action}\nOBSERVATION: {self.nodes[node_id].observation}"
+
     def commands(self, node: Node) -> list[str]:
         """The env commands that lead from reset to `node` (format errors step nothing)."""
         return [n.action.command for n in self.path(node) if n.action is not None and not n.format_error]

@@ -9,7 +9,10 @@ imports count, as in tests/test_import_cycles.py):
 - the tree (engine/tree_columns.py, engine/tree_nodes.py) is the ground floor, and the store
   never imports the search;
 - the trainers share helpers through common modules, never through each other (sft does not import
-  dpo), and only engine/train/trl_trainers.py imports TRL (imported lazily by the trainers).
+  dpo), and only engine/train/trl_trainers.py imports TRL (imported lazily by the trainers);
+- the data builds (engine/datasets) sit below the search: they read stored trees, never engine.search;
+- the dashboard reaches the store through one module of its own (dashboard/store.py): no other
+  dashboard module imports engine.store.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from test_import_cycles import ROOT, import_graph
+from test_import_cycles import ROOT, _imports, _modules, import_graph
 
 BELOW_JOBS = ("engine.search", "engine.datasets", "engine.train")
 DRIVERS = ("sqlite3", "psycopg", "psycopg2", "psycopg_pool")
@@ -28,10 +31,15 @@ def _under(module: str, package: str) -> bool:
     return module == package or module.startswith(package + ".")
 
 
+def reaching(graph: dict[str, set[str]], below: str, above: str, allowed: tuple[str, ...] = ()) -> list[str]:
+    """`module -> ABOVE...` for every module under `below` (but the `allowed` ones) that imports `above`."""
+    return sorted(f"{m} -> {t}" for m, targets in graph.items() if _under(m, below) and m not in allowed
+                  for t in targets if _under(t, above))
+
+
 def jobs_importers(graph: dict[str, set[str]], above: str = "engine.jobs") -> list[str]:
     """`module -> ABOVE...` for every module below the job runtime (and the loop) that imports `above`."""
-    return sorted(f"{m} -> {t}" for m, targets in graph.items() if any(_under(m, p) for p in BELOW_JOBS)
-                  for t in targets if _under(t, above))
+    return sorted(line for below in BELOW_JOBS for line in reaching(graph, below, above))
 
 
 def driver_imports(path: Path) -> list[str]:
@@ -161,8 +169,7 @@ def test_the_search_never_reaches_up_into_training() -> None:
     """The value critic's inference half lives in engine/search/value_critic.py; the trainers sit above."""
     graph = import_graph()
     assert "engine.search.value_critic" in graph["engine.search.mcts"]
-    up = sorted(f"{m} -> {t}" for m, targets in graph.items() if _under(m, "engine.search")
-                for t in targets if _under(t, "engine.train"))
+    up = reaching(graph, "engine.search", "engine.train")
     assert not up, "; ".join(up)
 
 
@@ -175,6 +182,41 @@ def test_the_tree_is_the_ground_floor_and_the_store_sits_below_the_search() -> N
     up = sorted(t for t in graph["engine.tree_nodes"]
                 if any(_under(t, p) for p in ("engine.search", "engine.store", "engine.datasets", "dashboard")))
     assert not up, "engine.tree_nodes imports from above: " + "; ".join(up)
-    below = sorted(f"{m} -> {t}" for m, targets in graph.items() if _under(m, "engine.store")
-                   for t in targets if _under(t, "engine.search"))
+    below = reaching(graph, "engine.store", "engine.search")
     assert not below, "the store imports the search: " + "; ".join(below)
+
+
+def test_the_datasets_never_reach_up_into_the_search() -> None:
+    """The data builds read stored trees (engine.tree_nodes, the store); what they share with the search,
+    such as a step's text as the value critic reads it (`SearchTree.step_text`), lives on the ground floor."""
+    graph = import_graph()
+    assert "engine.datasets.prm" in graph and "engine.search.value_critic" in graph
+    up = reaching(graph, "engine.datasets", "engine.search")
+    assert not up, "engine.datasets imports the search: " + "; ".join(up)
+
+
+DASHBOARD_STORE = "dashboard.store"  # the dashboard's one door to engine.store
+
+
+def test_the_store_finder_sees_lazy_and_type_only_imports(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text("from typing import TYPE_CHECKING\n"
+                     "from dashboard.store import Store\n"
+                     "if TYPE_CHECKING:\n    from engine.store.records import RunInfo\n"
+                     "def f():\n    from engine import store\n    import engine.store.credentials as c\n")
+    modules = _modules()
+    graph = {"dashboard.views.probe": _imports("dashboard.views.probe", probe, modules),
+             DASHBOARD_STORE: {"engine.store"}, "engine.cli": {"engine.store"}}
+    assert reaching(graph, "dashboard", "engine.store", allowed=(DASHBOARD_STORE,)) == [
+        "dashboard.views.probe -> engine.store", "dashboard.views.probe -> engine.store.credentials",
+        "dashboard.views.probe -> engine.store.records"]
+
+
+def test_the_dashboard_reaches_the_store_through_one_module() -> None:
+    """Pages, panels and the cached reads (dashboard/data.py) import the store's names from
+    dashboard/store.py, never from engine.store."""
+    graph = import_graph()
+    assert "engine.store" in graph[DASHBOARD_STORE], f"{DASHBOARD_STORE} no longer imports engine.store"
+    assert DASHBOARD_STORE in graph["dashboard.data"] and DASHBOARD_STORE in graph["dashboard.views.review"]
+    others = reaching(graph, "dashboard", "engine.store", allowed=(DASHBOARD_STORE,))
+    assert not others, f"dashboard modules importing engine.store (import from {DASHBOARD_STORE}): " + "; ".join(others)

@@ -24,11 +24,11 @@ import streamlit as st
 from dashboard import auth, compare, data, figures, loop
 from dashboard import forms as fm
 from dashboard import jobs_panel as jp
+from dashboard.store import Store
 from dashboard.text import md
 from engine.envs.registry import known_envs
 from engine.evaluate import MODES, EvalConfig
 from engine.loop import METHODS
-from engine.store import Store
 
 FORM = "ev_new"
 MODE_HELP = {"greedy": "one episode per task, temperature 0", "sampled": "one episode per task and seed, sampled",

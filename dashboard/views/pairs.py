@@ -26,10 +26,10 @@ import streamlit as st
 
 from dashboard import auth, builders, data
 from dashboard.history import history_table
+from dashboard.store import CURATION_STATUSES, ConflictError, EditError, Store, StoreError
 from dashboard.versions import VersionGuard
 from engine.actions import FormatError, parse
 from engine.datasets.pairs import Pair
-from engine.store import CURATION_STATUSES, ConflictError, EditError, Store, StoreError
 
 PAGE_SIZE = 50
 MAX_SCAN_PAGES = 40  # how far a shared link's pair is looked for in the queue

@@ -24,10 +24,10 @@ import streamlit as st
 
 from dashboard import auth, builders, data
 from dashboard.history import history_table
+from dashboard.store import CURATION_STATUSES, ConflictError, EditError, JobInfo, Store, StoreError
 from dashboard.text import md
 from dashboard.versions import VersionGuard
 from engine.datasets.samples import Sample
-from engine.store import CURATION_STATUSES, ConflictError, EditError, JobInfo, Store, StoreError
 
 KIND = "refine"
 PAGE_SIZE = 100

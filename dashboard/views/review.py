@@ -15,8 +15,8 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import auth, data
+from dashboard.store import ConflictError, DriverError, LeaseError, Store, StoreError
 from dashboard.text import md
-from engine.store import ConflictError, DriverError, LeaseError, Store, StoreError
 
 KINDS = {"Preference pairs": "pair", "Samples (refinement, revisions, SFT)": "sample"}
 ALL = "(all)"

@@ -22,12 +22,12 @@ import streamlit as st
 from dashboard import auth, data, loop
 from dashboard import forms as fm
 from dashboard import jobs_panel as jp
+from dashboard.store import Store
 from dashboard.text import md, short_path
 from engine.config import SearchConfig
 from engine.envs.registry import known_envs
 from engine.llm.registry import parse_model_spec
 from engine.search.stage import DEFAULT_TASKS
-from engine.store import Store
 
 TREE_PAGE = "views/tree_explorer.py"
 FORM = "rs_new"

@@ -18,10 +18,10 @@ import streamlit as st
 
 from dashboard import auth, data, figures
 from dashboard import jobs_panel as jp
+from dashboard.store import JobInfo, ModelRecord, Store, StoreError
 from dashboard.text import md
 from engine.config import ConfigError
 from engine.jobs.runner import JobRunner, job_summary
-from engine.store import JobInfo, ModelRecord, Store, StoreError
 from engine.train.presets import (
     DATA_CHOICES,
     MIN_ROWS,

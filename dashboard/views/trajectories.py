@@ -20,11 +20,11 @@ import streamlit as st
 
 from dashboard import auth, builders, data, figures
 from dashboard.history import history_table
+from dashboard.store import CURATION_STATUSES, ConflictError, Store, StoreError
 from dashboard.text import md
 from dashboard.versions import VersionGuard
 from engine.actions import FormatError, parse
 from engine.datasets.samples import Sample, to_messages
-from engine.store import CURATION_STATUSES, ConflictError, Store, StoreError
 from engine.tree_nodes import SearchTree
 
 KIND = "revision"

@@ -29,8 +29,8 @@ import streamlit as st
 from dashboard import auth, data, figures, lod, overview, tree_chart, tree_compare
 from dashboard import forms as fm
 from dashboard import jobs_panel as jp
+from dashboard.store import RunInfo, Store
 from dashboard.text import md
-from engine.store import RunInfo, Store
 from engine.tree_columns import TreeColumns
 from engine.tree_nodes import TERMINALS, Node
 

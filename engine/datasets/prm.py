@@ -20,7 +20,6 @@ from typing import Any
 
 from engine.config import ConfigError
 from engine.datasets.samples import DatasetError, TreeRef, tree_task
-from engine.search.value_critic import step_text as critic_step_text
 
 
 @dataclass(frozen=True)
@@ -40,9 +39,9 @@ class PRMConfig:
 
 def step_text(ref: TreeRef, node_id: int) -> str:
     """A step as the PRM sees it, as the value critic reads it: the composite action, then what the env
-    answered (engine/search/value_critic.py); a node with neither text nor action is a DatasetError."""
+    answered (`SearchTree.step_text`); a node with neither text nor action is a DatasetError."""
     try:
-        return critic_step_text(ref.tree, node_id)
+        return ref.tree.step_text(node_id)
     except ValueError as e:
         raise DatasetError(str(e)) from None
 

@@ -36,14 +36,6 @@ def node_prompt(tree: SearchTree, node_id: int, env_description: str) -> list[di
     return actor_prompt(env_description, task.goal, task.context, tree.history(parent), parent.observation)
 
 
-def step_text(tree: SearchTree, node_id: int) -> str:
-    """A step as the value model reads it (and the PRM rows render it): action, then observation."""
-    action = tree.action_text(node_id)
-    if action is None:
-        raise ValueError(f"task {tree.task.id} node {node_id}: neither a completion nor an action")
-    return f"{action}\nOBSERVATION: {tree.nodes[node_id].observation}"
-
-
 def encode(tokenizer: Any, prompt: list[dict[str, str]], step: str, max_length: int) -> list[int]:
     """The prompt's ids as the generator makes them, the step text and EOS; cut at the left to fit."""
     ids = encode_prompt(tokenizer, prompt) + encode_completion(tokenizer, step)
@@ -134,7 +126,7 @@ class ValueCritic:
         if not node_ids:
             return []
         prompt = node_prompt(tree, node_ids[0], env_description)
-        return self.score(prompt, [step_text(tree, n) for n in node_ids])
+        return self.score(prompt, [tree.step_text(n) for n in node_ids])
 
 
 _LOADED: dict[tuple[str, float], ValueCritic] = {}

@@ -11,7 +11,7 @@ Model: the policy's own weights as a `LlamaForSequenceClassification` with one o
 builds the linear `score` head on the last token's hidden state; the head starts random, the body from
 the policy), so the value model reads exactly the tokens the policy read. Input: the actor prompt of
 the candidate's parent (`actor_prompt`, chat-templated as the generator feeds it) followed by the
-candidate as the PRM rows render a step (`value_critic.step_text`: the composite action, then the
+candidate as the PRM rows render a step (`SearchTree.step_text`: the composite action, then the
 observation the env answered). At an expansion every candidate has been stepped already, so its
 observation is known when the critic scores it.
 
@@ -46,7 +46,6 @@ from engine.search.value_critic import (
     load_value_model,
     node_prompt,
     right_padded,
-    step_text,
 )
 from engine.torch_threads import torch_threads
 from engine.train.common import TrainError, save_model
@@ -100,7 +99,7 @@ def value_examples(refs: Sequence[TreeRef], config: PRMConfig | None = None) -> 
                 continue
             seen.add(key)
             out.append(ValueExample(node_prompt(ref.tree, node_id, ref.env_description),
-                                    step_text(ref.tree, node_id), float(value), int(visits),
+                                    ref.tree.step_text(node_id), float(value), int(visits),
                                     ref.tree_id, node_id))
     return out
 
