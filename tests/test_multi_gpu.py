@@ -49,6 +49,13 @@ def test_one_gpu_is_one_process_and_several_are_an_accelerate_launch(tmp_path: P
     assert "--use_fsdp" in argv and "--multi_gpu" not in argv and argv[argv.index("--num_processes") + 1] == "4"
     argv, env = worker_command("py", "j4", "o.db", "cpu", "dpo", {}, processes=2)
     assert "--multi_gpu" in argv and env == {"CUDA_VISIBLE_DEVICES": "", "ACCELERATE_USE_CPU": "true"}
+    # FSDP on CPU processes: the GPUs' own launch (tests/test_cpu_fsdp.py runs it), on a gloo group
+    fsdp = {"train": {"distributed": "fsdp"}}
+    argv, env = worker_command("py", "j6", "o.db", "cpu", "dpo", fsdp, processes=2)
+    gpus, gpu_env = worker_command("py", "j6", "o.db", "cuda:0,1", "dpo", fsdp)
+    port = argv.index("--main_process_port")
+    assert argv[:port] + argv[port + 2:] == gpus[:port] + gpus[port + 2:] and "--use_fsdp" in argv
+    assert env == {"CUDA_VISIBLE_DEVICES": "", "ACCELERATE_USE_CPU": "true"} and "ACCELERATE_USE_CPU" not in gpu_env
     with pytest.raises(ConfigError, match="only dpo/sft/rft jobs train on several GPUs"):
         worker_command("py", "j5", "o.db", "cuda:0,1", "eval", {})
 

@@ -178,7 +178,7 @@ def worker_command(python: str, job_id: str, db: str | Path, device: str, kind: 
     GPU under `accelerate launch` (DDP; FSDP when the train config says distributed="fsdp"); every
     process runs the worker module, and rank 0 alone talks to the store (engine.jobs.worker).
     `processes` > 1 on a cpu job launches that many CPU processes the same way (gloo): the test of
-    the multi-process path on a machine without GPUs."""
+    the multi-process path on a machine without GPUs (the FSDP launch too: see its comment)."""
     from engine.store.credentials import worker_secrets
     from engine.store.postgres import is_url
 
@@ -196,22 +196,26 @@ def worker_command(python: str, job_id: str, db: str | Path, device: str, kind: 
     launch = [python, "-m", "accelerate.commands.launch", "--num_processes", str(n), "--num_machines", "1",
               "--mixed_precision", "no", "--dynamo_backend", "no",  # the Trainer sets bf16 itself
               "--main_process_ip", "127.0.0.1", "--main_process_port", str(_free_port())]
-    if strategy == "fsdp" and device != "cpu":
+    if strategy == "fsdp":
         # fsdp_cpu_ram_efficient_loading off (accelerate's launcher defaults it to true): with it on,
-        # transformers loads the checkpoint on rank 0 only and the other ranks get empty weights for
-        # FSDP to fill from rank 0 when it wraps the model, but TRL loads the DPO reference model
-        # after the process group exists and never wraps it there, so ranks > 0 would score with
-        # zeroed reference weights. The price: every rank loads the whole fp32 model into host RAM
-        # (n_gpus x 4 bytes x parameters at once; docs/decisions.md).
+        # transformers loaders that zero-fill ranks > 0 (earlier 5.x; 5.25 keeps every rank's loaded
+        # weights) leave those zeros for accelerate to fill from rank 0 when it wraps the policy, but
+        # TRL wraps the DPO reference model it loads without that fill, so ranks > 0 would score with
+        # zeroed reference weights (tests/test_cpu_fsdp.py, on two CPU processes). The price: every
+        # rank loads the whole fp32 model into host RAM (n_gpus x 4 bytes x parameters at once;
+        # docs/decisions.md).
         launch += ["--use_fsdp", "--fsdp_version", "2", "--fsdp_auto_wrap_policy", "TRANSFORMER_BASED_WRAP",
                    "--fsdp_state_dict_type", "FULL_STATE_DICT", "--fsdp_reshard_after_forward", "true",
                    "--fsdp_cpu_ram_efficient_loading", "false"]
     else:
-        # accelerate's --cpu starts one process (several need MPI); --multi_gpu starts torchrun's
-        # processes, and ACCELERATE_USE_CPU makes them a gloo (MULTI_CPU) group on a CPU.
         launch.append("--multi_gpu")
-        if device == "cpu":
-            env["ACCELERATE_USE_CPU"] = "true"
+    if device == "cpu":
+        # accelerate's --cpu starts one process (several need MPI); --multi_gpu and --use_fsdp start
+        # torchrun's processes, and ACCELERATE_USE_CPU makes them a gloo (MULTI_CPU) group on a CPU.
+        # accelerate (1.16) turns FSDP on only in a GPU-like group, so a CPU FSDP launch trains as DDP
+        # unless its gate is lifted, as tests/cpu_fsdp does to run the FSDP path on gloo (FSDP2 itself
+        # runs on a CPU); the launch is otherwise the GPUs' own, the FSDP environment included.
+        env["ACCELERATE_USE_CPU"] = "true"
     return [*launch, *worker], env
 
 
