@@ -14,9 +14,11 @@ from doubles import ScriptedGenerator, SnapshotLineEnv
 
 from engine.actions import CompositeAction
 from engine.config import SearchConfig
+from engine.envs.base import TaskSpec
 from engine.search.runner import new_run, resume_run
 from engine.store import SCHEMA_VERSION, Store, StoreError
-from engine.tree_nodes import Simulation
+from engine.store.runs import SimulationRows, simulation_rows
+from engine.tree_nodes import SearchTree, Simulation
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -381,3 +383,69 @@ def test_human_node_count_counts_the_runs_human_authored_nodes_only(db):
         assert by_tree == [2, 0] and store.human_nodes(last_tree) == []
         assert (store.human_node_count(first), store.human_node_count(second)) == (2, 1)
         assert store.human_node_count("no-such-run") == 0
+
+
+def _grown_with_rows(tree_id: int) -> tuple[SearchTree, list[SimulationRows]]:
+    """A tree grown by 4 simulations of 2 new nodes each, and the rows each wrote when it ended: the
+    odd ones go on below the newest node of the one before, every one repeats an observation, the last
+    finds a success."""
+    tree = SearchTree.new(TaskSpec(id="t0", goal="g", context=""), "start")
+    rows = []
+    for s in range(4):
+        first = len(tree.nodes) if s else 0  # the first writes the root too
+        parent = tree.nodes[-1] if s % 2 else tree.root
+        for k in range(2):
+            tree.add_child(parent, observation="the same text" if k == 0 else f"seen once {s}",
+                           action=CompositeAction("t", f"c{s}{k}"), critic_rank=k,
+                           terminal="success" if (s, k) == (3, 1) else None, reward=1.0 if (s, k) == (3, 1) else 0.0)
+        path = tuple(n.id for n in tree.path(tree.nodes[-1]))
+        tree.backpropagate(list(path), 0.25 * s)
+        sim = Simulation(path, 0.25 * s)
+        tree.simulations.append(sim)
+        rows.append(simulation_rows(tree_id, tree, sim, first))
+    return tree, rows
+
+
+def _stored(store: Store, tree_id: int) -> tuple:
+    return (store.load_tree(tree_id),
+            store.con.execute("SELECT * FROM nodes ORDER BY tree_id, node_id").fetchall(),
+            sorted(store.con.execute("SELECT * FROM observations").fetchall()),
+            store.con.execute("SELECT tree_id, idx, path, reward, rollout FROM simulations ORDER BY idx").fetchall(),
+            store.con.execute("SELECT simulations, solved FROM trees").fetchall())
+
+
+def test_a_batch_of_simulations_stores_what_saving_them_one_by_one_does(new_db):
+    """save_simulations merges a batch's writes (a node's visits written once, into its INSERT when the
+    batch creates it; a tree's counts once; an observation once): the tables end as one by one."""
+    stored = []
+    for batched in (False, True):
+        with Store(new_db()) as store:
+            run_id = store.create_run("r", "line", "m", {}, [TaskSpec(id="t0", goal="g", context="")])
+            ((tree_id, _),) = store.tree_ids(run_id)
+            tree, rows = _grown_with_rows(tree_id)
+            if batched:  # the first alone, so the batch also updates nodes it did not create (the root)
+                store.save_simulations(rows[:1])
+                store.save_simulations(rows[1:])
+            else:
+                for r in rows:
+                    store.save_simulations([r])
+            stored.append(_stored(store, tree_id))
+            assert stored[-1][0] == tree
+    assert stored[0] == stored[1]
+    assert stored[1][4] == [(4, 1)]
+
+
+def test_observations_of_a_rolled_back_batch_are_written_again(db):
+    """The writer skips observations it has committed; those of a batch whose outer transaction rolled
+    back were not, and the next save writes them (their nodes' foreign keys would fail otherwise)."""
+    with Store(db) as store:
+        run_id = store.create_run("r", "line", "m", {}, [TaskSpec(id="t0", goal="g", context="")])
+        ((tree_id, _),) = store.tree_ids(run_id)
+        tree, rows = _grown_with_rows(tree_id)
+        with pytest.raises(RuntimeError), store.transaction():
+            store.save_simulations(rows[:2])
+            raise RuntimeError("the outer work fails")
+        assert store.load_tree(tree_id) is None
+        store.save_simulations(rows[:2])
+        store.save_simulations(rows[2:])
+        assert store.load_tree(tree_id) == tree

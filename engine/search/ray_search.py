@@ -268,17 +268,24 @@ def check_sim_message(message: Any, mirrors: dict[int, _Mirror]) -> tuple[int, i
         raise _bad(f"tree {tree_id}: new nodes start at {first!r}, the driver holds {len(have)}")
     if not isinstance(new, list):
         raise _bad(f"tree {tree_id}: new nodes are not a list")
-    depths = [n.depth for n in have]
+    # Looked up in the mirror's nodes and the message's, never copied: the check costs what the
+    # message holds, not what the tree has grown to (the driver checks every simulation).
+    checked = 0  # new[:checked] passed _check_node
 
     def depth_of(i: int) -> int | None:
-        return depths[i] if 0 <= i < len(depths) else None
+        if 0 <= i < first:
+            return have[i].depth
+        return new[i - first].depth if first <= i < first + checked else None
 
     for k, n in enumerate(new):
         _check_node(n, first + k, depth_of, f"tree {tree_id}: node {first + k}")
-        depths.append(n.depth)
+        checked += 1
     total = first + len(new)
+    named: dict[int | None, list[int]] = {}  # node id -> the new nodes naming it as their parent, in order
+    for m in new:
+        named.setdefault(m.parent, []).append(m.id)
     for n in new:
-        if sorted(n.children) != [m.id for m in new if m.parent == n.id]:
+        if sorted(n.children) != named.get(n.id, []):
             raise _bad(f"tree {tree_id}: node {n.id}: children {n.children[:10]!r} are not the nodes naming it")
     if not isinstance(values, list) or not values:
         raise _bad(f"tree {tree_id}: visit counts are not a list")
@@ -290,9 +297,12 @@ def check_sim_message(message: Any, mirrors: dict[int, _Mirror]) -> tuple[int, i
     if type(sim) is not Simulation:
         raise _bad(f"tree {tree_id}: a {type(sim).__name__}, not a Simulation")
     _number(sim.reward, f"tree {tree_id}: simulation reward", 0.0, 1.0)
-    parents = [n.parent for n in have] + [n.parent for n in new]
+
+    def parent_of(i: int) -> int | None:  # 0 < i < total
+        return have[i].parent if i < first else new[i - first].parent
+
     if not isinstance(sim.path, tuple) or not all(_is_int(i) and 0 < i < total for i in sim.path) or any(
-            parents[b] != a for a, b in zip((0, *sim.path), sim.path, strict=False)):
+            parent_of(b) != a for a, b in zip((0, *sim.path), sim.path, strict=False)):
         raise _bad(f"tree {tree_id}: simulation path {str(sim.path)[:80]} does not run down the tree from its root")
     if not isinstance(sim.rollout, tuple) or not all(isinstance(c, str) for c in sim.rollout) or \
             not isinstance(sim.turns, tuple) or not all(isinstance(t, tuple) and len(t) == 2 and all(

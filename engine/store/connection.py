@@ -20,6 +20,8 @@ from engine.store.records import MissingStoreError, StoreError
 from engine.store.schema import APP_ID, _check_file, _readonly_uri, _schema_tables
 from engine.store.sqlite import SQLiteConnection
 
+WAL_CHECKPOINT_PAGES = 10_000  # WAL pages (4 KiB) after which a commit checkpoints; SQLite's default is 1,000
+
 
 def default_db_path() -> Path | str:
     """$ORCHARD_DB, else `$ORCHARD_HOME/orchard.db`, else `data/orchard.db` (engine.paths)."""
@@ -83,6 +85,10 @@ class Connection:
             self.con = SQLiteConnection(sqlite3.connect(self.path, timeout=30.0, isolation_level=None), str(self.path))
             self.con.execute("PRAGMA journal_mode=WAL")
             self.con.execute("PRAGMA synchronous=NORMAL")
+            # A checkpoint (copy the WAL into the file, fsync) after ~40 MiB of WAL, not SQLite's ~4 MiB:
+            # the search's writer spent a quarter of its commit time in them (docs/decisions.md,
+            # "The store writer merges a batch's writes and checkpoints less often").
+            self.con.execute(f"PRAGMA wal_autocheckpoint={WAL_CHECKPOINT_PAGES}")
             self.con.execute("PRAGMA foreign_keys=ON")
             self._migrate()
             self._check_tables()

@@ -27,6 +27,16 @@ JPEG_MAGIC = b"\xff\xd8\xff"
 NODES_PER_QUERY = 500  # ids bound in one IN (...): far below SQLite's and PostgreSQL's limits
 NODE_COLUMNS = ("tree_id, node_id, parent_id, depth, action, raw, format_error, obs_hash, n, value_sum, q_critic, "
                 "critic_rank, critic_reason, logprob, reward, progress, terminal, gen_ms, env_ms, n_tokens, author")
+_NODE_N = NODE_COLUMNS.split(", ").index("n")  # a node row's visit count; its value sum follows
+# save_simulations' statements, built once
+_INSERT_OBSERVATIONS = columns.insert("observations", columns.OBSERVATION_ROW, "INSERT OR IGNORE")
+_INSERT_NODES = f"INSERT INTO nodes ({NODE_COLUMNS}) VALUES ({','.join('?' * len(NODE_COLUMNS.split(', ')))})"
+_UPDATE_VALUES = "UPDATE nodes SET n=?, value_sum=? WHERE tree_id=? AND node_id=?"
+_UPDATE_RANKS = "UPDATE nodes SET q_critic=?, critic_rank=?, critic_reason=? WHERE tree_id=? AND node_id=?"
+_INSERT_SIMULATIONS = columns.insert("simulations", columns.SIMULATION_ROW)
+_UPDATE_TREES = "UPDATE trees SET simulations=?, solved=? WHERE id=?"
+_INSERT_MEDIA = columns.insert("node_media", columns.NODE_MEDIA_ROW, "INSERT OR REPLACE", "?,?,'screenshot',?")
+KNOWN_OBSERVATIONS = 200_000  # hashes a writer remembers as stored (~20 MB); past that it starts over
 
 
 def _simulation(path: list[int], reward: float, rollout: Any) -> Simulation:
@@ -99,17 +109,18 @@ def simulation_rows(tree_id: int, tree: SearchTree, sim: Simulation, first_new: 
     simulation row and the tree's counts."""
     new = tree.nodes[first_new:]
     touched = {0, *sim.path} - {n.id for n in new}
+    hashes = [_obs_hash(n.observation) for n in new]  # once a node: its observation row and its own row
     return SimulationRows(
-        observations=[(_obs_hash(n.observation), n.observation) for n in new],
+        observations=[(h, n.observation) for h, n in zip(hashes, new, strict=True)],
         nodes=[
             (
                 tree_id, n.id, n.parent, n.depth,
                 json.dumps(n.action.to_dict()) if n.action else None,
-                n.raw, n.format_error, _obs_hash(n.observation), n.N, n.value_sum,
+                n.raw, n.format_error, h, n.N, n.value_sum,
                 n.Q_critic, n.critic_rank, n.critic_reason, n.logprob, n.reward, n.progress,
                 n.terminal, n.gen_ms, n.env_ms, n.n_tokens, n.author,
             )
-            for n in new
+            for h, n in zip(hashes, new, strict=True)
         ],
         values=[(tree.nodes[i].N, tree.nodes[i].value_sum, tree_id, i) for i in sorted(touched)],
         ranks=[(tree.nodes[i].Q_critic, tree.nodes[i].critic_rank, tree.nodes[i].critic_reason, tree_id, i)
@@ -123,8 +134,47 @@ def simulation_rows(tree_id: int, tree: SearchTree, sim: Simulation, first_new: 
     )
 
 
+def _merged_writes(batch: Sequence[SimulationRows], known: set[str]) -> tuple[list[tuple[Any, ...]], ...]:
+    """The rows `batch` writes, merged so that each is written once, in what one statement per table
+    leaves in the database when it runs after every INSERT of the batch: observations, nodes, visit
+    counts, critic ranks, simulations, tree counts, media. An observation whose hash is in `known`
+    (committed before) or already in the batch is left out (INSERT OR IGNORE keeps the first; same
+    hash, same text); a node's latest (N, value_sum) of the batch goes into its INSERT row when the
+    batch creates it, otherwise into one UPDATE; a tree's latest counts into one UPDATE (a later
+    simulation of a tree holds its newer counts, as UPDATEs run in order would leave them)."""
+    observations: list[tuple[Any, ...]] = []
+    seen: set[str] = set()
+    nodes: list[tuple[Any, ...]] = []
+    created: dict[tuple[Any, Any], int] = {}  # (tree id, node id) -> its row in `nodes`
+    for b in batch:
+        for row in b.observations:
+            if row[0] not in known and row[0] not in seen:
+                seen.add(row[0])
+                observations.append(row)
+        for row in b.nodes:
+            created[(row[0], row[1])] = len(nodes)
+            nodes.append(row)
+    values: dict[tuple[Any, Any], tuple[Any, ...]] = {}  # (tree id, node id) -> its latest UPDATE
+    for b in batch:
+        for row in b.values:
+            key = (row[2], row[3])
+            at = created.get(key)
+            if at is None:
+                values[key] = row
+            else:
+                node = nodes[at]
+                nodes[at] = (*node[:_NODE_N], row[0], row[1], *node[_NODE_N + 2:])
+    trees = {b.tree[-1]: b.tree for b in batch}  # tree id -> its latest counts
+    return (observations, nodes, list(values.values()), [r for b in batch for r in b.ranks],
+            [b.simulation for b in batch], list(trees.values()), [r for b in batch for r in b.media])
+
+
 class RunsStore(Connection):
     """Runs, their trees and simulations."""
+
+    # Hashes of observations this connection has committed (`save_simulations`), at most
+    # KNOWN_OBSERVATIONS: created on the first save.
+    _stored_observations: set[str] | None = None
 
     # --- runs --------------------------------------------------------------------------------
 
@@ -247,25 +297,35 @@ class RunsStore(Connection):
 
     def save_simulations(self, batch: Sequence[SimulationRows]) -> None:
         """Simulations taken with `simulation_rows`, in order, in ONE transaction (one commit, one fsync
-        on SQLite, for every simulation a scheduler round finished). Inserts go before updates, so a
-        node one simulation created and a later one's path went through is written, then updated."""
+        on SQLite, for every simulation a scheduler round finished). The tables end as if each
+        simulation's rows were written in turn; the writes are merged first (`_merged_writes`): one
+        statement list per table, a node's visit count and value sum written once (with its row when
+        the batch also creates it), a tree's counts once, an observation once and not at all when this
+        connection has committed it already (observations are never deleted)."""
         if not batch:
             return
+        known = self._stored_observations
+        if known is None:
+            known = self._stored_observations = set()
+        observations, nodes, values, ranks, simulations, trees, media = _merged_writes(batch, known)
+        nested = self.con.in_transaction  # an outer transaction may still roll back: remember nothing then
         with self.transaction() as con:
-            con.executemany(columns.insert("observations", columns.OBSERVATION_ROW, "INSERT OR IGNORE"),
-                            [r for b in batch for r in b.observations])
-            con.executemany(f"INSERT INTO nodes ({NODE_COLUMNS}) VALUES ({','.join('?' * 21)})",
-                            [r for b in batch for r in b.nodes])
-            con.executemany("UPDATE nodes SET n=?, value_sum=? WHERE tree_id=? AND node_id=?",
-                            [r for b in batch for r in b.values])
-            con.executemany(
-                "UPDATE nodes SET q_critic=?, critic_rank=?, critic_reason=? WHERE tree_id=? AND node_id=?",
-                [r for b in batch for r in b.ranks])
-            con.executemany(columns.insert("simulations", columns.SIMULATION_ROW), [b.simulation for b in batch])
-            con.executemany("UPDATE trees SET simulations=?, solved=? WHERE id=?", [b.tree for b in batch])
-            con.executemany(  # terminal-page screenshots (web env): JPEG bytes only, kept out of `nodes`
-                columns.insert("node_media", columns.NODE_MEDIA_ROW, "INSERT OR REPLACE", "?,?,'screenshot',?"),
-                [r for b in batch for r in b.media])
+            if observations:
+                con.executemany(_INSERT_OBSERVATIONS, observations)
+            if nodes:
+                con.executemany(_INSERT_NODES, nodes)
+            if values:
+                con.executemany(_UPDATE_VALUES, values)
+            if ranks:
+                con.executemany(_UPDATE_RANKS, ranks)
+            con.executemany(_INSERT_SIMULATIONS, simulations)
+            con.executemany(_UPDATE_TREES, trees)
+            if media:  # terminal-page screenshots (web env): JPEG bytes only, kept out of `nodes`
+                con.executemany(_INSERT_MEDIA, media)
+        if not nested:
+            if len(known) + len(observations) > KNOWN_OBSERVATIONS:
+                known.clear()
+            known.update(h for h, _ in observations)
 
     def load_tree(self, tree_id: int) -> SearchTree | None:
         """The committed tree, or None when its root was never written."""
