@@ -461,6 +461,12 @@ def new_loop_form() -> None:
         fm.field_error("ev_loop_new", "tasks_per_iteration")
         eval_tasks_spec = mid.text_input("Held-out tasks", key="ev_loop_eval", placeholder="(empty: the test split)")
         fm.field_error("ev_loop_new", "eval_tasks")
+        fixes = right.number_input("Corrections per failed episode", value=0, min_value=0, step=1,
+                                   key="ev_loop_corrections",
+                                   help="exit-mcts / exit-sampled only: also train on the first N failing steps of "
+                                        "each greedy failure, labelled with the step of a played win the "
+                                        "environment verified (0: off)")
+        fm.field_error("ev_loop_new", "corrections")
         loop_pending = st.checkbox("Include uncurated rows", key="ev_loop_pending",
                                    help="Nobody curates while an iteration runs: checked, the loop trains on the "
                                         "rows its search produced that nobody has reviewed; unchecked, only on "
@@ -476,7 +482,8 @@ def new_loop_form() -> None:
 
         cfg: dict[str, Any] = {"method": method, "model": loop_model.strip() or "tiny", "env": loop_env, "iterations": 1,
                "tasks_per_iteration": int(per_it), "eval_tasks": eval_tasks_spec.strip(),
-               "include_pending": bool(loop_pending), "name": f"{method}-{time.strftime('%Y%m%d-%H%M%S')}"}
+               "include_pending": bool(loop_pending), "name": f"{method}-{time.strftime('%Y%m%d-%H%M%S')}",
+               **({"corrections": int(fixes)} if fixes else {})}
         problems = {}
         try:
             check_model(cfg["model"])
@@ -493,7 +500,8 @@ def new_loop_form() -> None:
             finally:
                 close_env(env)
         except fm.submit_errors() as e:
-            problems["eval_tasks" if "task" in str(e) and "per_iteration" not in str(e) else "tasks_per_iteration"] = (
+            problems["corrections" if "corrections" in str(e) else
+                     "eval_tasks" if "task" in str(e) and "per_iteration" not in str(e) else "tasks_per_iteration"] = (
                 fm.refusal(e))
         fm.set_errors("ev_loop_new", problems)
         if not problems:

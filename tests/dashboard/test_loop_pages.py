@@ -492,6 +492,24 @@ def test_start_a_loop_refuses_a_bad_held_out_selection_and_queues_nothing(db: Pa
         assert [j.kind for j in store.jobs()] == ["probe"]
 
 
+def test_start_a_loop_carries_corrections_for_a_play_method_and_refuses_them_for_another(db: Path) -> None:
+    at = _eval_page(db)
+    at.number_input(key="ev_loop_corrections").set_value(2)
+    next(b for b in at.button if b.label == "Start the loop").click()
+    at.run()
+    assert "IterateConfig.corrections" in errors(at), errors(at)  # exit trains no play: refused under the field
+    with Store(db, readonly=True) as store:
+        assert [j.kind for j in store.jobs()] == ["probe"]
+    at.selectbox(key="ev_loop_method").set_value("exit-sampled")
+    next(b for b in at.button if b.label == "Start the loop").click()
+    at.run()
+    assert not at.exception and not at.error, errors(at)
+    with Store(db) as store:
+        job = store.jobs()[-1]
+        JobRunner(store).cancel(job.id, grace_s=30)
+    assert job.config["iterate"]["method"] == "exit-sampled" and job.config["iterate"]["corrections"] == 2
+
+
 def test_run_stages_follow_a_run_from_search_to_evaluation(db: Path) -> None:
     from doubles import ScriptedGenerator, SnapshotLineEnv
 
