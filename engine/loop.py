@@ -103,7 +103,8 @@ class IterateConfig:
     play: dict[str, Any] = field(default_factory=dict)  # exit-mcts / exit-sampled: EvalConfig overrides of the play
     corrections: int = field(default=0, metadata={
         "help": "exit-mcts / exit-sampled: also train on search-labelled corrections, the first N failing steps of "
-                "each greedy failure labelled with a played win's step the env verified (0: off)"})
+                "each greedy failure labelled with a played win's step the env verified (0: off; measured worse than off on "
+                "val, docs/experiments.md 2026-12-05)"})
 
     def __post_init__(self) -> None:
         checks = {

@@ -465,7 +465,8 @@ def new_loop_form() -> None:
                                    key="ev_loop_corrections",
                                    help="exit-mcts / exit-sampled only: also train on the first N failing steps of "
                                         "each greedy failure, labelled with the step of a played win the "
-                                        "environment verified (0: off)")
+                                        "environment verified (0: off; measured worse than off on the "
+                                        "validation tasks, see the README)")
         fm.field_error("ev_loop_new", "corrections")
         loop_pending = st.checkbox("Include uncurated rows", key="ev_loop_pending",
                                    help="Nobody curates while an iteration runs: checked, the loop trains on the "
