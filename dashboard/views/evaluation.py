@@ -484,7 +484,7 @@ def new_loop_form() -> None:
         cfg: dict[str, Any] = {"method": method, "model": loop_model.strip() or "tiny", "env": loop_env, "iterations": 1,
                "tasks_per_iteration": int(per_it), "eval_tasks": eval_tasks_spec.strip(),
                "include_pending": bool(loop_pending), "name": f"{method}-{time.strftime('%Y%m%d-%H%M%S')}",
-               **({"corrections": int(fixes)} if fixes else {})}
+               "corrections": int(fixes)}
         problems = {}
         try:
             check_model(cfg["model"])
