@@ -8,10 +8,14 @@ share of it), requests/s and the mean requests in flight (Little's law: summed l
 Arms, alternating within the same run:
 - before: httpx's connection pool shared by all threads (`openai_http.shared_pool_client`) and
   safejson's bracket-by-bracket depth scan of every reply (the code before issue 30);
-- per-thread-pool: an httpcore pool of one connection per thread (httpx.HTTPTransport per thread);
-- after: the generator's default client (`engine.llm.thread_transport`: http.client per thread)
-  and the whole-document depth check.
-Then the ratio before / after. The server answers after time_scale x (50 ms + 2.5 ms per token,
+- threads: each pool thread's own keep-alive socket read by `http.client`
+  (`engine.llm.thread_transport`, the default from 2026-12-03 to 2026-12-05) and the whole-document
+  depth check;
+- after: the generator's default for an http:// server: one event-loop thread for every request in
+  flight (`engine.llm.loop_http`), no pool threads.
+Then the ratios before / after and threads / after. First, the parse of one vLLM-shaped reply (80
+tokens, each log-prob with its token, bytes and top_logprobs): `safejson.loads` (size, depth and text
+checks, then the parser) against the bare `json.loads`, the checks' cost in the same run. The server answers after time_scale x (50 ms + 2.5 ms per token,
 10-180 tokens): 30-200 ms at the default 0.4.
 
     .venv/bin/python bench/driver_cpu.py [--trees 64,256] [--seconds 7] [--repeats 2] [--time-scale 0.4]
@@ -20,6 +24,7 @@ Then the ratio before / after. The server answers after time_scale x (50 ms + 2.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -31,42 +36,24 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-import httpx
 from scale import start_server
 
 from engine import safejson
 from engine.llm.base import SampleRequest, SamplingParams
 from engine.llm.openai_http import OpenAIGenerator, shared_pool_client
 
-ARMS = ("before", "per-thread-pool", "after")
-
-
-class _PoolPerThread(httpx.BaseTransport):
-    """An httpx.HTTPTransport (httpcore pool) of one connection per thread: the pool fix alone."""
-
-    def __init__(self) -> None:
-        self.local = threading.local()
-        self.all: list[httpx.HTTPTransport] = []
-
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        if not hasattr(self.local, "t"):
-            one = httpx.Limits(max_connections=1, max_keepalive_connections=1)
-            self.local.t = httpx.HTTPTransport(limits=one)
-            self.all.append(self.local.t)
-        return self.local.t.handle_request(request)
-
-    def close(self) -> None:
-        for t in self.all:
-            t.close()
+ARMS = ("before", "threads", "after")
 
 
 def drive(url: str, trees: int, arm: str, warmup: float, seconds: float) -> dict[str, float]:
     """N requests kept in flight for warmup + seconds; the figures of the last `seconds`."""
     gen = OpenAIGenerator(url, "m", max_concurrency=trees)
-    if arm != "after":
+    assert gen._loop_http is not None, "the default client for an http:// server is the event loop"
+    if arm != "after":  # the pool threads, each with its own connection (`threads`) or one shared pool
+        gen._loop_http = None
+    if arm == "before":
         gen._client.close()
-        gen._client = (shared_pool_client(gen.timeout_s, trees) if arm == "before" else
-                       httpx.Client(timeout=httpx.Timeout(gen.timeout_s), transport=_PoolPerThread()))
+        gen._client = shared_pool_client(gen.timeout_s, trees)
     # "before": every reply's depth checked bracket by bracket (safejson.check_depth), as before
     safejson_fast = safejson._within_depth
     if arm == "before":
@@ -123,6 +110,32 @@ def drive(url: str, trees: int, arm: str, warmup: float, seconds: float) -> dict
             "sys_ms": 1e3 * sys_s / max(done, 1)}
 
 
+def vllm_reply(tokens: int = 80) -> bytes:
+    """A chat completion as vLLM returns it with `logprobs: true` (token, log-prob, bytes, top_logprobs)."""
+    content = [{"token": "tok", "logprob": -0.01, "bytes": [116, 111, 107], "top_logprobs": []}] * tokens
+    message = {"role": "assistant", "content": "THOUGHT: next step.\nACTION: get 1 iron ingot\nSTATUS: CONTINUE"}
+    return json.dumps({"id": "chatcmpl-1", "object": "chat.completion", "model": "m",
+                       "choices": [{"index": 0, "message": message, "logprobs": {"content": content},
+                                    "finish_reason": "stop"}],
+                       "usage": {"prompt_tokens": 300, "completion_tokens": tokens}}).encode()
+
+
+def parse_costs(repeats: int = 2000) -> None:
+    reply = vllm_reply()
+    times = {}
+    for name, parse in (("json.loads", json.loads), ("safejson.loads", safejson.loads)):
+        runs = []
+        for _ in range(5):
+            t = time.process_time()
+            for _ in range(repeats):
+                parse(reply)
+            runs.append((time.process_time() - t) / repeats)
+        times[name] = min(runs)
+    print(f"parse of a vLLM-shaped reply ({len(reply)} bytes, 80 log-probs), best of 5 x {repeats}: json.loads "
+          f"{1e6 * times['json.loads']:.0f} us, safejson.loads {1e6 * times['safejson.loads']:.0f} us "
+          f"(checks {times['safejson.loads'] / times['json.loads']:.2f}x the bare parse)", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trees", default="64,256", help="requests in flight (= trees in flight, = the limit)")
@@ -135,6 +148,7 @@ def main() -> None:
     arms = [a for a in args.arms.split(",") if a]
     if unknown := set(arms) - set(ARMS):
         raise SystemExit(f"unknown arm(s) {sorted(unknown)}: known {', '.join(ARMS)}")
+    parse_costs()
     proc, url = start_server(args.time_scale)
     print(f"server delays x{args.time_scale}; window {args.seconds:.0f} s after {args.warmup:.0f} s warm-up; "
           f"{args.repeats} runs per arm, medians; client CPU = this process's CPU time / requests answered")
@@ -152,10 +166,11 @@ def main() -> None:
                 print(f"{trees:>5} {arm:>15} {m['cpu_ms']:>8.2f} ms {m['sys_ms']:>5.2f} ms "
                       f"{m['rps']:>6.0f} {m['in_flight']:>9.0f} {m['latency_ms']:>5.0f} ms {m['cores']:>5.2f}  "
                       f"(runs {each} ms)", flush=True)
-            if "before" in med and "after" in med:
-                ratio = med["before"]["cpu_ms"] / med["after"]["cpu_ms"]
-                print(f"{trees:>5} {'before / after':>15} {ratio:>8.1f} x  (client CPU per request)",
-                      flush=True)
+            for base in ("before", "threads"):
+                if base in med and "after" in med:
+                    ratio = med[base]["cpu_ms"] / med["after"]["cpu_ms"]
+                    print(f"{trees:>5} {base + ' / after':>15} {ratio:>8.1f} x  (client CPU per request)",
+                          flush=True)
     finally:
         proc.kill()
         proc.wait()

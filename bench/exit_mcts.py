@@ -49,13 +49,32 @@ sys.path[0] = str(Path(__file__).resolve().parents[1])
 from bench.common import Table, add_common_args, greedy_config, held_out, ordering
 from engine.datasets.corrections import CorrectionConfig, correction_samples
 from engine.datasets.distill import episode_samples
+from engine.datasets.pairs import Pair
+from engine.datasets.samples import to_step_rows
 from engine.envs.textcraft import TextCraftEnv
 from engine.evaluate import Episode, EvalConfig, evaluate
 from engine.llm.registry import load_generator
 from engine.train.common import resolve_model_path
+from engine.train.dpo import DPOTrainConfig, train_dpo
 from engine.train.sft import rft_config, train_sft
 
 OPERATORS = ("mcts", "sampled")
+
+
+def correction_pairs(corrections: list, failures: list) -> list[Pair]:
+    """A step pair per correction row: at the failing state (the failure's own history and the latest
+    observation, as the policy was prompted), the verified win's step chosen over the step the policy took."""
+    by_key = {(e.task_id, e.seed): e for e in failures}
+    pairs = []
+    for r in corrections:
+        (row,) = to_step_rows(r)
+        failed = by_key[(r.source["task_id"], r.source["seed"])]
+        rejected = failed.turns[r.source["step"]][0]
+        pairs.append(Pair(id=f"cdpo:{r.id}", kind="step", run_id="", tree_id=None, task_id=r.source["task_id"],
+                          node_id=0, chosen_node=0, rejected_node=0, prompt=row["prompt"],
+                          chosen=r.turns[-1].text, rejected=rejected, q_chosen=1.0, q_rejected=0.0,
+                          logprob_chosen=None, logprob_rejected=None, depth=r.source["step"]))
+    return pairs
 
 
 def shortest_per_task(episodes: list, per_task: int) -> list:
@@ -112,7 +131,11 @@ def main(argv: list[str] | None = None) -> Table:
     ap.add_argument("--samples", type=int, default=8, help="sampled operator: episodes per failed task")
     ap.add_argument("--temperature", type=float, default=1.0, help="sampled operator: sampling temperature")
     ap.add_argument("--per-task", type=int, default=1, help="sampled operator: shortest distinct successes kept per task")
-    ap.add_argument("--arms", default="", help="comma-separated arms of OP, OP+greedy, greedy (default: all three)")
+    ap.add_argument("--arms", default="", help="comma-separated arms of OP, OP+greedy, greedy, OP+corrections, "
+                    "corrections, OP-refused-untrained (OP's rows with the env-refused steps as untrained context), "
+                    "corrections-dpo (DPO: each correction's verified step chosen over the failure's own; "
+                    "default: all)")
+    ap.add_argument("--dpo-lr", type=float, default=5e-5, help="corrections-dpo: DPO learning rate (beta 0.1)")
     ap.add_argument("--per-episode", type=int, default=3, help="corrections arms: failing steps corrected per "
                                                                 "greedy failure (the first ones)")
     ap.add_argument("--correct-from", choices=("greedy", "all"), default="greedy",
@@ -121,7 +144,8 @@ def main(argv: list[str] | None = None) -> Table:
                                                     "and operator play skipped), else written after playing")
     args = ap.parse_args(argv)
     op = args.operator
-    known = (op, f"{op}+greedy", "greedy", f"{op}+corrections", "corrections")
+    known = (op, f"{op}+greedy", "greedy", f"{op}+corrections", "corrections", f"{op}-refused-untrained",
+             "corrections-dpo")
     arms = [a.strip() for a in (args.arms or ",".join(known)).split(",") if a.strip()]
     if unknown := set(arms) - set(known):
         ap.error(f"unknown arm(s) {sorted(unknown)}")
@@ -180,12 +204,18 @@ def main(argv: list[str] | None = None) -> Table:
     rows = {op: episode_samples(kept, failed, description),
             "greedy": episode_samples(greedy, fit, description, kind="rft")}
     rows[f"{op}+greedy"] = rows[op] + rows["greedy"]
-    if any(a.endswith("corrections") for a in arms):
+    if f"{op}-refused-untrained" in arms:
+        rows[f"{op}-refused-untrained"] = episode_samples(kept, failed, description, make_env=TextCraftEnv)
+        untrained = sum(not t.trains for s in rows[f"{op}-refused-untrained"] for t in s.turns)
+        print(f"  data: {untrained} of {sum(len(s.turns) for s in rows[op])} steps of {op}'s wins refused by the env "
+              "(kept as untrained context)", flush=True)
+    if any("corrections" in a for a in arms):
         t = time.perf_counter()
         failures = greedy + ([e for e in played if not e.success] if args.correct_from == "all" else [])
         rows["corrections"] = correction_samples(failures, played, fit, TextCraftEnv, description,
                                                  CorrectionConfig(per_episode=args.per_episode))
         rows[f"{op}+corrections"] = rows[op] + rows["corrections"]
+        rows["corrections-dpo"] = rows["corrections"]
         tasks_corrected = {s.source["task_id"] for s in rows["corrections"]}
         print(f"  data: corrections at {len(rows['corrections'])} failing steps of {args.correct_from} failures of "
               f"{len(tasks_corrected)} tasks ({args.per_episode} per episode at most; {time.perf_counter() - t:.1f} s)",
@@ -200,8 +230,13 @@ def main(argv: list[str] | None = None) -> Table:
             continue
         t = time.perf_counter()
         kinds = tuple(sorted({s.kind for s in rows[name]}))
-        result = train_sft(base, rows[name], rft_config(learning_rate=args.sft_lr, kinds=kinds, **common),
-                           work / "models" / name.replace("+", "-"), kind="sft")
+        if name == "corrections-dpo":
+            pairs = correction_pairs(rows[name], failures)
+            result = train_dpo(base, pairs, DPOTrainConfig(learning_rate=args.dpo_lr, beta=0.1, **common),
+                               work / "models" / name)
+        else:
+            result = train_sft(base, rows[name], rft_config(learning_rate=args.sft_lr, kinds=kinds, **common),
+                               work / "models" / name.replace("+", "-"), kind="sft")
         trained = time.perf_counter() - t
         arm = table.evaluate(name, load_generator(str(result.output)), TextCraftEnv, tasks, eval_config)
         arm.note = (f"(+ {trained:.0f} s training on {len(rows[name])} trajectories, "

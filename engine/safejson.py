@@ -22,10 +22,13 @@ MAX_CHARS = 16 * 2**20  # a reply with many long completions and logprobs stays 
 
 _SPECIAL = re.compile(r'[\[\]{}"\\]')
 _MAYBE_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")
-# `_within_depth`: a string (to its closing quote, or to the end: never a failed match, so linear)
-# or a run of anything but brackets and quotes; deleting both leaves the structural brackets.
-_STRINGS_AND_SCALARS = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?|[^\[\]{}"]+', re.DOTALL)
-_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
+# `_within_depth`, on the UTF-8 bytes: every byte but brackets and quotes deleted, `{}` read as `[]`
+# (a UTF-8 multi-byte character never holds an ASCII byte); then a string is a quote, the brackets
+# it held, and its closing quote (or the end: never a failed match, so linear).
+_NOT_STRUCTURAL = bytes(sorted(set(range(256)) - set(b'[]{}"')))
+_CURLY_AS_SQUARE = bytes.maketrans(b"{}", b"[]")
+_BRACKETED_STRINGS = re.compile(rb'"[^"]*"?')
+_STEP = {ord("["): 1, ord("]"): -1}
 _DECODER = json.JSONDecoder()
 
 
@@ -63,8 +66,25 @@ def check_depth(text: str, pos: int = 0, max_depth: int = MAX_DEPTH) -> None:
 def _within_depth(text: str, max_depth: int) -> bool:
     """True when no point of the whole of `text` lies more than `max_depth` brackets deep outside
     strings: the nesting the parser meets. Linear and C-level (`check_depth` walks every bracket and
-    quote in Python: ~2 ms for a reply with a few hundred log-probs); False: `check_depth` decides."""
-    brackets = _STRINGS_AND_SCALARS.sub("", text)
+    quote in Python: ~2 ms for a reply with a few hundred log-probs; a regex over every character
+    ~0.2 ms for 80 vLLM log-probs, this ~0.03 ms); False: `check_depth` decides. Escaped backslashes,
+    then escaped quotes, are deleted first, so every quote left opens or closes a string (exact for
+    any text the parser accepts); then bytes.replace passes strip matched innermost pairs, one nesting
+    level per pass, and only text that does not reduce to nothing is summed bracket by bracket."""
+    raw = text.encode("utf-8", "surrogatepass").replace(b"\\\\", b"").replace(b'\\"', b"")
+    brackets = raw.translate(_CURLY_AS_SQUARE, _NOT_STRUCTURAL).replace(b'""', b"")  # (close, open): one string
+    if b'"' in brackets:
+        brackets = _BRACKETED_STRINGS.sub(b"", brackets)
+    left = brackets
+    for _ in range(max_depth):
+        if not left:
+            return True
+        inner_removed = left.replace(b"[]", b"")
+        if len(inner_removed) == len(left):
+            break
+        left = inner_removed
+    if not left:
+        return True
     return max(itertools.accumulate(map(_STEP.__getitem__, brackets)), default=0) <= max_depth
 
 

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import httpx
 import pytest
@@ -55,3 +56,19 @@ def transformers_serve(model_dir: Path, log_dir: Path, timeout_s: float = 60) ->
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def record_posts(gen: Any, posts: list[str]) -> None:
+    """Append the URL path of every POST `gen` (an OpenAIGenerator) sends to `posts`, on either of its
+    clients: the event loop (`engine.llm.loop_http`, http:// servers) or httpx (https, proxies)."""
+    loop_http = gen._loop_http
+    if loop_http is None:
+        gen._client.event_hooks["request"].append(lambda req: posts.append(req.url.path))
+        return
+    post = loop_http.post
+
+    async def recorded(path: str, body: bytes, headers: dict[str, str]) -> Any:
+        posts.append(loop_http.base_path + path)
+        return await post(path, body, headers)
+
+    loop_http.post = recorded

@@ -104,3 +104,22 @@ def test_only_failures_with_a_win_of_their_task_are_corrected() -> None:
                               TextCraftEnv, DESC) == []  # a success needs no correction
     with pytest.raises(ConfigError, match="per_episode"):
         CorrectionConfig(per_episode=0)
+
+
+def test_a_win_with_a_refused_craft_trains_the_recovery_not_the_refusal() -> None:
+    from engine.datasets.corrections import refused_turns
+    from engine.datasets.distill import episode_samples
+
+    win = episode([GET, SLAB, POLISH, SLAB])  # the first slab craft is refused: no polished blackstone yet
+    assert win.success
+    assert refused_turns(TextCraftEnv(), win) == {1}
+    task = TextCraftEnv().task(TASK)
+    (plain,) = episode_samples([win], [task], DESC)
+    (masked,) = episode_samples([win], [task], DESC, make_env=TextCraftEnv)
+    assert plain.id == masked.id and all(t.trains for t in plain.turns)
+    assert [t.trains for t in masked.turns] == [True, False, True, True]
+    assert masked.source["refused_untrained"] == 1
+    rows = to_step_rows(masked)
+    assert [r["completion"][0]["content"] for r in rows] == [win.turns[i][0] for i in (0, 2, 3)]
+    # the refusal stays in the recovery's history: the polish is learnt right after it
+    assert "Could not" in rows[1]["prompt"][1]["content"]

@@ -17,7 +17,7 @@ import httpx
 import pytest
 from canned_http import canned_server
 from fuzz_data import model_outputs
-from serve_fixture import free_port, transformers_serve
+from serve_fixture import free_port, record_posts, transformers_serve
 from tiny_model_fixture import build_tiny_model
 
 from engine.llm.base import ContextOverflow, GeneratorError, SampleRequest, SamplingParams
@@ -48,7 +48,7 @@ def server(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
 def test_server_ignores_n_and_client_collects_n(server: SimpleNamespace) -> None:
     posts: list[str] = []
     gen = OpenAIGenerator(server.base_url, server.model, max_concurrency=4, **FAST)
-    gen._client.event_hooks["request"].append(lambda req: posts.append(req.url.path))
+    record_posts(gen, posts)
     params = SamplingParams(temperature=1.0, max_tokens=8, seed=7)
     with gen:
         out = gen.sample(
@@ -344,6 +344,7 @@ def _offline(gen: OpenAIGenerator, seen: list[httpx.Request]) -> OpenAIGenerator
 
     gen._client.close()
     gen._client = httpx.Client(transport=httpx.MockTransport(answer))
+    gen._loop_http = None  # every call through the mock (the event loop would connect to the host)
     return gen
 
 

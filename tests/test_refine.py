@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 from fuzz_data import model_outputs
-from serve_fixture import transformers_serve
+from serve_fixture import record_posts, transformers_serve
 from tiny_model_fixture import build_tiny_model
 
 from engine.cli import refine as refine_cli
@@ -617,7 +617,7 @@ def test_pipeline_end_to_end_against_a_real_server(server: SimpleNamespace) -> N
     posts: list[str] = []
     gen = OpenAIGenerator(server.base_url, server.model, max_concurrency=4, retries=1, backoff_s=0.05,
                           timeout_s=120)
-    gen._client.event_hooks["request"].append(lambda req: posts.append(req.url.path))
+    record_posts(gen, posts)
     config = RefineConfig(script_max_tokens=48, trajectory_max_tokens=48, max_calls=4, script_attempts=2)
     personas = sample_personas(load_personas(DEFAULT_PERSONAS), 3, seed=0)
     with gen:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import random
+from typing import Any
 
 import pytest
 from fuzz_data import model_outputs
@@ -65,3 +67,27 @@ def test_whole_document_depth_check_is_linear_on_unclosed_strings() -> None:
         safejson.loads('["' + '\\"' * 200_000)
     assert safejson._within_depth('["' + '\\"' * 200_000, MAX_DEPTH)
     assert not safejson._within_depth("[" * (MAX_DEPTH + 1), MAX_DEPTH)
+
+
+def test_whole_document_depth_check_is_exact_on_random_valid_documents() -> None:
+    """On any document the parser accepts, the fast check says True exactly when the bracket-by-bracket
+    scan finds no level past the bound: strings full of brackets, quotes and backslashes, non-ASCII text."""
+    rng = random.Random(0)
+
+    def value(depth: int) -> Any:
+        r = rng.random()
+        if depth > 8 or r < 0.3:
+            return rng.choice([1, "s[", '\\"]{', "é}", None, "\\\\", '"', "[[", True])
+        if r < 0.65:
+            return [value(depth + 1) for _ in range(rng.randint(0, 3))]
+        return {rng.choice(["k", "[", '\\"', "}", '"{']) + str(j): value(depth + 1) for j in range(rng.randint(0, 3))}
+
+    for _ in range(3000):
+        text = json.dumps(value(0), ensure_ascii=rng.random() < 0.5)
+        bound = rng.randint(0, 9)
+        try:
+            safejson.check_depth(text, 0, bound)
+            within = True
+        except safejson.JSONLimitError:
+            within = False
+        assert safejson._within_depth(text, bound) == within, (text, bound)

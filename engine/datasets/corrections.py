@@ -63,6 +63,27 @@ def _commands(turns: Sequence[tuple[str, str]]) -> list[tuple[int, str | None]]:
     return out
 
 
+def refused_turns(env: Any, e: Any) -> set[int]:
+    """Indices of the turns of episode `e` (from the task start) that did not move the env: refused
+    commands (the state the same after the step, as `_fails` reads it) and format errors. Found by
+    replaying the episode's commands in `env` (one that can snapshot)."""
+    env.reset(e.task_id)
+    state = env.snapshot()
+    out: set[int] = set()
+    for i, command in _commands(e.turns):
+        if command is None:
+            out.add(i)
+            continue
+        step = env.step(command)
+        after = env.snapshot()
+        if after == state:
+            out.add(i)
+        state = after
+        if step.done:
+            break
+    return out
+
+
 def wins_of(episodes: Sequence[Any]) -> dict[str, list[Win]]:
     """The distinct successful episodes of each task as Wins (format-error turns dropped: the env never
     saw them), shortest first."""

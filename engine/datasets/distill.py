@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from engine.config import ConfigError
+from engine.datasets.corrections import refused_turns
 from engine.datasets.samples import (
     Sample,
     Task,
@@ -120,14 +121,19 @@ def distill(refs: Sequence[TreeRef], target: str, config: DistillConfig = Distil
     return out
 
 
-def episode_samples(episodes: Sequence[Any], tasks: Sequence[Any], env_description: str, kind: str = "exit", run_id: str | None = None) -> list[Sample]:
+def episode_samples(episodes: Sequence[Any], tasks: Sequence[Any], env_description: str, kind: str = "exit",
+                    run_id: str | None = None, make_env: Callable[[], Any] | None = None) -> list[Sample]:
     """Expert-iteration rows from played episodes (MCTS at inference: the operator measured to beat the
     policy): each successful episode becomes one trajectory, every committed step a target. Unlike a
     stored tree's best path, these are the steps search committed to one real step at a time, so they
     carry the recoveries (an env refusal, then the missing ingredient fetched) the greedy policy lacks.
-    Episodes started after a prefix (recovery starts) are skipped: their turns do not begin at reset."""
+    Episodes started after a prefix (recovery starts) are skipped: their turns do not begin at reset.
+    With `make_env` (an env that can snapshot), the turns the env refused (replayed: the state did not
+    change) stay in the trajectory as untrained context: the recovery after a refusal is learnt, the
+    refused command is not (a sampled win at temperature 1 refuses about one step in four)."""
     by_id = {t.id: t for t in tasks}
     system = system_prompt(env_description)
+    env = make_env() if make_env is not None else None
     out, seen = [], set()
     for e in episodes:
         if not e.success or not e.turns or e.prefix_steps or e.task_id not in by_id:
@@ -139,10 +145,15 @@ def episode_samples(episodes: Sequence[Any], tasks: Sequence[Any], env_descripti
         spec = by_id[e.task_id]
         task = Task(id=spec.id, goal=spec.goal, context=spec.context, first_observation=e.first_observation,
                     system=system)
-        turns = [Turn(text=text, observation=obs, loss=True, segment="good") for text, obs in e.turns]
+        refused = refused_turns(env, e) if env is not None else set()
+        turns = [Turn(text=text, observation=obs, loss=i not in refused, segment="bad" if i in refused else "good")
+                 for i, (text, obs) in enumerate(e.turns)]
         turns[-1] = replace(turns[-1], observation=None)
         out.append(Sample(id=stable_id(kind, run_id, e.task_id, e.seed, *key[1]), kind=kind, task=task,
                           turns=tuple(turns), run_id=run_id,
                           source={"task_id": e.task_id, "seed": e.seed, "steps": e.steps, "reward": e.reward,
-                                  "terminal": e.terminal, "from": "mcts at inference"}))
+                                  "terminal": e.terminal, "from": "mcts at inference",
+                                  **({"refused_untrained": len(refused)} if env is not None else {})}))
+    if env is not None and hasattr(env, "close"):
+        env.close()
     return out

@@ -12,13 +12,16 @@ Targets `vllm serve`, `transformers serve` and hosted APIs, which differ in what
   matches it across the prompt boundary). We cut the text at the first stop string; if that
   removes text, token log-probs can no longer be aligned with it and become None.
 
-Concurrency: a sync `httpx.Client` shared by ONE bounded thread pool per generator
-(`max_concurrency` workers and connections), which `sample` (a batch) and `submit` (one request,
-a future; search's no-barrier scheduler) share. Each pool thread keeps its own keep-alive
-connection (`engine.llm.thread_transport`): httpcore's shared pool costs CPU per request that grows
-with the connections (docs/decisions.md). Threads rather than asyncio because callers
-(search loops, Streamlit, notebooks) may already run an event loop, where `asyncio.run` fails;
-the work is I/O-bound, so threads release the GIL while waiting. The limit is a spec setting
+Concurrency: at most `max_concurrency` calls in flight per generator, shared by `sample` (a batch)
+and `submit` (one request, a future; search's no-barrier scheduler). On a plain http:// server
+(vLLM / SGLang, where hundreds are in flight) every call runs on ONE event-loop thread
+(`engine.llm.loop_http`): a request costs a write, a read and the parse, with no thread per
+request (a pool thread each cost ~2x the client CPU; docs/decisions.md). On https:// (hosted APIs)
+or behind a proxy named in the environment, calls run on a bounded thread pool with a sync
+`httpx.Client`, each pool thread keeping its own keep-alive connection
+(`engine.llm.thread_transport`); `logprobs()` scores on that pool in both cases. Either way the caller's thread never blocks and no asyncio loop of
+the caller's is used (search loops, Streamlit and notebooks may run their own, where `asyncio.run`
+fails). The limit is a spec setting
 (`openai:URL#MODEL?concurrency=64`); its default is fitted to the server kind: 64 for a plain
 http:// server (vLLM / SGLang batch continuously, and a low limit leaves them idle), 8 for https://
 (hosted APIs rate-limit).
@@ -38,13 +41,16 @@ build the same token ids as `HFGenerator`: chat-templated prompt + completion + 
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import ipaddress
+import json
 import logging
 import os
 import random
 import re
 import threading
+import time
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Hashable, Sequence
@@ -57,6 +63,7 @@ import httpx
 
 from engine import safejson
 from engine.llm.base import Completion, GeneratorError, Prompt, PromptTooLong, SampleRequest, gather
+from engine.llm.loop_http import LoopHTTP
 from engine.llm.thread_transport import ThreadTransport
 
 log = logging.getLogger(__name__)
@@ -145,18 +152,19 @@ _CONTEXT_WORDS = re.compile(
 )
 
 
-def _server_detail(resp: httpx.Response, secret: str | None) -> str:
+def _server_detail(content: bytes, secret: str | None) -> str:
     """The server's own error message (FastAPI `detail`, OpenAI `error.message`), shortened."""
     try:
-        body = safejson.loads(resp.content)
+        body = safejson.loads(content)
     except ValueError:
         body = None
+    raw = content.decode("utf-8", "replace")
     if isinstance(body, dict):
         err = body.get("error")
         detail = body.get("detail") or (err.get("message") if isinstance(err, dict) else err)
-        text = str(detail) if detail else resp.text
+        text = str(detail) if detail else raw
     else:
-        text = resp.text
+        text = raw
     return _redact(text.strip(), secret)[:_DETAIL_CHARS]
 
 
@@ -282,6 +290,9 @@ class OpenAIGenerator:
         self._tokenizer_lock = threading.Lock()
         self._echo_supported: bool | None = None
         self._client = _client(timeout_s, max_concurrency)
+        # sample / submit on a plain-http server: one event-loop thread instead of the thread pool
+        self._loop_http = (LoopHTTP(self.base_url, timeout_s, max_concurrency, safejson.MAX_CHARS)
+                           if self.base_url.startswith("http://") and not _env_proxies() else None)
 
     @classmethod
     def from_spec(cls, spec: str, **kwargs: Any) -> OpenAIGenerator:
@@ -305,6 +316,8 @@ class OpenAIGenerator:
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
+        if self._loop_http is not None:
+            self._loop_http.close()
         self._client.close()
 
     def _executor(self) -> ThreadPoolExecutor:
@@ -338,55 +351,83 @@ class OpenAIGenerator:
         return key
 
     def _post(self, path: str, payload: dict[str, Any], abort: threading.Event) -> dict[str, Any]:
-        """POST with retries; returns the JSON body or raises GeneratorError (key never shown)."""
+        """POST with retries from the calling thread (httpx); returns the JSON body or raises
+        GeneratorError (key never shown)."""
         url = f"{self.base_url}{path}"
         target = self._urls.get(path) or self._urls.setdefault(path, httpx.URL(url))  # parsed once
         attempts = self.retries + 1
         for attempt in range(attempts):
             key = self._key()
             headers = {"Authorization": f"Bearer {key}"} if key else {}
-            last = attempt == attempts - 1
             try:
                 resp = self._client.post(target, json=payload, headers=headers)
-            except httpx.TimeoutException as exc:
-                if last:
-                    raise ServerUnavailable(
-                        f"{url}: no answer within timeout_s={self.timeout_s} after {attempts} attempts "
-                        f"({type(exc).__name__})"
-                    ) from None
-                why = "timeout"
-            except httpx.TransportError as exc:
-                if last:
-                    raise ServerUnavailable(
-                        f"cannot reach {url} after {attempts} attempts: "
-                        f"{type(exc).__name__}: {_redact(str(exc), key)}"
-                    ) from None
-                why = type(exc).__name__
+            except (httpx.TimeoutException, httpx.TransportError) as exc:
+                why = self._unreachable(url, exc, key, attempt)
             else:
-                status = resp.status_code
-                if status < 400:
-                    try:
-                        body = safejson.loads(resp.content)
-                    except ValueError as e:  # engine.safejson bounds size and depth: the reply is untrusted
-                        raise GeneratorError(
-                            f"{url}: answer is not acceptable JSON ({getattr(e, 'msg', e)}): "
-                            f"{resp.text[:_DETAIL_CHARS]!r}"
-                        ) from None
-                    if not isinstance(body, dict):
-                        raise GeneratorError(f"{url}: unexpected answer {str(body)[:_DETAIL_CHARS]}")
+                body, why = self._judge(url, resp.status_code, resp.content, key, attempt)
+                if body is not None:
                     return body
-                retryable = status in _RETRY_STATUS or status >= 500
-                if not retryable or last:
-                    detail = _server_detail(resp, key)
-                    if status in (400, 413, 422) and _CONTEXT_WORDS.search(detail):
-                        raise PromptTooLong(self._http_message(url, status, detail, attempt + 1))
-                    raise self._http_error(url, status, detail, attempt + 1)
-                why = f"HTTP {status}"
-            delay = self.backoff_s * 2**attempt * random.uniform(0.5, 1.0)
-            log.warning("%s: %s, retry %d/%d in %.2fs", url, why, attempt + 1, self.retries, delay)
-            if abort.wait(delay):
+            if abort.wait(self._backoff(url, why, attempt)):
                 raise GeneratorError(f"{url}: cancelled (another call of the same batch failed)")
         raise AssertionError("unreachable")
+
+    async def _post_async(self, path: str, payload: dict[str, Any], abort: threading.Event) -> dict[str, Any]:
+        """`_post` on the event-loop client (`engine.llm.loop_http`): the same retries and errors."""
+        assert self._loop_http is not None
+        url = f"{self.base_url}{path}"
+        data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()  # as httpx
+        for attempt in range(self.retries + 1):
+            key = self._key()
+            headers = {"Authorization": f"Bearer {key}"} if key else {}
+            try:
+                answer = await self._loop_http.post(path, data, headers)
+            except (httpx.TimeoutException, httpx.TransportError) as exc:
+                why = self._unreachable(url, exc, key, attempt)
+            else:
+                body, why = self._judge(url, answer.status, answer.content, key, attempt)
+                if body is not None:
+                    return body
+            if await _sleep_unless(abort, self._backoff(url, why, attempt)):
+                raise GeneratorError(f"{url}: cancelled (another call of the same batch failed)")
+        raise AssertionError("unreachable")
+
+    def _unreachable(self, url: str, exc: Exception, key: str | None, attempt: int) -> str:
+        """A timeout or transport error: why to retry, or ServerUnavailable after the last attempt."""
+        attempts = self.retries + 1
+        if attempt < attempts - 1:
+            return "timeout" if isinstance(exc, httpx.TimeoutException) else type(exc).__name__
+        if isinstance(exc, httpx.TimeoutException):
+            raise ServerUnavailable(f"{url}: no answer within timeout_s={self.timeout_s} after {attempts} attempts "
+                                    f"({type(exc).__name__})") from None
+        raise ServerUnavailable(f"cannot reach {url} after {attempts} attempts: "
+                                f"{type(exc).__name__}: {_redact(str(exc), key)}") from None
+
+    def _judge(self, url: str, status: int, content: bytes, key: str | None,
+               attempt: int) -> tuple[dict[str, Any] | None, str]:
+        """An answer: (its JSON body, "") when it is good, (None, why) to retry, else the error raised."""
+        if status < 400:
+            try:
+                body = safejson.loads(content)
+            except ValueError as e:  # engine.safejson bounds size and depth: the reply is untrusted
+                raise GeneratorError(
+                    f"{url}: answer is not acceptable JSON ({getattr(e, 'msg', e)}): "
+                    f"{content[:4 * _DETAIL_CHARS].decode('utf-8', 'replace')[:_DETAIL_CHARS]!r}"
+                ) from None
+            if not isinstance(body, dict):
+                raise GeneratorError(f"{url}: unexpected answer {str(body)[:_DETAIL_CHARS]}")
+            return body, ""
+        retryable = status in _RETRY_STATUS or status >= 500
+        if not retryable or attempt == self.retries:
+            detail = _server_detail(content, key)
+            if status in (400, 413, 422) and _CONTEXT_WORDS.search(detail):
+                raise PromptTooLong(self._http_message(url, status, detail, attempt + 1))
+            raise self._http_error(url, status, detail, attempt + 1)
+        return None, f"HTTP {status}"
+
+    def _backoff(self, url: str, why: str, attempt: int) -> float:
+        delay = self.backoff_s * 2**attempt * random.uniform(0.5, 1.0)
+        log.warning("%s: %s, retry %d/%d in %.2fs", url, why, attempt + 1, self.retries, delay)
+        return delay
 
     def _http_error(self, url: str, status: int, detail: str, attempts: int) -> HTTPStatusError:
         return HTTPStatusError(self._http_message(url, status, detail, attempts), status)
@@ -463,7 +504,15 @@ class OpenAIGenerator:
         if abort.is_set():  # queued behind the pool when another request of its batch failed
             raise GeneratorError(f"{self.base_url}: cancelled (another call of the same batch failed)")
         path = "/chat/completions" if self.api == "chat" else "/completions"
-        body = self._post(path, self._payload(req, n, call), abort)
+        return self._choices(path, self._post(path, self._payload(req, n, call), abort), req)
+
+    async def _call_async(self, req: SampleRequest, n: int, call: int, abort: threading.Event) -> list[Completion]:
+        if abort.is_set():
+            raise GeneratorError(f"{self.base_url}: cancelled (another call of the same batch failed)")
+        path = "/chat/completions" if self.api == "chat" else "/completions"
+        return self._choices(path, await self._post_async(path, self._payload(req, n, call), abort), req)
+
+    def _choices(self, path: str, body: dict[str, Any], req: SampleRequest) -> list[Completion]:
         got = parse_choices(body, self.api, req.params.stop)
         if not got:
             raise GeneratorError(f"{self.base_url}{path}: no choices in the answer for model {self.model!r}")
@@ -493,7 +542,10 @@ class OpenAIGenerator:
                 st.calls += 1
                 st.asked_in_flight += n
             for n, call in calls:
-                fut = self._executor().submit(self._call, request, n, call, abort)
+                if self._loop_http is not None:
+                    fut = self._loop_http.run(self._call_async(request, n, call, abort))
+                else:
+                    fut = self._executor().submit(self._call, request, n, call, abort)
                 fut.add_done_callback(functools.partial(_landed_with, landed, n))
 
         def landed(fut: Future[list[Completion]], n: int) -> None:
@@ -621,6 +673,14 @@ def _init_options(options: dict[str, Any]) -> dict[str, Any]:
     """Spec options (`parse_spec`) -> OpenAIGenerator keyword arguments."""
     names = {"concurrency": "max_concurrency", "timeout": "timeout_s", "retries": "retries"}
     return {names[k]: v for k, v in options.items()}
+
+
+async def _sleep_unless(abort: threading.Event, seconds: float) -> bool:
+    """Sleep `seconds` on the event loop unless `abort` is set first (checked every 50 ms); True when set."""
+    end = time.monotonic() + seconds
+    while not abort.is_set() and (left := end - time.monotonic()) > 0:
+        await asyncio.sleep(min(left, 0.05))
+    return abort.is_set()
 
 
 def _landed_with(landed: Callable[[Future[list[Completion]], int], None], n: int,

@@ -1,8 +1,8 @@
 """`ThreadTransport`: an httpx transport with one keep-alive socket per calling thread; each request
 is written in one `sendall` and its answer parsed by the standard library's `http.client.HTTPResponse`.
 
-WHY: `OpenAIGenerator` sends from up to `max_concurrency` pool threads (64 to 256 with many trees in
-flight). httpx's default transport is httpcore's connection pool, which takes one pool-wide lock and
+WHY: on https (hosted APIs) and behind a proxy, `OpenAIGenerator` sends from up to `max_concurrency`
+pool threads (a plain-http server gets one event-loop thread instead: `engine.llm.loop_http`). httpx's default transport is httpcore's connection pool, which takes one pool-wide lock and
 rescans every connection for every queued request on each request and each release (httpcore
 1.0.x: O(connections^2)); shared by 256 threads it cost the client 5-13 ms of CPU per request, more
 as the client fell behind (idle connections lengthen the scan). A pool per thread has one

@@ -1,0 +1,357 @@
+"""`LoopHTTP`: JSON POSTs over plain HTTP/1.1 from ONE asyncio event loop on its own thread, each on
+a keep-alive connection of a small pool, the request written in one call and the answer read by a
+minimal parser (status line, headers, Content-Length or chunked body).
+
+WHY: with 64-256 trees in flight the search keeps as many requests open. Sent from a pool thread each
+(`engine.llm.thread_transport`), the client cost ~1.2 ms of CPU per request on the 2-core host, about
+half of it the threads themselves (GIL hand-offs and wake-ups among hundreds of threads, a future
+and a queue hop per request) and the rest httpx's request and response objects around
+`http.client` (docs/experiments.md 2026-12-05). One loop thread waits on every socket at once: a
+request costs a write, a read and the parse, whatever the number in flight.
+
+Scope: http:// only (a local vLLM / SGLang server, where hundreds of requests are in flight); https
+(hosted APIs, limit 8) and a proxy named in the environment keep httpx (`engine.llm.openai_http`).
+No `Accept-Encoding` is sent; a compressed answer (gzip / deflate) is still decoded. Errors are
+httpx's exception types, so the generator's retry logic reads both paths alike; a connection the
+server closed while idle (EOF or reset before any byte of the answer) is retried once on a fresh
+one, as httpcore does. `timeout_s` bounds each attempt as a whole (connect, write and read).
+
+The loop thread starts on first use and runs the callers' coroutines (`run`); their futures'
+done callbacks run on it, so they must be short (the search's only queue the result).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import threading
+import time
+import urllib.parse
+import zlib
+from collections.abc import Coroutine
+from typing import Any, NamedTuple, TypeVar
+
+import httpx
+
+KEEPALIVE_S = 5.0  # as httpx's default keepalive_expiry: an idle connection older than this is closed
+MAX_HEAD = 64 * 1024  # status line + headers
+T = TypeVar("T")
+
+
+class Answer(NamedTuple):
+    """One HTTP answer: status, headers (names lower-cased) and the decoded body."""
+
+    status: int
+    headers: dict[str, str]
+    content: bytes
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", "replace")
+
+
+class _Conn(NamedTuple):
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    idle_since: float
+
+
+class _Stale(Exception):
+    """A reused connection answered nothing (closed or reset by the server while idle)."""
+
+
+class LoopHTTP:
+    """POSTs to one `http://host:port` origin from one event-loop thread, at most `max_in_flight` at
+    once (the others wait their turn, untimed, as behind a thread pool). `max_body`: the largest
+    answer body accepted (a larger Content-Length is refused before it is read). `close()` ends the
+    thread; the next `run` starts a new one."""
+
+    def __init__(self, base_url: str, timeout_s: float, max_in_flight: int, max_body: int) -> None:
+        parts = urllib.parse.urlsplit(base_url)
+        if parts.scheme != "http" or not parts.hostname:
+            raise ValueError(f"LoopHTTP serves http:// URLs only, not {base_url!r}")
+        self.host = parts.hostname
+        self.port = parts.port or 80
+        self.base_path = parts.path.rstrip("/")
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        self._host_header = f"{host}:{self.port}" if parts.port else host
+        self.timeout_s = timeout_s
+        self.max_body = max_body
+        self.max_in_flight = max_in_flight
+        self._idle: list[_Conn] = []
+        self._slots = asyncio.Semaphore(max_in_flight)
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._inbox: _Inbox | None = None
+
+    # ------------------------------------------------------------ the loop thread
+
+    def _running_loop(self) -> _Inbox:
+        with self._lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                self._slots = asyncio.Semaphore(self.max_in_flight)  # a semaphore binds to one loop
+                ready = threading.Event()
+
+                def serve() -> None:
+                    asyncio.set_event_loop(loop)
+                    loop.call_soon(ready.set)
+                    try:
+                        loop.run_forever()
+                    finally:
+                        loop.close()
+
+                self._thread = threading.Thread(target=serve, name="openai-http-loop", daemon=True)
+                self._thread.start()
+                ready.wait()
+                self._loop = loop
+                self._inbox = _Inbox(loop, self._thread.ident)
+            assert self._inbox is not None
+            return self._inbox
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Run `coro` on the loop thread; its result or error lands in the returned future."""
+        return self._running_loop().put(coro)
+
+    def close(self) -> None:
+        """Cancel what is in flight (its futures end cancelled), close every connection, stop the
+        thread."""
+        with self._lock:
+            loop, thread, inbox = self._loop, self._thread, self._inbox
+            self._loop = self._thread = self._inbox = None
+        if loop is None or thread is None or inbox is None:
+            return
+        if thread is threading.current_thread():  # closed from a done callback: the loop ends after it
+            loop.create_task(self._shutdown(inbox, stop=True))
+            return
+        asyncio.run_coroutine_threadsafe(self._shutdown(inbox), loop).result()
+        loop.call_soon_threadsafe(loop.stop)  # after the sockets' own close callbacks, queued before it
+        thread.join()
+
+    async def _shutdown(self, inbox: _Inbox, stop: bool = False) -> None:
+        inbox.cancel_queued()
+        me = asyncio.current_task()
+        tasks = [t for t in asyncio.all_tasks() if t is not me]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        idle, self._idle = self._idle, []
+        for c in idle:
+            c.writer.close()
+        if stop:
+            asyncio.get_running_loop().call_soon(asyncio.get_running_loop().stop)
+
+    # ------------------------------------------------------------ one POST (on the loop thread)
+
+    async def post(self, path: str, body: bytes, headers: dict[str, str]) -> Answer:
+        """POST `body` (JSON) to base path + `path`. Raises httpx.TimeoutException or
+        httpx.TransportError subclasses, as httpx's own transport would."""
+        head = [f"POST {self.base_path}{path} HTTP/1.1", f"Host: {self._host_header}",
+                "Content-Type: application/json", f"Content-Length: {len(body)}"]
+        for name, value in headers.items():
+            if any(c in name or c in value for c in "\r\n"):
+                raise httpx.LocalProtocolError(f"header {name!r} holds a line break")
+            head.append(f"{name}: {value}")
+        message = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
+        async with self._slots:
+            return await self._post(path, message)
+
+    async def _post(self, path: str, message: bytes) -> Answer:
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                while self._idle:  # the freshest idle connection first
+                    conn = self._idle.pop()
+                    if time.monotonic() - conn.idle_since >= KEEPALIVE_S or conn.reader.at_eof():
+                        conn.writer.close()
+                        continue
+                    try:
+                        return await self._exchange(conn, message, reused=True)
+                    except _Stale:
+                        continue  # closed while idle: the next one, or a fresh connection
+                return await self._exchange(await self._connect(), message, reused=False)
+        except TimeoutError:
+            raise httpx.ReadTimeout(f"POST {self.base_path}{path}: no answer within {self.timeout_s} s") from None
+
+    async def _connect(self) -> _Conn:
+        try:
+            reader, writer = await asyncio.open_connection(self.host, self.port, limit=MAX_HEAD)
+        except OSError as exc:  # refused, unreachable, name not resolved
+            raise httpx.ConnectError(f"connecting to {self.host}:{self.port}: {exc}") from exc
+        return _Conn(reader, writer, time.monotonic())
+
+    async def _exchange(self, conn: _Conn, message: bytes, reused: bool) -> Answer:
+        reader, writer, _ = conn
+        got_bytes = False
+        try:
+            writer.write(message)
+            if writer.transport.get_write_buffer_size():
+                await writer.drain()
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except asyncio.IncompleteReadError as exc:
+                if reused and not exc.partial:
+                    raise _Stale from None
+                raise httpx.RemoteProtocolError("the server closed the connection without an answer") from None
+            got_bytes = True
+            status, headers, version = _parse_head(head)
+            content = await self._body(reader, headers)
+        except _Stale:
+            writer.close()
+            raise
+        except (ConnectionResetError, BrokenPipeError) as exc:
+            writer.close()
+            if reused and not got_bytes:
+                raise _Stale from None
+            raise httpx.ReadError(f"{type(exc).__name__}: {exc}") from None
+        except asyncio.LimitOverrunError:
+            writer.close()
+            raise httpx.RemoteProtocolError(f"answer headers longer than {MAX_HEAD} bytes") from None
+        except asyncio.IncompleteReadError:
+            writer.close()
+            raise httpx.RemoteProtocolError("the server closed the connection in the middle of its answer") from None
+        except OSError as exc:
+            writer.close()
+            raise httpx.ReadError(f"{type(exc).__name__}: {exc}") from None
+        except BaseException:  # cancelled (a timeout, or close()) or a malformed answer
+            writer.close()
+            raise
+        connection = headers.get("connection", "").lower()
+        if connection == "close" or (version == "HTTP/1.0" and connection != "keep-alive") or (
+                "content-length" not in headers and "chunked" not in headers.get("transfer-encoding", "")):
+            writer.close()
+        else:
+            self._idle.append(_Conn(reader, writer, time.monotonic()))
+        return Answer(status, headers, _decoded(content, headers.get("content-encoding", ""), self.max_body))
+
+    async def _body(self, reader: asyncio.StreamReader, headers: dict[str, str]) -> bytes:
+        if "chunked" in headers.get("transfer-encoding", "").lower():
+            parts: list[bytes] = []
+            size = 0
+            while True:
+                line = await reader.readuntil(b"\r\n")
+                try:
+                    n = int(line.split(b";", 1)[0].strip(), 16)
+                except ValueError:
+                    raise httpx.RemoteProtocolError(f"malformed chunk size {line[:40]!r}") from None
+                size += n
+                if n < 0 or size > self.max_body:
+                    raise httpx.RemoteProtocolError(f"answer body longer than {self.max_body} bytes")
+                if n == 0:
+                    while await reader.readuntil(b"\r\n") != b"\r\n":  # trailer fields, then the blank line
+                        pass
+                    return b"".join(parts)
+                parts.append(await reader.readexactly(n))
+                if await reader.readexactly(2) != b"\r\n":
+                    raise httpx.RemoteProtocolError("a chunk does not end in CRLF")
+        if "content-length" in headers:
+            try:
+                n = int(headers["content-length"])
+            except ValueError:
+                raise httpx.RemoteProtocolError(f"Content-Length {headers['content-length'][:40]!r}") from None
+            if not 0 <= n <= self.max_body:
+                raise httpx.RemoteProtocolError(f"Content-Length {n} outside 0..{self.max_body}")
+            return await reader.readexactly(n)
+        data = await reader.read(self.max_body + 1)  # neither: the body ends with the connection
+        while len(data) <= self.max_body and (more := await reader.read(self.max_body + 1 - len(data))):
+            data += more
+        if len(data) > self.max_body:
+            raise httpx.RemoteProtocolError(f"answer body longer than {self.max_body} bytes")
+        return data
+
+
+class _Inbox:
+    """Coroutines handed to one loop. From another thread they queue, and one wake-up of the loop
+    (a write to its self-pipe) starts all that queued meanwhile; from the loop thread itself (a done
+    callback submitting the next request) they start at once, with no wake-up at all."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, ident: int | None) -> None:
+        self.loop = loop
+        self.ident = ident
+        self.lock = threading.Lock()
+        self.queued: list[tuple[Coroutine[Any, Any, Any], concurrent.futures.Future[Any]]] = []
+
+    def put(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        fut: concurrent.futures.Future[T] = concurrent.futures.Future()
+        if threading.get_ident() == self.ident:
+            self._start(coro, fut)
+            return fut
+        with self.lock:
+            self.queued.append((coro, fut))
+            wake = len(self.queued) == 1
+        if wake:
+            try:
+                self.loop.call_soon_threadsafe(self._drain)
+            except RuntimeError:  # the loop has been closed meanwhile
+                self.cancel_queued()
+        return fut
+
+    def _drain(self) -> None:
+        with self.lock:
+            queued, self.queued = self.queued, []
+        for coro, fut in queued:
+            self._start(coro, fut)
+
+    def _start(self, coro: Coroutine[Any, Any, Any], fut: concurrent.futures.Future[Any]) -> None:
+        if fut.cancelled():
+            coro.close()
+            return
+        self.loop.create_task(coro).add_done_callback(functools.partial(_settle, fut))
+
+    def cancel_queued(self) -> None:
+        with self.lock:
+            queued, self.queued = self.queued, []
+        for coro, fut in queued:
+            coro.close()
+            fut.cancel()
+
+
+def _settle(fut: concurrent.futures.Future[Any], task: asyncio.Task[Any]) -> None:
+    """Copy a finished task's outcome into the caller's future (as `asyncio.run_coroutine_threadsafe`)."""
+    if task.cancelled():
+        fut.cancel()
+    if not fut.set_running_or_notify_cancel():
+        return
+    exc = task.exception()
+    if exc is not None:
+        fut.set_exception(exc)
+    else:
+        fut.set_result(task.result())
+
+
+def _parse_head(head: bytes) -> tuple[int, dict[str, str], str]:
+    """(status, headers with lower-cased names, version) of an answer's head; RemoteProtocolError when
+    it is not HTTP/1.x."""
+    lines = head.decode("latin-1").split("\r\n")
+    version, _, rest = lines[0].partition(" ")
+    code = rest[:3]
+    if version not in ("HTTP/1.1", "HTTP/1.0") or not code.isdigit():
+        raise httpx.RemoteProtocolError(f"not an HTTP/1.x status line: {lines[0][:80]!r}")
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        if not line:
+            continue
+        name, colon, value = line.partition(":")
+        if not colon:
+            raise httpx.RemoteProtocolError(f"malformed header line {line[:80]!r}")
+        key = name.strip().lower()
+        headers[key] = f"{headers[key]}, {value.strip()}" if key in headers else value.strip()
+    return int(code), headers, version
+
+
+def _decoded(content: bytes, encoding: str, max_body: int) -> bytes:
+    """The body without its Content-Encoding (gzip / deflate), at most `max_body` bytes once
+    inflated (a small compressed body can inflate to gigabytes)."""
+    encoding = encoding.strip().lower()
+    if encoding in ("", "identity"):
+        return content
+    if encoding not in ("gzip", "deflate", "x-gzip"):
+        raise httpx.RemoteProtocolError(f"unsupported Content-Encoding {encoding!r}")
+    try:
+        out = zlib.decompressobj(wbits=47).decompress(content, max_body + 1)  # 47: gzip or zlib header
+    except zlib.error as exc:
+        raise httpx.RemoteProtocolError(f"{encoding} body: {exc}") from None
+    if len(out) > max_body:
+        raise httpx.RemoteProtocolError(f"answer body longer than {max_body} bytes once inflated")
+    return out
