@@ -17,11 +17,12 @@ engine/search/local_shards.py), with per run: wall, the no-barrier bound (total 
 against min(trees, limit x servers), driver CPU per request (this process and its reaped worker
 processes, user + system, over the requests sent; the servers are separate processes), and the share
 of wall the engine (scheduler) + commits take in the processes that grow trees and the writer's
-commit share.
+commit share. `--clients threads,auto` runs each cell with the thread-per-request OpenAI client and
+then with the default (the event loop on http://), the before / after of 2026-12-05 in one run.
 
     .venv/bin/python bench/scale.py [--simulations 2] [--time-scale 1.0] [--workers 1,2,4] [--no-table]
     .venv/bin/python bench/scale.py --drive [--sizes 256,1024] [--limits 64,256] [--servers 1,2]
-        [--shards 1,2] [--simulations 2] [--k 2] [--depth 3] [--time-scale 0.2]
+        [--shards 1,2] [--clients auto] [--simulations 2] [--k 2] [--depth 3] [--time-scale 0.2]
 """
 
 from __future__ import annotations
@@ -163,14 +164,15 @@ def _cpu() -> float:
 
 
 def drive_run(urls: list[str], trees: int, limit: int, shards: str, cfg: SearchConfig, time_scale: float,
-              db: Path) -> dict:
-    """One run of the driver table (see the module docstring); `shards`: a count or "auto"."""
+              db: Path, client: str = "auto") -> dict:
+    """One run of the driver table (see the module docstring); `shards`: a count or "auto"; `client`: the
+    OpenAI client (`?client=`: auto is the event loop here, threads the thread per request before it)."""
     from engine.llm.registry import load_generator
     from engine.search.local_shards import auto_shards, prepare_run
     from engine.search.runner import new_run
     from engine.store import Store
 
-    spec = f"openai:{','.join(urls)}#m?concurrency={limit}"
+    spec = f"openai:{','.join(urls)}#m?concurrency={limit}" + ("" if client == "auto" else f"&client={client}")
     tasks = env_factory(repeat_env.NAME)().tasks("train")[:trees]  # 1024 trees: TextCraft's tasks repeated
     n = auto_shards(trees, cfg.trees_in_flight, spec) if shards == "auto" else int(shards)
     busy, cpu, metered = _busy(urls), _cpu(), None
@@ -209,7 +211,7 @@ def drive(args: argparse.Namespace) -> None:
                        trees_in_flight=max(int(x) for x in args.sizes.split(",")))
     print(f"delays x{args.time_scale}; {cfg.simulations} simulation(s) per tree, k={cfg.k}, depth {cfg.depth_limit} "
           f"(TextCraft), every tree in flight; load average {os.getloadavg()[0]:.1f} at the start")
-    print(f"{'trees':>5} {'limit':>5} {'servers':>7} {'shards':>6} {'auto':>4} {'requests':>8} | {'wall':>7} "
+    print(f"{'client':>7} {'trees':>5} {'limit':>5} {'servers':>7} {'shards':>6} {'auto':>4} {'requests':>8} | {'wall':>7} "
           f"{'bound':>7} "
           f"{'over':>6} | {'in flight':>9} {'target':>6} {'ratio':>5} | {'CPU/req':>8} | {'eng+commit':>10} "
           f"{'writer commit':>13} {'1st sim':>7}")
@@ -224,16 +226,17 @@ def drive(args: argparse.Namespace) -> None:
                     urls.append(url)
                 for trees in (int(x) for x in args.sizes.split(",")):
                     for limit in (int(x) for x in args.limits.split(",")):
-                        for shards in args.shards.split(","):
-                            db = Path(d) / f"{trees}-{limit}-{n_servers}-{shards}.db"
+                        for shards, client in ((s, c) for s in args.shards.split(",")
+                                               for c in args.clients.split(",")):
+                            db = Path(d) / f"{trees}-{limit}-{n_servers}-{shards}-{client}.db"
                             r = drive_run(urls, trees, limit, shards, replace(cfg, trees_in_flight=trees),
-                                          args.time_scale, db)
+                                          args.time_scale, db, client)
                             if r["chain"] is not None:
                                 chains[trees] = r["chain"]
                             cap = limit * n_servers
                             bound = max(r["total"] / cap, chains.get(trees, 0.0))
                             target = min(trees, cap)
-                            print(f"{trees:>5} {limit:>5} {n_servers:>7} {r['shards']:>6} {r['auto']:>4} "
+                            print(f"{client:>7} {trees:>5} {limit:>5} {n_servers:>7} {r['shards']:>6} {r['auto']:>4} "
                                   f"{r['requests']:>8} | "
                                   f"{r['wall']:>6.1f}s {bound:>6.1f}s {100 * (r['wall'] / bound - 1):>5.0f}% | "
                                   f"{r['in_flight']:>9.1f} {target:>6} {r['in_flight'] / target:>5.2f} | "
@@ -257,6 +260,8 @@ def main() -> None:
     ap.add_argument("--limits", default="64,256", help="--drive: concurrency limits (per server)")
     ap.add_argument("--servers", default="1,2", help="--drive: delayed server processes")
     ap.add_argument("--shards", default="1,2", help="--drive: shard counts (1: one process; auto: the rule's)")
+    ap.add_argument("--clients", default="auto", help="--drive: OpenAI clients (?client=): auto (the event loop on "
+                    "http://), threads (a thread per request), loop")
     ap.add_argument("--k", type=int, default=2, help="--drive: candidates per expansion")
     ap.add_argument("--depth", type=int, default=3, help="--drive: depth limit")
     args = ap.parse_args()

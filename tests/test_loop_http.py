@@ -177,3 +177,15 @@ def test_the_generator_uses_the_loop_for_plain_http_only(monkeypatch: pytest.Mon
     assert OpenAIGenerator("https://127.0.0.1:9/v1", "m")._loop_http is None
     monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:3128")
     assert OpenAIGenerator("http://127.0.0.1:9/v1", "m")._loop_http is None
+
+
+def test_the_client_is_a_spec_option(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    threads = OpenAIGenerator.from_spec("openai:http://127.0.0.1:9/v1#m?concurrency=4&client=threads")
+    assert threads._loop_http is None and threads.name.endswith("?concurrency=4&client=threads")
+    assert OpenAIGenerator.from_spec("openai:http://127.0.0.1:9/v1#m?client=loop")._loop_http is not None
+    with pytest.raises(ValueError, match="client=loop serves plain http://"):
+        OpenAIGenerator.from_spec("openai:https://127.0.0.1:9/v1#m?client=loop")
+    with pytest.raises(ValueError, match="client='fast' is not one of auto, loop, threads"):
+        OpenAIGenerator.from_spec("openai:http://127.0.0.1:9/v1#m?client=fast")

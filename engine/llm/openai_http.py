@@ -73,7 +73,16 @@ _RETRY_STATUS = frozenset({408, 429})
 _DETAIL_CHARS = 300
 SELF_HOSTED_CONCURRENCY = 64  # http:// servers: vLLM / SGLang continuous batching
 HOSTED_CONCURRENCY = 8  # https:// APIs: rate limits
-SPEC_OPTIONS = {"concurrency": int, "timeout": float, "retries": int}  # ?key=value in a model spec
+CLIENTS = ("auto", "loop", "threads")  # auto: the event loop for http://, the thread pool otherwise
+
+
+def _client_kind(value: str) -> str:
+    if value not in CLIENTS:
+        raise ValueError(f"option client={value!r} is not one of {', '.join(CLIENTS)}")
+    return value
+
+
+SPEC_OPTIONS = {"concurrency": int, "timeout": float, "retries": int, "client": _client_kind}  # ?key=value
 
 
 def default_concurrency(base_url: str) -> int:
@@ -99,8 +108,8 @@ def parse_spec(spec: str) -> tuple[list[str], str, dict[str, Any]]:
             raise ValueError(f"unknown option {item!r} after '?' (known: {', '.join(SPEC_OPTIONS)}=VALUE)")
         try:
             options[key] = SPEC_OPTIONS[key](value)
-        except ValueError:
-            raise ValueError(f"option {key}={value!r} is not a number") from None
+        except ValueError as exc:
+            raise ValueError(str(exc) if key == "client" else f"option {key}={value!r} is not a number") from None
     return [u.strip() for u in urls.split(",") if u.strip()], model, options
 
 
@@ -239,7 +248,9 @@ class _Pending:
 
 class OpenAIGenerator:
     """See the module docstring. `tokenizer_dir` (optional) is a local folder with the model's
-    tokenizer, needed for `api="completions"` (to render chat prompts) and for `logprobs()`."""
+    tokenizer, needed for `api="completions"` (to render chat prompts) and for `logprobs()`.
+    `client` (spec `?client=`): auto (the event loop on plain http, else the thread pool), loop, or
+    threads (the thread pool everywhere: the baseline `bench/scale.py --drive --clients` compares)."""
 
     name: str
 
@@ -255,6 +266,7 @@ class OpenAIGenerator:
         backoff_s: float = 0.5,
         tokenizer_dir: str | Path | None = None,
         allow_http_key: bool = False,
+        client: str = "auto",
     ) -> None:
         if api not in ("chat", "completions"):
             raise ValueError(f"api must be 'chat' or 'completions', not {api!r}")
@@ -291,8 +303,12 @@ class OpenAIGenerator:
         self._echo_supported: bool | None = None
         self._client = _client(timeout_s, max_concurrency)
         # sample / submit on a plain-http server: one event-loop thread instead of the thread pool
+        # (`client`: "threads" keeps the pool; "loop" where it cannot serve is refused)
+        plain = self.base_url.startswith("http://") and not _env_proxies()
+        if _client_kind(client) == "loop" and not plain:
+            raise ValueError(f"{self.base_url}: client=loop serves plain http:// without a proxy only")
         self._loop_http = (LoopHTTP(self.base_url, timeout_s, max_concurrency, safejson.MAX_CHARS)
-                           if self.base_url.startswith("http://") and not _env_proxies() else None)
+                           if plain and client != "threads" else None)
 
     @classmethod
     def from_spec(cls, spec: str, **kwargs: Any) -> OpenAIGenerator:
@@ -671,7 +687,7 @@ def shared_pool_client(timeout_s: float, max_concurrency: int) -> httpx.Client:
 
 def _init_options(options: dict[str, Any]) -> dict[str, Any]:
     """Spec options (`parse_spec`) -> OpenAIGenerator keyword arguments."""
-    names = {"concurrency": "max_concurrency", "timeout": "timeout_s", "retries": "retries"}
+    names = {"concurrency": "max_concurrency", "timeout": "timeout_s", "retries": "retries", "client": "client"}
     return {names[k]: v for k, v in options.items()}
 
 
