@@ -16,12 +16,12 @@ Concurrency: at most `max_concurrency` calls in flight per generator, shared by 
 and `submit` (one request, a future; search's no-barrier scheduler). On a plain http:// server
 (vLLM / SGLang, where hundreds are in flight) every call runs on ONE event-loop thread
 (`engine.llm.loop_http`): a request costs a write, a read and the parse, with no thread per
-request (a pool thread each cost ~2x the client CPU; docs/decisions.md). On https:// (hosted APIs)
-or behind a proxy named in the environment, calls run on a bounded thread pool with a sync
-`httpx.Client`, each pool thread keeping its own keep-alive connection
-(`engine.llm.thread_transport`); `logprobs()` scores on that pool in both cases. Either way the caller's thread never blocks and no asyncio loop of
-the caller's is used (search loops, Streamlit and notebooks may run their own, where `asyncio.run`
-fails). The limit is a spec setting
+request (a pool thread each cost ~2x the client CPU; docs/decisions.md). On https:// (hosted APIs),
+behind a proxy named in the environment, or with `client="threads"`, calls run on a bounded thread
+pool with a sync `httpx.Client`, each pool thread keeping its own keep-alive connection
+(`engine.llm.thread_transport`); `logprobs()` scores on that pool in every case. Either way the
+caller's thread never blocks and no asyncio loop of the caller's is used (search loops, Streamlit
+and notebooks may run their own, where `asyncio.run` fails). The limit is a spec setting
 (`openai:URL#MODEL?concurrency=64`); its default is fitted to the server kind: 64 for a plain
 http:// server (vLLM / SGLang batch continuously, and a low limit leaves them idle), 8 for https://
 (hosted APIs rate-limit).
