@@ -6,17 +6,21 @@ threads, as N trees in flight with `concurrency=N`; each answer submits the next
 prints, over a window after a warm-up, the process CPU time per answered request (and the kernel's
 share of it), requests/s and the mean requests in flight (Little's law: summed latency / window).
 Arms, alternating within the same run:
-- before: httpx's connection pool shared by all threads (`openai_http.shared_pool_client`) and
-  safejson's bracket-by-bracket depth scan of every reply (the code before issue 30);
+- before: httpx's connection pool shared by all threads (`openai_http.shared_pool_client`),
+  safejson's bracket-by-bracket depth scan of every reply and the json module (the code before
+  issue 30);
 - threads: each pool thread's own keep-alive socket read by `http.client`
-  (`engine.llm.thread_transport`, the default from 2026-12-03 to 2026-12-05) and the whole-document
-  depth check;
-- after: the generator's default for an http:// server: one event-loop thread for every request in
-  flight (`engine.llm.loop_http`), no pool threads.
-Then the ratios before / after and threads / after. First, the parse of one vLLM-shaped reply (80
-tokens, each log-prob with its token, bytes and top_logprobs): `safejson.loads` (size, depth and text
-checks, then the parser) against the bare `json.loads`, the checks' cost in the same run. The server answers after time_scale x (50 ms + 2.5 ms per token,
-10-180 tokens): 30-200 ms at the default 0.4.
+  (`engine.llm.thread_transport`, the default from 2026-12-03 to 2026-12-05), the whole-document
+  depth check and the json module;
+- loop-json: one event-loop thread for every request in flight (`engine.llm.loop_http`), the json
+  module parsing and encoding (the default of 2026-12-05 morning);
+- after: the generator's default for an http:// server: the event loop, and orjson under safejson.
+Then the ratios before / after, threads / after and loop-json / after. First, the parse of one
+vLLM-shaped reply (80 tokens, each log-prob with its token, bytes and top_logprobs): the bare
+`json.loads`, `safejson.loads` (size, depth and text checks, then the parser) on the json module and
+on orjson; and the encoding of a request body (`json.dumps` as httpx sends it, `safejson.dumps`).
+The server answers after time_scale x (50 ms + 2.5 ms per token, 10-180 tokens): 30-200 ms at the
+default 0.4.
 
     .venv/bin/python bench/driver_cpu.py [--trees 64,256] [--seconds 7] [--repeats 2] [--time-scale 0.4]
 """
@@ -42,22 +46,24 @@ from engine import safejson
 from engine.llm.base import SampleRequest, SamplingParams
 from engine.llm.openai_http import OpenAIGenerator, shared_pool_client
 
-ARMS = ("before", "threads", "after")
+ARMS = ("before", "threads", "loop-json", "after")
 
 
 def drive(url: str, trees: int, arm: str, warmup: float, seconds: float) -> dict[str, float]:
     """N requests kept in flight for warmup + seconds; the figures of the last `seconds`."""
     gen = OpenAIGenerator(url, "m", max_concurrency=trees)
     assert gen._loop_http is not None, "the default client for an http:// server is the event loop"
-    if arm != "after":  # the pool threads, each with its own connection (`threads`) or one shared pool
+    if arm in ("before", "threads"):  # the pool threads, each with its own connection (`threads`) or one shared pool
         gen._loop_http = None
     if arm == "before":
         gen._client.close()
         gen._client = shared_pool_client(gen.timeout_s, trees)
     # "before": every reply's depth checked bracket by bracket (safejson.check_depth), as before
-    safejson_fast = safejson._within_depth
+    safejson_fast, orjson = safejson._within_depth, safejson.orjson
     if arm == "before":
         safejson._within_depth = lambda text, max_depth: False
+    if arm != "after":
+        safejson.orjson = None  # the json module parses and encodes
     lock = threading.Lock()
     st = {"next": 0, "done": 0, "latency": 0.0, "errors": 0, "in_flight": 0}
     measuring = threading.Event()
@@ -102,7 +108,7 @@ def drive(url: str, trees: int, arm: str, warmup: float, seconds: float) -> dict
         stopping.set()
     drained.wait(30)
     gen.close()
-    safejson._within_depth = safejson_fast
+    safejson._within_depth, safejson.orjson = safejson_fast, orjson
     if errors:
         print(f"  warning: {errors} requests failed ({arm}, {trees} trees)", flush=True)
     return {"cpu_ms": 1e3 * cpu / max(done, 1), "rps": done / wall, "in_flight": latency / wall,
@@ -120,20 +126,33 @@ def vllm_reply(tokens: int = 80) -> bytes:
                        "usage": {"prompt_tokens": 300, "completion_tokens": tokens}}).encode()
 
 
+def _best(fn, arg, repeats: int) -> float:
+    runs = []
+    for _ in range(5):
+        t = time.process_time()
+        for _ in range(repeats):
+            fn(arg)
+        runs.append((time.process_time() - t) / repeats)
+    return min(runs)
+
+
 def parse_costs(repeats: int = 2000) -> None:
     reply = vllm_reply()
-    times = {}
-    for name, parse in (("json.loads", json.loads), ("safejson.loads", safejson.loads)):
-        runs = []
-        for _ in range(5):
-            t = time.process_time()
-            for _ in range(repeats):
-                parse(reply)
-            runs.append((time.process_time() - t) / repeats)
-        times[name] = min(runs)
+    body = {"model": "m", "n": 2, "temperature": 1.0, "top_p": 1.0, "max_tokens": 200, "seed": 7, "logprobs": True,
+            "messages": [{"role": "system", "content": "You are a crafting agent. " * 60},
+                         {"role": "user", "content": "Goal: craft a stick.\nObservation: you have 1 oak log.\n" * 20}]}
+    orjson = safejson.orjson
+    bare = _best(json.loads, reply, repeats)
+    safejson.orjson = None
+    on_json, enc_json = _best(safejson.loads, reply, repeats), _best(safejson.dumps, body, repeats)
+    safejson.orjson = orjson
+    on_orjson, enc_orjson = _best(safejson.loads, reply, repeats), _best(safejson.dumps, body, repeats)
     print(f"parse of a vLLM-shaped reply ({len(reply)} bytes, 80 log-probs), best of 5 x {repeats}: json.loads "
-          f"{1e6 * times['json.loads']:.0f} us, safejson.loads {1e6 * times['safejson.loads']:.0f} us "
-          f"(checks {times['safejson.loads'] / times['json.loads']:.2f}x the bare parse)", flush=True)
+          f"{1e6 * bare:.0f} us; safejson.loads on the json module {1e6 * on_json:.0f} us, on orjson "
+          f"{1e6 * on_orjson:.0f} us ({on_json / on_orjson:.1f}x)", flush=True)
+    print(f"encode of a request body ({len(safejson.dumps(body))} bytes): json.dumps {1e6 * enc_json:.1f} us, "
+          f"safejson.dumps on orjson {1e6 * enc_orjson:.1f} us ({enc_json / enc_orjson:.0f}x)"
+          + ("" if orjson else " -- orjson is not installed here"), flush=True)
 
 
 def main() -> None:
@@ -166,7 +185,7 @@ def main() -> None:
                 print(f"{trees:>5} {arm:>15} {m['cpu_ms']:>8.2f} ms {m['sys_ms']:>5.2f} ms "
                       f"{m['rps']:>6.0f} {m['in_flight']:>9.0f} {m['latency_ms']:>5.0f} ms {m['cores']:>5.2f}  "
                       f"(runs {each} ms)", flush=True)
-            for base in ("before", "threads"):
+            for base in ("before", "threads", "loop-json"):
                 if base in med and "after" in med:
                     ratio = med[base]["cpu_ms"] / med["after"]["cpu_ms"]
                     print(f"{trees:>5} {base + ' / after':>15} {ratio:>8.1f} x  (client CPU per request)",

@@ -31,7 +31,6 @@ import argparse
 import logging
 import subprocess
 import sys
-import threading
 import time
 from collections import defaultdict
 from dataclasses import replace
@@ -54,23 +53,28 @@ repeat_env.register()  # at import: a local shard's worker process re-imports th
 
 
 class Metered:
-    """Wraps an OpenAIGenerator; adds up each request's server delay (total and per tree)."""
+    """Wraps an OpenAIGenerator; records each request (an append, no work) and, after the run, adds up each
+    request's server delay (total and per tree) in `settle()`: computing a delay (a SHA-256 and a seeded
+    Random per request) inline took ~40% of the search thread's interpreter time at 1024 trees (py-spy,
+    2026-12-05), slowing the very search it measures."""
 
     def __init__(self, gen: Any, time_scale: float) -> None:
         self.gen, self.scale, self.name = gen, time_scale, gen.name
+        self.sent: list[tuple[Any, Any]] = []  # (request, affinity); list.append is atomic under the GIL
         self.total = 0.0
         self.chain: dict[object, float] = defaultdict(float)
-        self.lock = threading.Lock()
-
-    cpu = 0.0  # CPU time spent metering (taken off the driver's CPU in the --drive table)
 
     def _meter(self, req, affinity=None) -> None:
-        t = time.thread_time()
-        d = self.scale * request_delay({"seed": req.params.seed, "messages": req.prompt, "n": req.n})
-        with self.lock:
+        self.sent.append((req, affinity))
+
+    def settle(self) -> Metered:
+        """Adds up the recorded requests' delays (after the run: outside its wall and its CPU)."""
+        for req, affinity in self.sent:
+            d = self.scale * request_delay({"seed": req.params.seed, "messages": req.prompt, "n": req.n})
             self.total += d
             self.chain[affinity] += d
-            self.cpu += time.thread_time() - t
+        self.sent.clear()
+        return self
 
     def sample(self, requests):
         for r in requests:
@@ -105,6 +109,7 @@ def search(url: str, trees: int, limit: int, simulations: int, time_scale: float
     stats = MCTS(gen, cfg, rounds=rounds).run(jobs)
     wall = time.perf_counter() - t
     gen.gen.close()
+    gen.settle()
     return {"wall": wall, "share": gen.total / (wall * limit), "total": gen.total,
             "chain": max(gen.chain.values()), "requests": stats.requests, "sims": stats.simulations}
 
@@ -194,7 +199,9 @@ def drive_run(urls: list[str], trees: int, limit: int, shards: str, cfg: SearchC
             stats = search.run()
             share = sum((s.engine_s + s.commit_s) / s.wall_s for s in search.shard_stats.values()) / n
         wall = time.perf_counter() - t
-    cpu = _cpu() - cpu - (metered.cpu if metered else 0.0)
+    cpu = _cpu() - cpu
+    if metered:
+        metered.settle()
     total = _busy(urls) - busy
     return {"shards": n, "auto": auto_shards(trees, cfg.trees_in_flight, spec), "wall": wall, "total": total,
             "in_flight": total / wall, "requests": stats.requests,

@@ -91,3 +91,55 @@ def test_whole_document_depth_check_is_exact_on_random_valid_documents() -> None
         except safejson.JSONLimitError:
             within = False
         assert safejson._within_depth(text, bound) == within, (text, bound)
+
+
+def _both_paths(text: str | bytes, monkeypatch) -> tuple[object, object]:
+    fast = _outcome(text)
+    with monkeypatch.context() as m:
+        m.setattr(safejson, "orjson", None)
+        slow = _outcome(text)
+    return fast, slow
+
+
+@pytest.mark.skipif(safejson.orjson is None, reason="orjson not installed")
+def test_orjson_path_gives_the_json_modules_values_and_errors(monkeypatch) -> None:
+    """With orjson installed, every value and every error is the json module's: floats to the last bit,
+    integers past 64 bits still ints, NaN accepted, a BOM skipped, lone surrogates and extra data refused."""
+    rng = random.Random(1)
+
+    def value(depth: int) -> Any:
+        r = rng.random()
+        if depth > 6 or r < 0.4:
+            return rng.choice([rng.random() * 10 ** rng.randint(-320, 300), -rng.randint(0, 2**64), rng.random(),
+                               "é\\u0001[", '"', None, True, 0, -0.0, 2**63 - 1, 10**30, "\U0001f600"])
+        if r < 0.7:
+            return [value(depth + 1) for _ in range(rng.randint(0, 4))]
+        return {f"k{j}": value(depth + 1) for j in range(rng.randint(0, 4))}
+
+    for _ in range(2000):
+        text = json.dumps(value(0), ensure_ascii=rng.random() < 0.5)
+        data = text.encode() if rng.random() < 0.5 else text
+        fast, slow = _both_paths(data, monkeypatch)
+        assert fast == slow and repr(fast) == repr(slow), text
+    for text in ["NaN", "[1e400, -Infinity]", "12345678901234567890123", '"\\ud800"', '"\\udc00x"',
+                 "\ufeff[1]", '{"x": 1} {"y": 2}', "[1,]", "", "[" * (MAX_DEPTH + 1) + "]" * (MAX_DEPTH + 1)]:
+        for data in (text, text.encode("utf-8"), text.encode("utf-16")):
+            fast, slow = _both_paths(data, monkeypatch)
+            assert fast == slow, data
+    assert _both_paths('["\ud800"]', monkeypatch)[0] == _both_paths('["\ud800"]', monkeypatch)[1]  # a raw lone surrogate
+    assert type(safejson.loads(b"[12345678901234567890123]")[0]) is int
+
+
+def test_dumps_sends_what_the_json_module_sends(monkeypatch) -> None:
+    """A request body reads back as the json module's (float spelling aside); NaN is refused, not sent as null;
+    what orjson refuses (a lone surrogate, an integer past 64 bits) is the json module's outcome."""
+    reference = lambda v: json.dumps(v, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+    for v in [{"model": "m", "messages": [{"role": "user", "content": "é\n\"null\" [x]"}], "temperature": 0.7, "n": 2},
+              {"seed": 2**70, "top_p": 1e16}, {"stop": None}, [0.1, -0.0, 5e-324, "\U0001f600"]]:
+        assert json.loads(safejson.dumps(v)) == json.loads(reference(v))
+    with pytest.raises(ValueError, match="Out of range float"):
+        safejson.dumps({"temperature": float("nan")})
+    with pytest.raises(UnicodeEncodeError):
+        safejson.dumps({"content": "\ud800"})
+    monkeypatch.setattr(safejson, "orjson", None)
+    assert safejson.dumps({"a": [1, "é"]}) == reference({"a": [1, "é"]})

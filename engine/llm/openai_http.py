@@ -44,7 +44,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import ipaddress
-import json
 import logging
 import os
 import random
@@ -82,7 +81,7 @@ def _client_kind(value: str) -> str:
     return value
 
 
-SPEC_OPTIONS = {"concurrency": int, "timeout": float, "retries": int, "client": _client_kind}  # ?key=value
+SPEC_OPTIONS: dict[str, Callable[[str], Any]] = {"concurrency": int, "timeout": float, "retries": int, "client": _client_kind}  # ?key=value
 
 
 def default_concurrency(base_url: str) -> int:
@@ -391,7 +390,7 @@ class OpenAIGenerator:
         """`_post` on the event-loop client (`engine.llm.loop_http`): the same retries and errors."""
         assert self._loop_http is not None
         url = f"{self.base_url}{path}"
-        data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()  # as httpx
+        data = safejson.dumps(payload)  # as httpx sends json=
         for attempt in range(self.retries + 1):
             key = self._key()
             headers = {"Authorization": f"Bearer {key}"} if key else {}
