@@ -77,6 +77,23 @@ def correction_pairs(corrections: list, failures: list) -> list[Pair]:
     return pairs
 
 
+def interpolate(base: Path, trained: Path, alpha: float, out: Path) -> Path:
+    """WiSE-FT: a copy of the `trained` folder whose weights are base + alpha x (trained - base) (alpha 1: the
+    trained model, 0: the base), for a fine-tune that fits its rows but loses held-out tasks."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(trained, out)
+    for f in sorted(trained.glob("*.safetensors")):
+        tuned, start = load_file(str(f)), load_file(str(base / f.name))
+        if set(tuned) != set(start):
+            raise SystemExit(f"{f.name}: the trained and base models hold different tensors")
+        mixed = {k: (start[k].float() + alpha * (v.float() - start[k].float())).to(v.dtype) for k, v in tuned.items()}
+        save_file(mixed, str(out / f.name), metadata={"format": "pt"})
+    return out
+
+
 def shortest_per_task(episodes: list, per_task: int) -> list:
     """The `per_task` shortest distinct successful episodes of each task (ties: the lower seed), in task order."""
     by_task: dict[str, list] = {}
@@ -140,6 +157,8 @@ def main(argv: list[str] | None = None) -> Table:
                                                                 "greedy failure (the first ones)")
     ap.add_argument("--correct-from", choices=("greedy", "all"), default="greedy",
                     help="corrections arms: the failed episodes corrected (greedy's, or the operator's failures too)")
+    ap.add_argument("--average", default="", help="comma-separated alphas: also evaluate each trained arm's "
+                    "weights interpolated with the base's, base + alpha x (trained - base) (WiSE-FT)")
     ap.add_argument("--episodes", default="", help="JSONL of the played episodes: read when it exists (the greedy "
                                                     "and operator play skipped), else written after playing")
     args = ap.parse_args(argv)
@@ -241,6 +260,9 @@ def main(argv: list[str] | None = None) -> Table:
         arm = table.evaluate(name, load_generator(str(result.output)), TextCraftEnv, tasks, eval_config)
         arm.note = (f"(+ {trained:.0f} s training on {len(rows[name])} trajectories, "
                     f"{result.metrics.get('rows', '?')} step rows, {result.metrics.get('steps', '?')} optimizer steps)")
+        for alpha in (float(a) for a in args.average.split(",") if a.strip()):
+            mixed = interpolate(Path(base), Path(result.output), alpha, work / "models" / f"{name}-avg{alpha:g}")
+            table.evaluate(f"{name}@{alpha:g}", load_generator(str(mixed)), TextCraftEnv, tasks, eval_config)
     trained_arms = [n for n in table.arms if n != "base"]
     if trained_arms:
         table.print_diffs([("base", n) for n in trained_arms])
