@@ -55,7 +55,7 @@ def test_training_fits_the_returns_and_saves_a_value_model(policy_dir, tmp_path)
     tree, (a, _, c, d) = solved_tree()
     examples = value_examples([ref(tree)])
     meta = train_value_model(policy_dir, examples, tmp_path / "vm",
-                             ValueTrainConfig(epochs=40, learning_rate=3e-3, batch_size=8, num_threads=1))
+                             ValueTrainConfig(epochs=80, learning_rate=3e-3, batch_size=8, num_threads=1))  # 40 epochs: loss 0.56, d and the leaf not yet apart (transformers 5.25); 80: 0.51
     assert meta["kind"] == KIND and meta["examples"] == 5 and meta["visits"] == 16
     assert meta["history"][-1]["loss"] < meta["history"][0]["loss"]
     critic = ValueCritic(tmp_path / "vm", num_threads=1)
