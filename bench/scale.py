@@ -169,7 +169,7 @@ def _cpu() -> float:
 
 
 def drive_run(urls: list[str], trees: int, limit: int, shards: str, cfg: SearchConfig, time_scale: float,
-              db: Path, client: str = "auto") -> dict:
+              db: Path, client: str = "auto", commit_every: float = 0.0) -> dict:
     """One run of the driver table (see the module docstring); `shards`: a count or "auto"; `client`: the
     OpenAI client (`?client=`: auto is the event loop here, threads the thread per request before it)."""
     from engine.llm.registry import load_generator
@@ -191,7 +191,8 @@ def drive_run(urls: list[str], trees: int, limit: int, shards: str, cfg: SearchC
         t = time.perf_counter()
         if n == 1:
             metered = Metered(load_generator(spec), time_scale)
-            _, stats = new_run(store, repeat_env.NAME, tasks, metered, cfg, "drive", progress=progress)
+            _, stats = new_run(store, repeat_env.NAME, tasks, metered, cfg, "drive", progress=progress,
+                                  commit_every=commit_every)
             metered.gen.close()
             share = (stats.engine_s + stats.commit_s) / stats.wall_s
         else:
@@ -218,7 +219,7 @@ def drive(args: argparse.Namespace) -> None:
                        trees_in_flight=max(int(x) for x in args.sizes.split(",")))
     print(f"delays x{args.time_scale}; {cfg.simulations} simulation(s) per tree, k={cfg.k}, depth {cfg.depth_limit} "
           f"(TextCraft), every tree in flight; load average {os.getloadavg()[0]:.1f} at the start")
-    print(f"{'client':>7} {'trees':>5} {'limit':>5} {'servers':>7} {'shards':>6} {'auto':>4} {'requests':>8} | {'wall':>7} "
+    print(f"{'client':>7} {'every':>5} {'trees':>5} {'limit':>5} {'servers':>7} {'shards':>6} {'auto':>4} {'requests':>8} | {'wall':>7} "
           f"{'bound':>7} "
           f"{'over':>6} | {'in flight':>9} {'target':>6} {'ratio':>5} | {'CPU/req':>8} | {'eng+commit':>10} "
           f"{'writer commit':>13} {'1st sim':>7}")
@@ -233,17 +234,18 @@ def drive(args: argparse.Namespace) -> None:
                     urls.append(url)
                 for trees in (int(x) for x in args.sizes.split(",")):
                     for limit in (int(x) for x in args.limits.split(",")):
-                        for shards, client in ((s, c) for s in args.shards.split(",")
-                                               for c in args.clients.split(",")):
-                            db = Path(d) / f"{trees}-{limit}-{n_servers}-{shards}-{client}.db"
+                        for shards, client, every in ((s, c, float(e)) for s in args.shards.split(",")
+                                                      for c in args.clients.split(",")
+                                                      for e in args.commit_every.split(",")):
+                            db = Path(d) / f"{trees}-{limit}-{n_servers}-{shards}-{client}-{every}.db"
                             r = drive_run(urls, trees, limit, shards, replace(cfg, trees_in_flight=trees),
-                                          args.time_scale, db, client)
+                                          args.time_scale, db, client, every)
                             if r["chain"] is not None:
                                 chains[trees] = r["chain"]
                             cap = limit * n_servers
                             bound = max(r["total"] / cap, chains.get(trees, 0.0))
                             target = min(trees, cap)
-                            print(f"{client:>7} {trees:>5} {limit:>5} {n_servers:>7} {r['shards']:>6} {r['auto']:>4} "
+                            print(f"{client:>7} {every:>5.2f} {trees:>5} {limit:>5} {n_servers:>7} {r['shards']:>6} {r['auto']:>4} "
                                   f"{r['requests']:>8} | "
                                   f"{r['wall']:>6.1f}s {bound:>6.1f}s {100 * (r['wall'] / bound - 1):>5.0f}% | "
                                   f"{r['in_flight']:>9.1f} {target:>6} {r['in_flight'] / target:>5.2f} | "
@@ -269,6 +271,8 @@ def main() -> None:
     ap.add_argument("--shards", default="1,2", help="--drive: shard counts (1: one process; auto: the rule's)")
     ap.add_argument("--clients", default="auto", help="--drive: OpenAI clients (?client=): auto (the event loop on "
                     "http://), threads (a thread per request), loop")
+    ap.add_argument("--commit-every", default="0", help="--drive, one process: seconds between the inline commits "
+                    "(comma-separated arms; 0: after every batch of replies)")
     ap.add_argument("--k", type=int, default=2, help="--drive: candidates per expansion")
     ap.add_argument("--depth", type=int, default=3, help="--drive: depth limit")
     args = ap.parse_args()

@@ -309,3 +309,62 @@ def test_the_simulations_one_round_finishes_commit_together_and_load_back_whole(
             assert tree.check_invariants() == []
             assert tree.nodes[0].N == 6 and len(tree.simulations) == 6
             assert sum(n.N for n in tree.nodes if n.parent == 0) == 6
+
+
+def _counting_saves(store):
+    """Wrap `store.save_simulations` to record each transaction's size."""
+    batches: list[int] = []
+    save = store.save_simulations
+
+    def counting(batch):
+        batches.append(len(batch))
+        save(batch)
+
+    store.save_simulations = counting  # type: ignore[method-assign]
+    return batches
+
+
+def test_the_commit_clock_holds_simulations_until_it_ticks_and_the_end_commits_the_rest(tmp_path):
+    """runner.COMMIT_EVERY_S: with a clock longer than the run, no transaction until the run ends, then one
+    with every simulation; with 0, a transaction after every batch of replies (more than one)."""
+    cfg = SearchConfig(simulations=4, k=3, depth_limit=4)
+    tasks = SnapshotLineEnv().tasks()[:3]
+    with Store(tmp_path / "o.db") as store:
+        batches = _counting_saves(store)
+        seen: list[int] = []
+
+        def progress(job, sim):  # what a reader of the store sees while the run goes on
+            seen.append(len(batches))
+
+        run_id, _ = new_run(store, "line", tasks, ScriptedGenerator(p_right=0.5), cfg, "t",
+                            make_env=SnapshotLineEnv, progress=progress, commit_every=3600.0)
+        assert set(seen) == {0} and batches == [4 * len(tasks)]
+        assert all(store.load_tree(t).nodes[0].N == 4 for t, _ in store.tree_ids(run_id))
+        batches.clear()
+        new_run(store, "line", tasks, ScriptedGenerator(p_right=0.5), cfg, "t2", make_env=SnapshotLineEnv,
+                commit_every=0.0)
+        assert sum(batches) == 4 * len(tasks) and len(batches) > 1
+
+
+def test_a_failure_commits_every_finished_simulation_however_long_the_clock(tmp_path):
+    """A cancel raised from progress (as a job's cancel is) stops the run; what finished is stored, not lost
+    to the clock, and resume completes the trees from there."""
+    cfg = SearchConfig(simulations=4, k=3, depth_limit=4)
+    tasks = SnapshotLineEnv().tasks()[:3]
+    with Store(tmp_path / "o.db") as store:
+        done: list[int] = []
+
+        def progress(job, sim):
+            done.append(1)
+            if len(done) == 5:
+                raise KeyboardInterrupt
+
+        with pytest.raises(KeyboardInterrupt):
+            new_run(store, "line", tasks, ScriptedGenerator(p_right=0.5), cfg, "t", make_env=SnapshotLineEnv,
+                    progress=progress, commit_every=3600.0)
+        (run_id, *_), = [(r.id,) for r in store.runs()]
+        assert store.run(run_id).status == "interrupted"
+        stored = sum(store.load_tree(t).nodes[0].N for t, _ in store.tree_ids(run_id) if store.load_tree(t))
+        assert stored == 5
+        resume_run(store, run_id, ScriptedGenerator(p_right=0.5), make_env=SnapshotLineEnv)
+        assert all(store.load_tree(t).nodes[0].N == 4 for t, _ in store.tree_ids(run_id))
