@@ -287,30 +287,6 @@ def test_invariants_catch_a_format_error_not_tied_last():
                                        for e in errors]
 
 
-def test_the_simulations_one_round_finishes_commit_together_and_load_back_whole(tmp_path):
-    """engine/search/runner.py: one transaction per batch of replies, not per simulation; the stored trees
-    are the searched ones (rows were taken when each simulation ended, not when the batch committed)."""
-    cfg = SearchConfig(simulations=6, k=3, depth_limit=4)
-    tasks = SnapshotLineEnv().tasks()[:4]
-    with Store(tmp_path / "o.db") as store:
-        batches: list[int] = []
-        save = store.save_simulations
-
-        def counting(batch):
-            batches.append(len(batch))
-            save(batch)
-
-        store.save_simulations = counting  # type: ignore[method-assign]
-        run_id, _ = new_run(store, "line", tasks, ScriptedGenerator(p_right=0.5), cfg, "t", make_env=SnapshotLineEnv)
-        assert sum(batches) == 6 * len(tasks)
-        assert max(batches) > 1 and len(batches) < sum(batches)  # trees ending in the same round share a commit
-        for tree_id, _ in store.tree_ids(run_id):
-            tree = store.load_tree(tree_id)
-            assert tree.check_invariants() == []
-            assert tree.nodes[0].N == 6 and len(tree.simulations) == 6
-            assert sum(n.N for n in tree.nodes if n.parent == 0) == 6
-
-
 def _counting_saves(store):
     """Wrap `store.save_simulations` to record each transaction's size."""
     batches: list[int] = []
@@ -322,6 +298,23 @@ def _counting_saves(store):
 
     store.save_simulations = counting  # type: ignore[method-assign]
     return batches
+
+
+def test_the_simulations_one_round_finishes_commit_together_and_load_back_whole(tmp_path):
+    """engine/search/runner.py: one transaction per batch of replies, not per simulation; the stored trees
+    are the searched ones (rows were taken when each simulation ended, not when the batch committed)."""
+    cfg = SearchConfig(simulations=6, k=3, depth_limit=4)
+    tasks = SnapshotLineEnv().tasks()[:4]
+    with Store(tmp_path / "o.db") as store:
+        batches = _counting_saves(store)
+        run_id, _ = new_run(store, "line", tasks, ScriptedGenerator(p_right=0.5), cfg, "t", make_env=SnapshotLineEnv)
+        assert sum(batches) == 6 * len(tasks)
+        assert max(batches) > 1 and len(batches) < sum(batches)  # trees ending in the same round share a commit
+        for tree_id, _ in store.tree_ids(run_id):
+            tree = store.load_tree(tree_id)
+            assert tree.check_invariants() == []
+            assert tree.nodes[0].N == 6 and len(tree.simulations) == 6
+            assert sum(n.N for n in tree.nodes if n.parent == 0) == 6
 
 
 def test_the_commit_clock_holds_simulations_until_it_ticks_and_the_end_commits_the_rest(tmp_path):
@@ -362,9 +355,10 @@ def test_a_failure_commits_every_finished_simulation_however_long_the_clock(tmp_
         with pytest.raises(KeyboardInterrupt):
             new_run(store, "line", tasks, ScriptedGenerator(p_right=0.5), cfg, "t", make_env=SnapshotLineEnv,
                     progress=progress, commit_every=3600.0)
-        (run_id, *_), = [(r.id,) for r in store.runs()]
+        (run,) = store.runs()
+        run_id = run.id
         assert store.run(run_id).status == "interrupted"
-        stored = sum(store.load_tree(t).nodes[0].N for t, _ in store.tree_ids(run_id) if store.load_tree(t))
-        assert stored == 5
+        trees = [store.load_tree(t) for t, _ in store.tree_ids(run_id)]
+        assert sum(tree.nodes[0].N for tree in trees if tree is not None) == 5
         resume_run(store, run_id, ScriptedGenerator(p_right=0.5), make_env=SnapshotLineEnv)
         assert all(store.load_tree(t).nodes[0].N == 4 for t, _ in store.tree_ids(run_id))

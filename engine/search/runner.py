@@ -41,8 +41,8 @@ def _run(store: Store, run_id: str, jobs: list[TreeJob], generator: Generator, c
         assert job.tree_id is not None
         pending.append(simulation_rows(job.tree_id, job.tree, sim, job.committed_nodes))
         if progress is not None:
-            # Per simulation, so a cancel (raised here) stops at the next one; the MCTS's `on_batch` at its
-            # end commits everything that finished, this one included.
+            # Per simulation, so a cancel (raised here) stops at the next one; the run's forced commit
+            # (`commit_rest`) then stores everything that finished, this one included.
             progress(job, sim)
 
     def commit(force: bool = False) -> None:
