@@ -50,6 +50,7 @@ from bench.common import Table, add_common_args, greedy_config, held_out, orderi
 from engine.datasets.corrections import CorrectionConfig, correction_samples
 from engine.datasets.distill import episode_samples
 from engine.datasets.pairs import Pair
+from engine.datasets.renamed import renamed_samples
 from engine.datasets.samples import to_step_rows
 from engine.envs.textcraft import TextCraftEnv
 from engine.evaluate import Episode, EvalConfig, evaluate
@@ -159,6 +160,10 @@ def main(argv: list[str] | None = None) -> Table:
                     help="corrections arms: the failed episodes corrected (greedy's, or the operator's failures too)")
     ap.add_argument("--average", default="", help="comma-separated alphas: also evaluate each trained arm's "
                     "weights interpolated with the base's, base + alpha x (trained - base) (WiSE-FT)")
+    ap.add_argument("--renamed", type=int, default=0, help="SFT arms: also N renamed copies of each trajectory "
+                    "(item names swapped consistently, engine.datasets.renamed)")
+    ap.add_argument("--select-fit", action="store_true", help="with --split val: evaluate also on the fit tasks "
+                    "not drawn for the data (394 - --tasks), a larger selection set than val's 43")
     ap.add_argument("--episodes", default="", help="JSONL of the played episodes: read when it exists (the greedy "
                                                     "and operator play skipped), else written after playing")
     args = ap.parse_args(argv)
@@ -172,13 +177,21 @@ def main(argv: list[str] | None = None) -> Table:
     work = Path(tempfile.mkdtemp(prefix="orchard-exit-mcts-"))
     tasks = held_out(args.test_tasks, args.split)
     fit = random.Random(args.seed).sample(TextCraftEnv().tasks("fit"), args.tasks)
+    if args.select_fit:
+        if args.split != "val":
+            ap.error("--select-fit selects on train tasks: use it with --split val, never to report test figures")
+        drawn = {t.id for t in fit}
+        tasks += [t for t in TextCraftEnv().tasks("fit") if t.id not in drawn]
     table = Table("Expert iteration from MCTS at inference on the fit tasks greedy fails, greedy on held-out tasks",
-                  {"model": args.model, "tasks": f"{args.split}[:{len(tasks)}]", "seed": args.seed,
+                  {"model": args.model, "tasks": f"{args.split}[:{args.test_tasks or 'all'}]"
+                   + (f" + {len(tasks) - len(held_out(args.test_tasks, args.split))} undrawn fit tasks"
+                      if args.select_fit else ""), "seed": args.seed,
                    "data": f"{args.tasks} fit tasks; " + (
                        f"MCTS {args.simulations} simulations per real step, K={args.k}, {args.backup} backup"
                        if op == "mcts" else f"{args.samples} sampled episodes at temperature {args.temperature}, "
                                             f"{args.per_task} shortest success(es) kept per task") + " on the greedy failures",
-                   "sft": f"lr {args.sft_lr}, {args.epochs} epochs, batch 8"},
+                   "sft": f"lr {args.sft_lr}, {args.epochs} epochs, batch 8"
+                          + (f", {args.renamed} renamed copies per trajectory" if args.renamed else "")},
                   bootstrap=args.bootstrap, seed=args.seed, constrained=args.constrained)
     table.header()
     eval_config = greedy_config(args)
@@ -239,7 +252,12 @@ def main(argv: list[str] | None = None) -> Table:
         print(f"  data: corrections at {len(rows['corrections'])} failing steps of {args.correct_from} failures of "
               f"{len(tasks_corrected)} tasks ({args.per_episode} per episode at most; {time.perf_counter() - t:.1f} s)",
               flush=True)
-    print("  data: " + ", ".join(f"{name} {len(rows[name])} trajectories "
+    if args.renamed:
+        for name in arms:
+            if name != "corrections-dpo":
+                rows[name] = rows[name] + renamed_samples(rows[name], TextCraftEnv(), args.renamed, args.seed)
+    copies = " (renamed copies included)" if args.renamed else ""
+    print("  data: " + ", ".join(f"{name} {len(rows[name])} trajectories{copies} "
                                  f"({sum(len(s.turns) for s in rows[name])} steps)" for name in arms), flush=True)
     common = {"epochs": args.epochs, "batch_size": 8, "num_threads": 2, "device": "cpu", "precision": "fp32",
               "include_pending": True, "seed": args.seed}

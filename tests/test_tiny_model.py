@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 from engine.actions import CompositeAction, parse, render
 from engine.envs.textcraft import TextCraftEnv
 from engine.envs.textcraft_expert import TextCraftExpert
+from engine.envs.textcraft_names import item_words
 from engine.llm.base import SampleRequest, SamplingParams
 from engine.llm.hf import HFGenerator
 from engine.llm.tiny import (
@@ -25,7 +26,7 @@ from engine.llm.tiny import (
     ensure_tiny_model,
     train_tokenizer,
 )
-from engine.llm.tiny_data import build_rows, item_words, validation_tasks
+from engine.llm.tiny_data import build_rows, validation_tasks
 from engine.prompts import parse_critic_choice, parse_judgement
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

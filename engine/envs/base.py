@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable
+import random
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, Self, runtime_checkable
 
@@ -164,3 +165,11 @@ class SupportsValidCommands(Protocol):
     """Optional: the commands that are valid now (offered to prompts, used for snapping)."""
 
     def valid_commands(self) -> list[str]: ...
+
+
+@runtime_checkable
+class SupportsRenaming(Protocol):
+    """Optional: a text -> text swap of the env's entity names (items, rooms ...) for others, the same
+    swap for the function's lifetime (one episode), so a trajectory can be shown in a renamed world."""
+
+    def renamer(self, rng: random.Random) -> Callable[[str], str]: ...

@@ -28,12 +28,13 @@ import difflib
 import math
 import random
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from types import MappingProxyType
 
 from engine.envs.base import EnvBase, EnvError, Step, TaskSpec
+from engine.envs.textcraft_names import item_names, renamer
 from engine.envs.textcraft_recipes import Recipe, RecipeTree, readable, recipe_book, recipe_tree
 from engine.grammar import NUMBER, literal
 
@@ -167,6 +168,11 @@ class TextCraftEnv(EnvBase):
         if split not in SPLITS:
             raise EnvError(f"unknown TextCraft split {split!r} (known: {', '.join(SPLITS)})")
         return list(_tasks().by_split[split])
+
+    def renamer(self, rng: random.Random) -> Callable[[str], str]:
+        """Every item name (and `minecraft:` id) swapped for another, consistently for the function's
+        lifetime (`SupportsRenaming`; why: `engine.envs.textcraft_names`)."""
+        return renamer(rng, item_names())
 
     def task(self, task_id: str) -> TaskSpec:
         tasks = _tasks()

@@ -33,9 +33,9 @@ import torch
 
 from engine import paths
 from engine.actions import FormatError, parse
+from engine.envs.textcraft_names import trie_pattern
 from engine.llm.base import Generator, SampleRequest, SamplingParams
 from engine.llm.tiny_config import TinyConfig
-from engine.llm.tiny_data import trie_pattern
 from engine.prompts import HistoryStep, actor_prompt
 from engine.torch_threads import torch_threads
 
@@ -259,7 +259,8 @@ def build_tiny_model(
     `base`: a finished build of the same config without DAgger rounds (`base_config`); its tokenizer and
     weights stand in for the first stage, which that build already ran (the same result, deterministic),
     and only the DAgger rounds run here."""
-    from engine.llm.tiny_data import build_rows, item_names, item_words
+    from engine.envs.textcraft_names import item_names, item_words
+    from engine.llm.tiny_data import build_rows
 
     began = time.perf_counter()
     rows = build_rows(cfg)

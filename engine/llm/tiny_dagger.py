@@ -20,9 +20,10 @@ from typing import TYPE_CHECKING
 from engine.actions import FormatError, parse, render
 from engine.envs.textcraft import TextCraftEnv
 from engine.envs.textcraft_expert import TextCraftExpert
+from engine.envs.textcraft_names import item_names, renamer
 from engine.grammar import grammar_for
 from engine.llm.base import SampleRequest, SamplingParams
-from engine.llm.tiny_data import Row, fit_tasks, item_names, rename_row, renamer
+from engine.llm.tiny_data import Row, fit_tasks, rename_row
 from engine.prompts import HistoryStep, actor_prompt
 
 if TYPE_CHECKING:
