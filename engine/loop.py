@@ -106,6 +106,11 @@ class IterateConfig:
                 "each greedy failure labelled with a played win's step the env verified (0: off; measured worse than off on "
                 "val, docs/experiments.md 2026-12-05)"})
 
+    renamed: int = field(default=0, metadata={
+        "help": "distilling methods: also N copies of each trajectory trained on, each with the env's entity names "
+                "swapped consistently (envs that can rename: TextCraft), so the policy reads recipes instead of "
+                "memorising them by name (0: off)"})
+
     def __post_init__(self) -> None:
         checks = {
             "method": self.method in METHODS,
@@ -118,6 +123,7 @@ class IterateConfig:
             "gate_confidence": 0 < self.gate_confidence < 1,
             "accumulate": not (self.accumulate and self.method not in DISTILL_METHODS),
             "corrections": self.corrections >= 0 and not (self.corrections and self.method not in PLAY_METHODS),
+            "renamed": self.renamed >= 0 and not (self.renamed and self.method not in DISTILL_METHODS),
         }
         for name, ok in checks.items():
             if not ok:
@@ -300,7 +306,9 @@ def run_loop(store: Store, config: IterateConfig, reporter: Reporter | None = No
     from engine.datasets.corrections import CorrectionConfig, correction_samples
     from engine.datasets.distill import distill, episode_samples
     from engine.datasets.pairs import PairsConfig, build_pairs
+    from engine.datasets.renamed import renamed_samples
     from engine.datasets.revisions import RevisionConfig, build_revisions
+    from engine.envs.base import SupportsRenaming
     from engine.envs.registry import env_factory
     from engine.evaluate import CountedGenerator
     from engine.gpu_memory import PhasePeaks
@@ -335,6 +343,8 @@ def run_loop(store: Store, config: IterateConfig, reporter: Reporter | None = No
     make_env = make_env or env_factory(config.env)
     env = make_env()
     description = env.describe()
+    if config.renamed and not isinstance(env, SupportsRenaming):
+        raise ConfigError(f"IterateConfig.renamed: env {config.env!r} cannot rename its entities; use 0")
     train_tasks, eval_tasks = loop_tasks(config, env)
     first = config.first_iteration
     rng = random.Random(config.seed if first == 1 else f"{config.seed}:{first}")  # a continuation draws new tasks
@@ -451,6 +461,10 @@ def run_loop(store: Store, config: IterateConfig, reporter: Reporter | None = No
                                          " or more visits")
                 else:
                     reporter.log(gate_line(i, curation))
+                    if config.renamed:
+                        copies = renamed_samples(samples, env, config.renamed, config.seed + i)
+                        record["renamed"] = len(copies)
+                        samples = samples + copies
                     training = stage(i, "train", "steps")
                     del generator
                     release_gpu()

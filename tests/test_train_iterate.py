@@ -153,6 +153,40 @@ def test_corrections_are_offered_to_the_play_methods_only() -> None:
             IterateConfig(**bad)
 
 
+class RenamingLineEnv(SnapshotLineEnv):
+    """The line env whose one entity name, "position", a renamer swaps for another word (SupportsRenaming)."""
+
+    def renamer(self, rng):
+        word = rng.choice(["spot", "place", "mark"])
+        return lambda text: text.replace("position", word)
+
+
+@pytest.mark.slow
+def test_renamed_copies_join_the_trained_rows_and_not_the_stored_ones(tmp_path: Path, model: Path) -> None:
+    from dataclasses import replace
+
+    with Store(tmp_path / "o.db") as store:
+        config = replace(_config(tmp_path, "exit-sampled", model), iterations=1, evaluate_base=False, renamed=2,
+                         tasks_per_iteration=6)
+        loop_id = run_loop(store, config, make_env=lambda: RenamingLineEnv(6),
+                           load=lambda path: ScriptedGenerator(p_right=0.6))
+        [record] = store.iterations(loop_id)
+        stored = store.samples(run_id=record["run_id"])
+        trained = read_train_meta(record["model"])["data_ids"]
+        assert record["samples"] == len(stored) > 0 and record["renamed"] == 2 * len(stored)
+        assert len(trained) == len(set(trained)) == 3 * len(stored) and {s.id for s in stored} <= set(trained)
+        assert all("position" in s.task.goal for s in stored)  # the store keeps the originals only
+
+
+def test_renamed_copies_need_a_distilling_method_and_an_env_that_renames(tmp_path: Path) -> None:
+    assert IterateConfig(method="exit-sampled", renamed=3).renamed == 3
+    for bad in ({"method": "agentq", "renamed": 1}, {"method": "exit", "renamed": -1}):
+        with pytest.raises(ConfigError, match="renamed"):
+            IterateConfig(**bad)
+    with Store(tmp_path / "o.db") as store, pytest.raises(ConfigError, match="cannot rename"):
+        run_loop(store, IterateConfig(method="exit", env="line", renamed=1), make_env=lambda: LineEnv(3))
+
+
 def test_the_default_method_is_expert_iteration() -> None:
     assert IterateConfig().method == "exit" and IterateConfig().include_pending is False
     assert IterateConfig().sft_config().kinds == ("exit",)

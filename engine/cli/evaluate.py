@@ -24,7 +24,7 @@ ITERATE_FLAGS = {"method": "--method", "model": "--model", "env": "--env", "iter
                  "tasks_per_iteration": "--tasks-per-iteration", "eval_tasks": "--eval-tasks", "seed": "--seed",
                  "name": "--name", "include_pending": "--include-pending", "gate_split": "--gate-split",
                  "gate_confidence": "--gate-confidence", "accumulate": "--accumulate", "theta": "--theta",
-                 "min_visits": "--min-visits", "corrections": "--corrections"}
+                 "min_visits": "--min-visits", "corrections": "--corrections", "renamed": "--renamed"}
 
 
 def _int(text: str, flag: str) -> int:
