@@ -468,6 +468,12 @@ def new_loop_form() -> None:
                                         "environment verified (0: off; measured worse than off on the "
                                         "validation tasks, see the README)")
         fm.field_error("ev_loop_new", "corrections")
+        copies = left.number_input("Renamed copies per trajectory", value=0, min_value=0, step=1, key="ev_loop_renamed",
+                                   help="distilling methods (exit, exit-mcts, exit-sampled, visits) on an environment "
+                                        "that can rename its entities (TextCraft): each trajectory is also trained "
+                                        "on N times with its item names swapped consistently, so the policy reads "
+                                        "recipes instead of memorising them by name (0: off; measured in the README)")
+        fm.field_error("ev_loop_new", "renamed")
         loop_pending = st.checkbox("Include uncurated rows", key="ev_loop_pending",
                                    help="Nobody curates while an iteration runs: checked, the loop trains on the "
                                         "rows its search produced that nobody has reviewed; unchecked, only on "
@@ -484,24 +490,26 @@ def new_loop_form() -> None:
         cfg: dict[str, Any] = {"method": method, "model": loop_model.strip() or "tiny", "env": loop_env, "iterations": 1,
                "tasks_per_iteration": int(per_it), "eval_tasks": eval_tasks_spec.strip(),
                "include_pending": bool(loop_pending), "name": f"{method}-{time.strftime('%Y%m%d-%H%M%S')}",
-               "corrections": int(fixes)}
+               "corrections": int(fixes), "renamed": int(copies)}
         problems = {}
         try:
             check_model(cfg["model"])
         except fm.submit_errors() as e:
             problems["model"] = fm.refusal(e)
         try:
-            from engine.envs.base import close_env
+            from engine.envs.base import SupportsRenaming, close_env
             from engine.envs.registry import env_factory
             from engine.loop import IterateConfig, loop_tasks
 
             env = env_factory(loop_env)()
             try:
                 loop_tasks(IterateConfig.from_dict(cfg), env)
+                if copies and not isinstance(env, SupportsRenaming):
+                    problems["renamed"] = f"the {loop_env} environment cannot rename its entities; use 0"
             finally:
                 close_env(env)
         except fm.submit_errors() as e:
-            problems["corrections" if "corrections" in str(e) else
+            problems["corrections" if "corrections" in str(e) else "renamed" if "renamed" in str(e) else
                      "eval_tasks" if "task" in str(e) and "per_iteration" not in str(e) else "tasks_per_iteration"] = (
                 fm.refusal(e))
         fm.set_errors("ev_loop_new", problems)

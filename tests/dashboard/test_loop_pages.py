@@ -510,6 +510,30 @@ def test_start_a_loop_carries_corrections_for_a_play_method_and_refuses_them_for
     assert job.config["iterate"]["method"] == "exit-sampled" and job.config["iterate"]["corrections"] == 2
 
 
+def test_start_a_loop_carries_renamed_copies_and_refuses_them_where_the_env_cannot_rename(db: Path) -> None:
+    at = _eval_page(db)
+    at.number_input(key="ev_loop_renamed").set_value(3)
+    at.selectbox(key="ev_loop_env").set_value("babyai")  # BabyAI's entities are not renamed
+    next(b for b in at.button if b.label == "Start the loop").click()
+    at.run()
+    assert "cannot rename" in errors(at), errors(at)
+    at.selectbox(key="ev_loop_method").set_value("agentq")  # pairs + DPO: no trajectories to copy
+    at.selectbox(key="ev_loop_env").set_value("textcraft")
+    next(b for b in at.button if b.label == "Start the loop").click()
+    at.run()
+    assert "IterateConfig.renamed" in errors(at), errors(at)
+    with Store(db, readonly=True) as store:
+        assert [j.kind for j in store.jobs()] == ["probe"]
+    at.selectbox(key="ev_loop_method").set_value("exit")
+    next(b for b in at.button if b.label == "Start the loop").click()
+    at.run()
+    assert not at.exception and not at.error, errors(at)
+    with Store(db) as store:
+        job = store.jobs()[-1]
+        JobRunner(store).cancel(job.id, grace_s=30)
+    assert job.config["iterate"]["method"] == "exit" and job.config["iterate"]["renamed"] == 3
+
+
 def test_run_stages_follow_a_run_from_search_to_evaluation(db: Path) -> None:
     from doubles import ScriptedGenerator, SnapshotLineEnv
 
