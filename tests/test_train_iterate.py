@@ -122,18 +122,23 @@ def test_the_loop_trains_only_on_curated_rows_unless_told_otherwise(tmp_path: Pa
         assert len(rows) == uncurated and gate == {"final": 1, "uncurated_used": uncurated - 1, "uncurated_left_out": 0}
 
 
+def _one_sampled_iteration(store: Store, tmp_path: Path, model: Path, env: type, **changes: int) -> dict:
+    """One exit-sampled iteration on 6 line tasks (scripted policy, real training), its record returned."""
+    from dataclasses import replace
+
+    config = replace(_config(tmp_path, "exit-sampled", model), iterations=1, evaluate_base=False,
+                     tasks_per_iteration=6, **changes)
+    loop_id = run_loop(store, config, make_env=lambda: env(6), load=lambda path: ScriptedGenerator(p_right=0.6))
+    [record] = store.iterations(loop_id)
+    return record
+
+
 @pytest.mark.slow
 def test_corrections_join_the_rows_of_a_play_method(tmp_path: Path, model: Path) -> None:
     """exit-sampled with corrections: the greedy failures' failing steps, labelled with the played wins,
     are stored as correction rows of the iteration's run and trained on with its exit rows."""
-    from dataclasses import replace
-
     with Store(tmp_path / "o.db") as store:
-        config = replace(_config(tmp_path, "exit-sampled", model), iterations=1, evaluate_base=False, corrections=2,
-                         tasks_per_iteration=6)
-        loop_id = run_loop(store, config, make_env=lambda: SnapshotLineEnv(6),
-                           load=lambda path: ScriptedGenerator(p_right=0.6))
-        [record] = store.iterations(loop_id)
+        record = _one_sampled_iteration(store, tmp_path, model, SnapshotLineEnv, corrections=2)
         fixes = store.samples(run_id=record["run_id"], kind=["correction"])
         wins = store.samples(run_id=record["run_id"], kind=["exit"])
         assert record["corrections"] == len(fixes) > 0 and wins
@@ -163,14 +168,8 @@ class RenamingLineEnv(SnapshotLineEnv):
 
 @pytest.mark.slow
 def test_renamed_copies_join_the_trained_rows_and_not_the_stored_ones(tmp_path: Path, model: Path) -> None:
-    from dataclasses import replace
-
     with Store(tmp_path / "o.db") as store:
-        config = replace(_config(tmp_path, "exit-sampled", model), iterations=1, evaluate_base=False, renamed=2,
-                         tasks_per_iteration=6)
-        loop_id = run_loop(store, config, make_env=lambda: RenamingLineEnv(6),
-                           load=lambda path: ScriptedGenerator(p_right=0.6))
-        [record] = store.iterations(loop_id)
+        record = _one_sampled_iteration(store, tmp_path, model, RenamingLineEnv, renamed=2)
         stored = store.samples(run_id=record["run_id"])
         trained = read_train_meta(record["model"])["data_ids"]
         assert record["samples"] == len(stored) > 0 and record["renamed"] == 2 * len(stored)

@@ -492,46 +492,48 @@ def test_start_a_loop_refuses_a_bad_held_out_selection_and_queues_nothing(db: Pa
         assert [j.kind for j in store.jobs()] == ["probe"]
 
 
-def test_start_a_loop_carries_corrections_for_a_play_method_and_refuses_them_for_another(db: Path) -> None:
-    at = _eval_page(db)
-    at.number_input(key="ev_loop_corrections").set_value(2)
+def _start_loop(at: AppTest) -> None:
     next(b for b in at.button if b.label == "Start the loop").click()
     at.run()
-    assert "IterateConfig.corrections" in errors(at), errors(at)  # exit trains no play: refused under the field
-    with Store(db, readonly=True) as store:
-        assert [j.kind for j in store.jobs()] == ["probe"]
-    at.selectbox(key="ev_loop_method").set_value("exit-sampled")
-    next(b for b in at.button if b.label == "Start the loop").click()
-    at.run()
+
+
+def _started_loop_config(at: AppTest, db: Path) -> dict:
+    """Start the loop the form holds; its job is queued (then cancelled here) and its iterate config returned."""
+    _start_loop(at)
     assert not at.exception and not at.error, errors(at)
     with Store(db) as store:
         job = store.jobs()[-1]
         JobRunner(store).cancel(job.id, grace_s=30)
-    assert job.config["iterate"]["method"] == "exit-sampled" and job.config["iterate"]["corrections"] == 2
+    return job.config["iterate"]
+
+
+def test_start_a_loop_carries_corrections_for_a_play_method_and_refuses_them_for_another(db: Path) -> None:
+    at = _eval_page(db)
+    at.number_input(key="ev_loop_corrections").set_value(2)
+    _start_loop(at)
+    assert "IterateConfig.corrections" in errors(at), errors(at)  # exit trains no play: refused under the field
+    with Store(db, readonly=True) as store:
+        assert [j.kind for j in store.jobs()] == ["probe"]
+    at.selectbox(key="ev_loop_method").set_value("exit-sampled")
+    cfg = _started_loop_config(at, db)
+    assert cfg["method"] == "exit-sampled" and cfg["corrections"] == 2
 
 
 def test_start_a_loop_carries_renamed_copies_and_refuses_them_where_the_env_cannot_rename(db: Path) -> None:
     at = _eval_page(db)
     at.number_input(key="ev_loop_renamed").set_value(3)
     at.selectbox(key="ev_loop_env").set_value("babyai")  # BabyAI's entities are not renamed
-    next(b for b in at.button if b.label == "Start the loop").click()
-    at.run()
+    _start_loop(at)
     assert "cannot rename" in errors(at), errors(at)
     at.selectbox(key="ev_loop_method").set_value("agentq")  # pairs + DPO: no trajectories to copy
     at.selectbox(key="ev_loop_env").set_value("textcraft")
-    next(b for b in at.button if b.label == "Start the loop").click()
-    at.run()
+    _start_loop(at)
     assert "IterateConfig.renamed" in errors(at), errors(at)
     with Store(db, readonly=True) as store:
         assert [j.kind for j in store.jobs()] == ["probe"]
     at.selectbox(key="ev_loop_method").set_value("exit")
-    next(b for b in at.button if b.label == "Start the loop").click()
-    at.run()
-    assert not at.exception and not at.error, errors(at)
-    with Store(db) as store:
-        job = store.jobs()[-1]
-        JobRunner(store).cancel(job.id, grace_s=30)
-    assert job.config["iterate"]["method"] == "exit" and job.config["iterate"]["renamed"] == 3
+    cfg = _started_loop_config(at, db)
+    assert cfg["method"] == "exit" and cfg["renamed"] == 3
 
 
 def test_run_stages_follow_a_run_from_search_to_evaluation(db: Path) -> None:
