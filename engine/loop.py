@@ -109,7 +109,7 @@ class IterateConfig:
     renamed: int = field(default=0, metadata={
         "help": "distilling methods: also N copies of each trajectory trained on, each with the env's entity names "
                 "swapped consistently (envs that can rename: TextCraft), so the policy reads recipes instead of "
-                "memorising them by name (0: off)"})
+                "memorising them by name (0: off; measured: no gain on test, docs/experiments.md 2026-12-06)"})
 
     def __post_init__(self) -> None:
         checks = {

@@ -472,7 +472,8 @@ def new_loop_form() -> None:
                                    help="distilling methods (exit, exit-mcts, exit-sampled, visits) on an environment "
                                         "that can rename its entities (TextCraft): each trajectory is also trained "
                                         "on N times with its item names swapped consistently, so the policy reads "
-                                        "recipes instead of memorising them by name (0: off; measured in the README)")
+                                        "recipes instead of memorising them by name (0: off; measured: no gain on "
+                                        "the test tasks, see the README)")
         fm.field_error("ev_loop_new", "renamed")
         loop_pending = st.checkbox("Include uncurated rows", key="ev_loop_pending",
                                    help="Nobody curates while an iteration runs: checked, the loop trains on the "

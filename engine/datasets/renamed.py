@@ -7,6 +7,8 @@ move held-out success). The tiny model itself was trained on expert episodes 80%
 reason (`engine.envs.textcraft_names`). Here each win also appears `copies` more times, each copy
 with one consistent swap (`SupportsRenaming.renamer`) applied to the task, every observation and
 every turn; the system message (the env's description) keeps its words. Deterministic per seed.
+Measured on the tiny policy (docs/experiments.md 2026-12-06): +0.022 on a 181-task selection set, not
+past its interval, and -0.009 on test, so the loop leaves it off by default.
 """
 
 from __future__ import annotations
