@@ -176,16 +176,18 @@ def main(argv: list[str] | None = None) -> Table:
 
     work = Path(tempfile.mkdtemp(prefix="orchard-exit-mcts-"))
     tasks = held_out(args.test_tasks, args.split)
-    fit = random.Random(args.seed).sample(TextCraftEnv().tasks("fit"), args.tasks)
+    all_fit = TextCraftEnv().tasks("fit")
+    fit = random.Random(args.seed).sample(all_fit, args.tasks)
+    undrawn = []
     if args.select_fit:
         if args.split != "val":
             ap.error("--select-fit selects on train tasks: use it with --split val, never to report test figures")
         drawn = {t.id for t in fit}
-        tasks += [t for t in TextCraftEnv().tasks("fit") if t.id not in drawn]
+        undrawn = [t for t in all_fit if t.id not in drawn]
+    tasks += undrawn
     table = Table("Expert iteration from MCTS at inference on the fit tasks greedy fails, greedy on held-out tasks",
                   {"model": args.model, "tasks": f"{args.split}[:{args.test_tasks or 'all'}]"
-                   + (f" + {len(tasks) - len(held_out(args.test_tasks, args.split))} undrawn fit tasks"
-                      if args.select_fit else ""), "seed": args.seed,
+                   + (f" + {len(undrawn)} undrawn fit tasks" if undrawn else ""), "seed": args.seed,
                    "data": f"{args.tasks} fit tasks; " + (
                        f"MCTS {args.simulations} simulations per real step, K={args.k}, {args.backup} backup"
                        if op == "mcts" else f"{args.samples} sampled episodes at temperature {args.temperature}, "

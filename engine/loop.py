@@ -135,6 +135,13 @@ class IterateConfig:
         self.distill_config()
         self.play_config()
 
+    def check_env(self, env: Any) -> None:
+        """What the config asks of the env it will run on (checked before anything runs, and by the Loop form)."""
+        from engine.envs.base import SupportsRenaming
+
+        if self.renamed and not isinstance(env, SupportsRenaming):
+            raise ConfigError(f"IterateConfig.renamed: env {self.env!r} cannot rename its entities; use 0")
+
     @property
     def accumulates(self) -> bool:
         """Whether candidates train from the loop's base on every iteration's rows (see `accumulate`)."""
@@ -308,7 +315,6 @@ def run_loop(store: Store, config: IterateConfig, reporter: Reporter | None = No
     from engine.datasets.pairs import PairsConfig, build_pairs
     from engine.datasets.renamed import renamed_samples
     from engine.datasets.revisions import RevisionConfig, build_revisions
-    from engine.envs.base import SupportsRenaming
     from engine.envs.registry import env_factory
     from engine.evaluate import CountedGenerator
     from engine.gpu_memory import PhasePeaks
@@ -343,8 +349,7 @@ def run_loop(store: Store, config: IterateConfig, reporter: Reporter | None = No
     make_env = make_env or env_factory(config.env)
     env = make_env()
     description = env.describe()
-    if config.renamed and not isinstance(env, SupportsRenaming):
-        raise ConfigError(f"IterateConfig.renamed: env {config.env!r} cannot rename its entities; use 0")
+    config.check_env(env)
     train_tasks, eval_tasks = loop_tasks(config, env)
     first = config.first_iteration
     rng = random.Random(config.seed if first == 1 else f"{config.seed}:{first}")  # a continuation draws new tasks

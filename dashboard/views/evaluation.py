@@ -498,15 +498,15 @@ def new_loop_form() -> None:
         except fm.submit_errors() as e:
             problems["model"] = fm.refusal(e)
         try:
-            from engine.envs.base import SupportsRenaming, close_env
+            from engine.envs.base import close_env
             from engine.envs.registry import env_factory
             from engine.loop import IterateConfig, loop_tasks
 
             env = env_factory(loop_env)()
             try:
-                loop_tasks(IterateConfig.from_dict(cfg), env)
-                if copies and not isinstance(env, SupportsRenaming):
-                    problems["renamed"] = f"the {loop_env} environment cannot rename its entities; use 0"
+                config = IterateConfig.from_dict(cfg)
+                loop_tasks(config, env)
+                config.check_env(env)
             finally:
                 close_env(env)
         except fm.submit_errors() as e:
