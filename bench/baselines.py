@@ -10,7 +10,9 @@ held-out tasks as the base (docs/algorithms.md §3, §7):
 - exit: expert iteration, SFT on each solved tree's shortest successful trajectory
   (`engine.datasets.distill`, the loop's default method);
 - visits: SFT toward the MCTS visit distribution at every node with 4+ visits (AlphaZero-style targets);
-- exit-lr2: exit at twice `--sft-lr` (is the step sized right?).
+- exit-lr2: exit at twice `--sft-lr` (is the step sized right?);
+- decisive: step pairs only at decisive nodes (issue item 1c): alpha 1 (the rollouts' value, no critic), both
+  children with `--min-visits` rollouts or more and values apart by more than `--decisive-theta` -> the same DPO.
 `--arms` picks some; `--no-critic` searches without the critic (the agent-q arm then has no critic
 value to mix and is left out).
 Prints each with its 95% interval, the PAIRED interval of its gain over the base, and the ordering
@@ -44,6 +46,7 @@ from bench.common import (
     held_out,
     loop_search,
     ordering,
+    undrawn_fit,
 )
 from bench.pair_check import check_pairs, summary
 from engine.config import SearchConfig
@@ -59,7 +62,7 @@ from engine.train.common import resolve_model_path
 from engine.train.dpo import DPOTrainConfig, train_dpo
 from engine.train.sft import rft_config, train_sft
 
-ARMS = ("agent-q", "tree-dpo-no-critic", "trajectory-dpo", "rft", "exit", "visits", "exit-lr2")
+ARMS = ("agent-q", "tree-dpo-no-critic", "trajectory-dpo", "rft", "exit", "visits", "exit-lr2", "decisive")
 
 
 def main(argv: list[str] | None = None) -> Table:
@@ -70,6 +73,10 @@ def main(argv: list[str] | None = None) -> Table:
     ap.add_argument("--sft-lr", type=float, default=5e-5)
     ap.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated arms of {', '.join(ARMS)}")
     ap.add_argument("--no-critic", action="store_true", help="search without the critic (no agent-q arm)")
+    ap.add_argument("--decisive-theta", type=float, default=0.3, help="decisive arm: the value margin (strict)")
+    ap.add_argument("--min-visits", type=int, default=3, help="decisive arm: rollouts through each compared child")
+    ap.add_argument("--select-fit", action="store_true", help="with --split val: evaluate also on the fit tasks "
+                    "not searched (394 - --tasks), a larger selection set than val's 43")
     args = ap.parse_args(argv)
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     if unknown := set(arms) - set(ARMS):
@@ -82,13 +89,19 @@ def main(argv: list[str] | None = None) -> Table:
     # The tasks and search seed of agentq_iteration's first iteration (run_loop: Random(seed).sample,
     # search seed + 1), so its agent-q arm is that bench's iteration 1.
     train = random.Random(args.seed).sample(TextCraftEnv().tasks("fit"), args.tasks)
+    if args.select_fit:
+        if args.split != "val":
+            ap.error("--select-fit selects on train tasks: use it with --split val, never to report test figures")
+        tasks += undrawn_fit(train)
     search = SearchConfig(**{**loop_search(args, alpha=0.5, seed=args.seed + 1),
                              **({"critic": False, "alpha": 1.0} if args.no_critic else {})})
     common = {"epochs": args.epochs, "batch_size": 8, "num_threads": 2, "device": "cpu", "precision": "fp32",
               "include_pending": True, "seed": args.seed}
     dpo = DPOTrainConfig(learning_rate=args.lr, beta=0.1, **common)
     table = Table("Agent Q vs baselines at the same search budget, greedy on the same held-out TextCraft tasks",
-                  {"model": args.model, "tasks": f"{args.split}[:{len(tasks)}]", "seed": args.seed,
+                  {"model": args.model, "tasks": f"{args.split}[:{args.test_tasks or 'all'}]"
+                   + (f" + {len(tasks) - len(held_out(args.test_tasks, args.split))} unsearched fit tasks"
+                      if args.select_fit else ""), "seed": args.seed,
                    "budget": f"one search: {args.tasks} train tasks x {args.simulations} simulations, K={args.k}, "
                              f"depth {args.depth_limit}, "
                              f"critic {'off' if args.no_critic else 'on'}, {args.backup} backup",
@@ -111,10 +124,12 @@ def main(argv: list[str] | None = None) -> Table:
         built = {"agent-q": critic.step, "tree-dpo-no-critic": no_critic.step, "trajectory-dpo": critic.trajectory,
                  "rft": critic.rft, "exit": distill(refs, "exit"), "visits": distill(refs, "visits")}
         built["exit-lr2"] = built["exit"]
+        built["decisive"] = build_pairs(refs, PairsConfig(alpha=1.0, theta=args.decisive_theta,
+                                                          min_visits=args.min_visits)).step
         data = {name: built[name] for name in arms}
         print("  data: " + ", ".join(f"{name} {len(rows)} rows" for name, rows in data.items()), flush=True)
         trees = {r.tree_id: r.tree for r in refs if r.tree_id is not None}
-        for name in [a for a in ("agent-q", "tree-dpo-no-critic") if a in data]:
+        for name in [a for a in ("agent-q", "tree-dpo-no-critic", "decisive") if a in data]:
             print(f"  {name}: {summary(check_pairs(store, data[name], trees))}", flush=True)
         for name, rows in data.items():
             if not rows:

@@ -61,6 +61,15 @@ def held_out(n: int, split: str = "test") -> list[Any]:
     return tasks[:n] if n else tasks
 
 
+def undrawn_fit(drawn: list[Any]) -> list[Any]:
+    """The fit tasks not in `drawn` (the tasks a bench searched): with val's 43, a larger selection set than val
+    alone (`--select-fit`), still never the test split and never a task the data came from."""
+    from engine.envs.textcraft import TextCraftEnv
+
+    ids = {t.id for t in drawn}
+    return [t for t in TextCraftEnv().tasks("fit") if t.id not in ids]
+
+
 def greedy_settings(args: argparse.Namespace) -> dict[str, Any]:
     """The held-out evaluation every arm of a bench shares (an IterateConfig's `eval` table)."""
     return {"mode": "greedy", "max_steps": args.max_steps, "max_tokens": args.max_tokens,

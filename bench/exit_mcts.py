@@ -46,7 +46,7 @@ from pathlib import Path
 # The repository root, in place of this folder (bench/datasets.py would shadow the `datasets` package).
 sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from bench.common import Table, add_common_args, greedy_config, held_out, ordering
+from bench.common import Table, add_common_args, greedy_config, held_out, ordering, undrawn_fit
 from engine.datasets.corrections import CorrectionConfig, correction_samples
 from engine.datasets.distill import episode_samples
 from engine.datasets.pairs import Pair
@@ -165,7 +165,8 @@ def main(argv: list[str] | None = None) -> Table:
     ap.add_argument("--select-fit", action="store_true", help="with --split val: evaluate also on the fit tasks "
                     "not drawn for the data (394 - --tasks), a larger selection set than val's 43")
     ap.add_argument("--episodes", default="", help="JSONL of the played episodes: read when it exists (the greedy "
-                                                    "and operator play skipped), else written after playing")
+                                                    "and operator play skipped; a file with the greedy phase alone "
+                                                    "plays the operator and adds it), else written after playing")
     args = ap.parse_args(argv)
     op = args.operator
     known = (op, f"{op}+greedy", "greedy", f"{op}+corrections", "corrections", f"{op}-refused-untrained",
@@ -176,14 +177,10 @@ def main(argv: list[str] | None = None) -> Table:
 
     work = Path(tempfile.mkdtemp(prefix="orchard-exit-mcts-"))
     tasks = held_out(args.test_tasks, args.split)
-    all_fit = TextCraftEnv().tasks("fit")
-    fit = random.Random(args.seed).sample(all_fit, args.tasks)
-    undrawn = []
-    if args.select_fit:
-        if args.split != "val":
-            ap.error("--select-fit selects on train tasks: use it with --split val, never to report test figures")
-        drawn = {t.id for t in fit}
-        undrawn = [t for t in all_fit if t.id not in drawn]
+    fit = random.Random(args.seed).sample(TextCraftEnv().tasks("fit"), args.tasks)
+    if args.select_fit and args.split != "val":
+        ap.error("--select-fit selects on train tasks: use it with --split val, never to report test figures")
+    undrawn = undrawn_fit(fit) if args.select_fit else []
     tasks += undrawn
     table = Table("Expert iteration from MCTS at inference on the fit tasks greedy fails, greedy on held-out tasks",
                   {"model": args.model, "tasks": f"{args.split}[:{args.test_tasks or 'all'}]"
@@ -212,7 +209,7 @@ def main(argv: list[str] | None = None) -> Table:
     print(f"  data: greedy solves {len(fit) - len(failed)}/{len(fit)} fit tasks ({time.perf_counter() - t:.0f} s)"
           + (f" (read from {cache})" if cached else ""), flush=True)
     t = time.perf_counter()
-    if cached:
+    if cached and op in cached:
         played = cached[op]
         work_done = f"{len(played)} episodes read from {cache}"
         kept = played if op == "mcts" else shortest_per_task(played, args.per_task)
@@ -229,7 +226,7 @@ def main(argv: list[str] | None = None) -> Table:
         work_done = f"{len(played)} sampled episodes ({sum(e.steps for e in played)} steps)"
         kept = shortest_per_task(played, args.per_task)
     seconds = time.perf_counter() - t
-    if cache is not None and not cached:
+    if cache is not None and not (cached and op in cached):
         write_episodes(cache, {"greedy": greedy, op: played})
     solved = {e.task_id for e in played if e.success}
     print(f"  data: {op} solves {len(solved)}/{len(failed)} of the greedy failures; {work_done} in {seconds:.0f} s",

@@ -52,3 +52,18 @@ def test_tiny_policy_counts_successes_by_the_goals_recipe_depth() -> None:
     episodes = [Episode(task_id=shallow[0].id, seed=0, success=True), Episode(task_id=shallow[1].id, seed=0),
                 Episode(task_id=deep[0].id, seed=0)]
     assert by_depth(episodes, tasks) == "1: 1/2, 2: 0/1"
+
+
+def test_the_undrawn_fit_tasks_are_the_fit_tasks_a_bench_did_not_search() -> None:
+    import random
+
+    from bench.common import undrawn_fit
+    from engine.envs.textcraft import TextCraftEnv
+
+    env = TextCraftEnv()
+    fit, val, test = env.tasks("fit"), env.tasks("val"), env.tasks("test")
+    drawn = random.Random(0).sample(fit, 48)
+    undrawn = undrawn_fit(drawn)
+    ids = {t.id for t in undrawn}
+    assert len(undrawn) == len(fit) - 48 and not ids & {t.id for t in drawn}
+    assert not ids & {t.id for t in val + test}  # a selection set never holds a held-out task
