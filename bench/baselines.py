@@ -12,9 +12,11 @@ held-out tasks as the base (docs/algorithms.md §3, §7):
 - visits: SFT toward the MCTS visit distribution at every node with 4+ visits (AlphaZero-style targets);
 - exit-lr2: exit at twice `--sft-lr` (is the step sized right?);
 - decisive: step pairs only at decisive nodes (issue item 1c): alpha 1 (the rollouts' value, no critic), both
-  children with `--min-visits` rollouts or more and values apart by more than `--decisive-theta` -> the same DPO.
+  children with `--min-visits` rollouts or more and values apart by more than `--decisive-theta` -> the same DPO;
+- decisive-sft: the decisive pairs -> DPO plus `--sft-weight` x the chosen completions' NLL (RPO).
 `--arms` picks some; `--no-critic` searches without the critic (the agent-q arm then has no critic
-value to mix and is left out).
+value to mix and is left out). `--search-db` trains and evaluates from an earlier run's stored search (its
+`work folder`/bench.db, the same --tasks, --seed and search flags) instead of searching again.
 Prints each with its 95% interval, the PAIRED interval of its gain over the base, and the ordering
 measured (by mean held-out success, ties by progress). No model is selected on the test split.
 
@@ -62,7 +64,8 @@ from engine.train.common import resolve_model_path
 from engine.train.dpo import DPOTrainConfig, train_dpo
 from engine.train.sft import rft_config, train_sft
 
-ARMS = ("agent-q", "tree-dpo-no-critic", "trajectory-dpo", "rft", "exit", "visits", "exit-lr2", "decisive")
+ARMS = ("agent-q", "tree-dpo-no-critic", "trajectory-dpo", "rft", "exit", "visits", "exit-lr2", "decisive",
+        "decisive-sft")
 
 
 def main(argv: list[str] | None = None) -> Table:
@@ -75,6 +78,8 @@ def main(argv: list[str] | None = None) -> Table:
     ap.add_argument("--no-critic", action="store_true", help="search without the critic (no agent-q arm)")
     ap.add_argument("--decisive-theta", type=float, default=0.3, help="decisive arm: the value margin (strict)")
     ap.add_argument("--min-visits", type=int, default=3, help="decisive arm: rollouts through each compared child")
+    ap.add_argument("--sft-weight", type=float, default=1.0, help="decisive-sft arm: weight of the SFT term")
+    ap.add_argument("--search-db", type=Path, help="reuse this earlier run's stored search (its bench.db)")
     ap.add_argument("--select-fit", action="store_true", help="with --split val: evaluate also on the fit tasks "
                     "not searched (394 - --tasks), a larger selection set than val's 43")
     args = ap.parse_args(argv)
@@ -84,7 +89,6 @@ def main(argv: list[str] | None = None) -> Table:
     if args.no_critic:
         arms = [a for a in arms if a != "agent-q"]
 
-    work = Path(tempfile.mkdtemp(prefix="orchard-baselines-"))
     tasks = held_out(args.test_tasks, args.split)
     # The tasks and search seed of agentq_iteration's first iteration (run_loop: Random(seed).sample,
     # search seed + 1), so its agent-q arm is that bench's iteration 1.
@@ -105,16 +109,25 @@ def main(argv: list[str] | None = None) -> Table:
                    "budget": f"one search: {args.tasks} train tasks x {args.simulations} simulations, K={args.k}, "
                              f"depth {args.depth_limit}, "
                              f"critic {'off' if args.no_critic else 'on'}, {args.backup} backup",
-                   "dpo": f"lr {args.lr}, {args.epochs} epochs, beta 0.1", "sft (rft, exit, visits)": f"lr {args.sft_lr}"},
+                   "dpo": f"lr {args.lr}, {args.epochs} epochs, beta 0.1"
+                          + (f", decisive-sft weight {args.sft_weight}" if "decisive-sft" in arms else ""),
+                   **({"search": f"reused from {args.search_db}"} if args.search_db else {}), "sft (rft, exit, visits)": f"lr {args.sft_lr}"},
                   bootstrap=args.bootstrap, seed=args.seed, constrained=args.constrained)
     table.header()
     eval_config = EvalConfig(**greedy_settings(args))
     base = resolve_model_path(args.model)
     generator = load_generator(args.model)
     table.evaluate("base", generator, TextCraftEnv, tasks, eval_config)
-    with Store(work / "bench.db") as store:
+    if args.search_db:
+        with Store(args.search_db) as store:
+            stored_search(store, train)  # refused before the base's evaluation, not after
+    work = Path(tempfile.mkdtemp(prefix="orchard-baselines-"))
+    with Store(args.search_db or work / "bench.db") as store:
         t = time.perf_counter()
-        run_id, _ = new_run(store, "textcraft", train, generator, search, "bench-baselines", make_env=TextCraftEnv)
+        if args.search_db:
+            run_id = stored_search(store, train)
+        else:
+            run_id, _ = new_run(store, "textcraft", train, generator, search, "bench-baselines", make_env=TextCraftEnv)
         del generator
         refs = tree_refs(store, run_id, TextCraftEnv().describe())
         print(f"  search: {store.run(run_id).solved}/{len(train)} train tasks solved, "
@@ -126,10 +139,11 @@ def main(argv: list[str] | None = None) -> Table:
         built["exit-lr2"] = built["exit"]
         built["decisive"] = build_pairs(refs, PairsConfig(alpha=1.0, theta=args.decisive_theta,
                                                           min_visits=args.min_visits)).step
+        built["decisive-sft"] = built["decisive"]
         data = {name: built[name] for name in arms}
         print("  data: " + ", ".join(f"{name} {len(rows)} rows" for name, rows in data.items()), flush=True)
         trees = {r.tree_id: r.tree for r in refs if r.tree_id is not None}
-        for name in [a for a in ("agent-q", "tree-dpo-no-critic", "decisive") if a in data]:
+        for name in [a for a in ("agent-q", "tree-dpo-no-critic", "decisive", "decisive-sft") if a in data]:
             print(f"  {name}: {summary(check_pairs(store, data[name], trees))}", flush=True)
         for name, rows in data.items():
             if not rows:
@@ -142,7 +156,8 @@ def main(argv: list[str] | None = None) -> Table:
                 kind = name.removesuffix("-lr2")
                 result = train_sft(base, rows, rft_config(learning_rate=lr, kinds=(kind,), **common), out, kind=kind)
             else:
-                cfg = replace(dpo, kinds=("trajectory",) if name == "trajectory-dpo" else ("step",))
+                cfg = replace(dpo, kinds=("trajectory",) if name == "trajectory-dpo" else ("step",),
+                              sft_weight=args.sft_weight if name == "decisive-sft" else 0.0)
                 tokens = store.node_token_counts([(p.tree_id, n) for p in rows for n in (p.chosen_node, p.rejected_node)])
                 result = train_dpo(base, rows, cfg, out, node_tokens=tokens)
             trained = time.perf_counter() - t
@@ -156,6 +171,16 @@ def main(argv: list[str] | None = None) -> Table:
     table.footer()
     print(f"work folder {work}")
     return table
+
+
+def stored_search(store: Store, train: list) -> str:
+    """The one search run of an earlier run of this bench, refused unless it searched exactly `train`."""
+    runs = [r for r in store.runs() if r.name == "bench-baselines"]
+    if len(runs) != 1:
+        sys.exit(f"--search-db {store.path}: expected one bench-baselines run, found {len(runs)}")
+    if runs[0].task_ids != [t.id for t in train]:
+        sys.exit(f"--search-db {store.path}: its run searched other tasks than --tasks/--seed draw here")
+    return runs[0].id
 
 
 if __name__ == "__main__":

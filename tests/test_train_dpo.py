@@ -199,3 +199,19 @@ def test_lora_dpo_saves_a_merged_model_that_loads_as_a_generator(model_dir: Path
     after = gen.logprobs([pairs[0].prompt], [pairs[0].chosen])[0]
     assert after is not None and before is not None and after != pytest.approx(before, abs=1e-6)
     assert gen.sample([SampleRequest(pairs[0].prompt, 1, SamplingParams(max_tokens=4, seed=0))])[0][0].n_tokens >= 1
+
+
+def test_sft_weight_adds_the_chosen_completions_nll_to_the_dpo_loss(model_dir: Path, replay) -> None:
+    """RPO's extra term: at step 1 (policy = reference, so DPO reads log 2) the logged loss is
+    log 2 + w x the mean per-token NLL of the chosen completions, their stored log-probs' mean."""
+    pairs, tokens = replay
+    w = 0.5
+    cfg = _cfg(ref_source="stored", max_steps=1, batch_size=len(pairs), sft_weight=w)
+    result = train_dpo(model_dir, pairs, cfg, None, node_tokens=tokens)
+    nll = -sum(p.logprob_chosen for p in pairs) / sum(tokens[(p.tree_id, 1)] for p in pairs)
+    assert _losses(result)[0] == pytest.approx(math.log(2) + w * nll, abs=1e-3)
+    plain = train_dpo(model_dir, pairs, _cfg(ref_source="stored", max_steps=1, batch_size=len(pairs)), None,
+                      node_tokens=tokens)
+    assert _losses(plain)[0] == pytest.approx(math.log(2), abs=1e-5)
+    with pytest.raises(ValueError, match="sft_weight"):
+        DPOTrainConfig(sft_weight=-1.0)

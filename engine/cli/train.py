@@ -28,7 +28,8 @@ TRAIN_FLAGS = {
     "grad_accum": "--grad-accum", "max_length": "--max-length", "seed": "--seed", "num_threads": "--threads",
     "lora": "--lora", "precision": "--precision", "include_pending": "--include-pending", "labels": "--labels",
 }
-DPO_FLAGS = {**TRAIN_FLAGS, "beta": "--beta", "ref_source": "--ref-source", "min_gap": "--min-gap"}
+DPO_FLAGS = {**TRAIN_FLAGS, "beta": "--beta", "ref_source": "--ref-source", "min_gap": "--min-gap",
+             "sft_weight": "--sft-weight"}
 SFT_FLAGS = {**TRAIN_FLAGS, "format": "--format", "revision_share": "--revision-share"}
 
 

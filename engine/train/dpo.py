@@ -123,6 +123,9 @@ class DPOTrainConfig(TrainConfig):
     learning_rate: float = field(default=1e-6, metadata={"help": "learning rate"})
     beta: float = field(default=0.1, metadata={"help": "DPO beta"})
     loss_type: str = "sigmoid"
+    sft_weight: float = field(default=0.0, metadata={
+        "help": "weight of an SFT term (mean NLL of the chosen completions) added to the DPO loss, as RPO; "
+                "0 = plain DPO"})
     statuses: tuple[str, ...] = field(default=("approved", "edited"), metadata={"help": "curation statuses to use"})
     include_pending: bool = field(default=False, metadata={
         "help": "also train on undecided rows (pending, never reviewed); unsettled ones never"})
@@ -141,6 +144,8 @@ class DPOTrainConfig(TrainConfig):
         super().__post_init__()
         if self.beta <= 0:
             raise ConfigError(f"DPOTrainConfig.beta: must be > 0, got {self.beta!r}")
+        if not self.sft_weight >= 0:
+            raise ConfigError(f"DPOTrainConfig.sft_weight: must be >= 0, got {self.sft_weight!r}")
         if self.labels not in LABEL_RULES:
             raise ConfigError(f"DPOTrainConfig.labels: {self.labels!r} is not one of {', '.join(LABEL_RULES)}")
         if self.ref_source not in REF_SOURCES:
@@ -290,7 +295,8 @@ def build_trainer(
     args = pin_one_device(DPOConfig(
         **trl_common_args(config, device, precision, scratch or tempfile.mkdtemp(prefix="orchard-dpo-")),
         beta=config.beta,
-        loss_type=[config.loss_type],
+        loss_type=[config.loss_type, *(["sft"] if config.sft_weight else [])],
+        loss_weights=[1.0, config.sft_weight] if config.sft_weight else None,
         precompute_ref_log_probs=mode != "live",
         remove_unused_columns=False,
     ), device)
