@@ -50,7 +50,7 @@ from bench.common import (
     ordering,
     undrawn_fit,
 )
-from bench.pair_check import check_pairs, summary
+from bench.pair_check import check_pairs, choices_summary, greedy_choices, summary
 from engine.config import SearchConfig
 from engine.datasets.distill import distill
 from engine.datasets.pairs import PairsConfig, build_pairs
@@ -79,6 +79,8 @@ def main(argv: list[str] | None = None) -> Table:
     ap.add_argument("--decisive-theta", type=float, default=0.3, help="decisive arm: the value margin (strict)")
     ap.add_argument("--min-visits", type=int, default=3, help="decisive arm: rollouts through each compared child")
     ap.add_argument("--sft-weight", type=float, default=1.0, help="decisive-sft arm: weight of the SFT term")
+    ap.add_argument("--choices", action="store_true", help="DPO arms: print where greedy lands at the pairs' "
+                    "states (chosen / rejected / other command), base and trained")
     ap.add_argument("--search-db", type=Path, help="reuse this earlier run's stored search (its bench.db)")
     ap.add_argument("--select-fit", action="store_true", help="with --split val: evaluate also on the fit tasks "
                     "not searched (394 - --tasks), a larger selection set than val's 43")
@@ -145,6 +147,15 @@ def main(argv: list[str] | None = None) -> Table:
         trees = {r.tree_id: r.tree for r in refs if r.tree_id is not None}
         for name in [a for a in ("agent-q", "tree-dpo-no-critic", "decisive", "decisive-sft") if a in data]:
             print(f"  {name}: {summary(check_pairs(store, data[name], trees))}", flush=True)
+        dpo_arms = [a for a in ("agent-q", "tree-dpo-no-critic", "decisive", "decisive-sft") if data.get(a)]
+        if args.choices and dpo_arms:
+            base_gen, seen = load_generator(args.model), set()
+            for arm in dpo_arms:
+                if id(data[arm]) not in seen:  # decisive-sft trains on decisive's pairs
+                    seen.add(id(data[arm]))
+                    print(f"  base at {arm}'s pairs: "
+                          f"{choices_summary(greedy_choices(base_gen, data[arm], args.constrained))}", flush=True)
+            del base_gen
         for name, rows in data.items():
             if not rows:
                 print(f"  {name}: no training data from this search (not trained)")
@@ -161,7 +172,10 @@ def main(argv: list[str] | None = None) -> Table:
                 tokens = store.node_token_counts([(p.tree_id, n) for p in rows for n in (p.chosen_node, p.rejected_node)])
                 result = train_dpo(base, rows, cfg, out, node_tokens=tokens)
             trained = time.perf_counter() - t
-            arm = table.evaluate(name, load_generator(str(result.output)), TextCraftEnv, tasks, eval_config)
+            trained_gen = load_generator(str(result.output))
+            if args.choices and name in dpo_arms:
+                print(f"  {name}: {choices_summary(greedy_choices(trained_gen, rows, args.constrained))}", flush=True)
+            arm = table.evaluate(name, trained_gen, TextCraftEnv, tasks, eval_config)
             arm.note = (f"(+ {trained:.0f} s training on {len(rows)} rows, {result.metrics.get('rows', '?')} steps' rows, "
                         f"{result.metrics.get('steps', '?')} optimizer steps)")
     trained_arms = [n for n in table.arms if n != "base"]

@@ -21,7 +21,7 @@ import sys
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 # The repository root, in place of this folder (bench/datasets.py would shadow the `datasets` package).
 sys.path[0] = str(Path(__file__).resolve().parents[1])
@@ -94,6 +94,39 @@ def check_run(store: Store, run_id: str, alpha: float | None = None, theta: floa
     refs = tree_refs(store, run_id, TextCraftEnv().describe())
     pairs = build_pairs(refs, PairsConfig(alpha=alpha, theta=theta)).step
     return check_pairs(store, pairs, {r.tree_id: r.tree for r in refs if r.tree_id is not None})
+
+
+def greedy_choices(generator: Any, pairs: Sequence[Pair], constrained: bool, batch: int = 32) -> Counter[str]:
+    """Where a policy's greedy command at each step pair's state (the pair's own prompt) lands: the
+    chosen command, the rejected one, or another. Before and after DPO it says whether training moved
+    the policy's choices at the very states it was trained on."""
+    from engine.actions import normalize_command, parse
+    from engine.grammar import grammar_for
+    from engine.llm.base import SampleRequest, SamplingParams
+
+    env = TextCraftEnv()
+    tasks = {t.id: t for split in ("fit", "val", "test") for t in env.tasks(split)}
+
+    def command(text: str) -> str | None:
+        action = parse(text)
+        return normalize_command(action.command) if action else None
+
+    out = Counter[str]()
+    for i in range(0, len(pairs), batch):
+        part = [p for p in pairs[i:i + batch] if p.kind == "step"]
+        replies = generator.sample([
+            SampleRequest(p.prompt, 1, SamplingParams(temperature=0.0, max_tokens=160, seed=0, grammar=grammar_for(
+                env, tasks[p.task_id]) if constrained else None)) for p in part])
+        for p, reply in zip(part, replies, strict=True):
+            got = command(reply[0].text) if reply else None
+            out["chosen" if got == command(p.chosen) else "rejected" if got == command(p.rejected) else "other"] += 1
+    return out
+
+
+def choices_summary(counts: Counter[str]) -> str:
+    n = sum(counts.values())
+    return (f"greedy at the {n} pairs' states: the chosen command {counts['chosen']}, the rejected "
+            f"{counts['rejected']}, another {counts['other']}")
 
 
 def summary(counts: Counter[str]) -> str:
