@@ -13,7 +13,9 @@ held-out tasks as the base (docs/algorithms.md §3, §7):
 - exit-lr2: exit at twice `--sft-lr` (is the step sized right?);
 - decisive: step pairs only at decisive nodes (issue item 1c): alpha 1 (the rollouts' value, no critic), both
   children with `--min-visits` rollouts or more and values apart by more than `--decisive-theta` -> the same DPO;
-- decisive-sft: the decisive pairs -> DPO plus `--sft-weight` x the chosen completions' NLL (RPO).
+- decisive-sft: the decisive pairs -> DPO plus `--sft-weight` x the chosen completions' NLL (RPO);
+- decisive-onpolicy: of the decisive pairs, those whose rejected command is the base policy's own greedy
+  choice at that state (the mistakes greedy makes) -> the same DPO plus SFT term.
 `--arms` picks some; `--no-critic` searches without the critic (the agent-q arm then has no critic
 value to mix and is left out). `--search-db` trains and evaluates from an earlier run's stored search (its
 `work folder`/bench.db, the same --tasks, --seed and search flags) instead of searching again.
@@ -50,7 +52,7 @@ from bench.common import (
     ordering,
     undrawn_fit,
 )
-from bench.pair_check import check_pairs, choices_summary, greedy_choices, summary
+from bench.pair_check import check_pairs, choices_summary, greedy_choices, greedy_labels, summary
 from engine.config import SearchConfig
 from engine.datasets.distill import distill
 from engine.datasets.pairs import PairsConfig, build_pairs
@@ -65,7 +67,7 @@ from engine.train.dpo import DPOTrainConfig, train_dpo
 from engine.train.sft import rft_config, train_sft
 
 ARMS = ("agent-q", "tree-dpo-no-critic", "trajectory-dpo", "rft", "exit", "visits", "exit-lr2", "decisive",
-        "decisive-sft")
+        "decisive-sft", "decisive-onpolicy")
 
 
 def main(argv: list[str] | None = None) -> Table:
@@ -112,7 +114,8 @@ def main(argv: list[str] | None = None) -> Table:
                              f"depth {args.depth_limit}, "
                              f"critic {'off' if args.no_critic else 'on'}, {args.backup} backup",
                    "dpo": f"lr {args.lr}, {args.epochs} epochs, beta 0.1"
-                          + (f", decisive-sft weight {args.sft_weight}" if "decisive-sft" in arms else ""),
+                          + (f", SFT term weight {args.sft_weight} (decisive-sft, decisive-onpolicy)"
+                             if {"decisive-sft", "decisive-onpolicy"} & set(arms) else ""),
                    **({"search": f"reused from {args.search_db}"} if args.search_db else {}), "sft (rft, exit, visits)": f"lr {args.sft_lr}"},
                   bootstrap=args.bootstrap, seed=args.seed, constrained=args.constrained)
     table.header()
@@ -142,12 +145,17 @@ def main(argv: list[str] | None = None) -> Table:
         built["decisive"] = build_pairs(refs, PairsConfig(alpha=1.0, theta=args.decisive_theta,
                                                           min_visits=args.min_visits)).step
         built["decisive-sft"] = built["decisive"]
+        if "decisive-onpolicy" in arms:
+            labels = greedy_labels(load_generator(args.model), built["decisive"], args.constrained)
+            built["decisive-onpolicy"] = [p for p, got in zip(built["decisive"], labels, strict=True) if got == "rejected"]
         data = {name: built[name] for name in arms}
         print("  data: " + ", ".join(f"{name} {len(rows)} rows" for name, rows in data.items()), flush=True)
         trees = {r.tree_id: r.tree for r in refs if r.tree_id is not None}
-        for name in [a for a in ("agent-q", "tree-dpo-no-critic", "decisive", "decisive-sft") if a in data]:
+        for name in [a for a in ("agent-q", "tree-dpo-no-critic", "decisive", "decisive-sft", "decisive-onpolicy")
+                     if a in data]:
             print(f"  {name}: {summary(check_pairs(store, data[name], trees))}", flush=True)
-        dpo_arms = [a for a in ("agent-q", "tree-dpo-no-critic", "decisive", "decisive-sft") if data.get(a)]
+        dpo_arms = [a for a in ("agent-q", "tree-dpo-no-critic", "decisive", "decisive-sft", "decisive-onpolicy")
+                    if data.get(a)]
         if args.choices and dpo_arms:
             base_gen, seen = load_generator(args.model), set()
             for arm in dpo_arms:
@@ -168,7 +176,7 @@ def main(argv: list[str] | None = None) -> Table:
                 result = train_sft(base, rows, rft_config(learning_rate=lr, kinds=(kind,), **common), out, kind=kind)
             else:
                 cfg = replace(dpo, kinds=("trajectory",) if name == "trajectory-dpo" else ("step",),
-                              sft_weight=args.sft_weight if name == "decisive-sft" else 0.0)
+                              sft_weight=args.sft_weight if name in ("decisive-sft", "decisive-onpolicy") else 0.0)
                 tokens = store.node_token_counts([(p.tree_id, n) for p in rows for n in (p.chosen_node, p.rejected_node)])
                 result = train_dpo(base, rows, cfg, out, node_tokens=tokens)
             trained = time.perf_counter() - t

@@ -100,6 +100,11 @@ def greedy_choices(generator: Any, pairs: Sequence[Pair], constrained: bool, bat
     """Where a policy's greedy command at each step pair's state (the pair's own prompt) lands: the
     chosen command, the rejected one, or another. Before and after DPO it says whether training moved
     the policy's choices at the very states it was trained on."""
+    return Counter(greedy_labels(generator, pairs, constrained, batch))
+
+
+def greedy_labels(generator: Any, pairs: Sequence[Pair], constrained: bool, batch: int = 32) -> list[str]:
+    """Per step pair, in order: 'chosen', 'rejected' or 'other' (see `greedy_choices`)."""
     from engine.actions import normalize_command, parse
     from engine.grammar import grammar_for
     from engine.llm.base import SampleRequest, SamplingParams
@@ -111,15 +116,16 @@ def greedy_choices(generator: Any, pairs: Sequence[Pair], constrained: bool, bat
         action = parse(text)
         return normalize_command(action.command) if action else None
 
-    out = Counter[str]()
-    for i in range(0, len(pairs), batch):
-        part = [p for p in pairs[i:i + batch] if p.kind == "step"]
+    steps = [p for p in pairs if p.kind == "step"]
+    out: list[str] = []
+    for i in range(0, len(steps), batch):
+        part = steps[i:i + batch]
         replies = generator.sample([
             SampleRequest(p.prompt, 1, SamplingParams(temperature=0.0, max_tokens=160, seed=0, grammar=grammar_for(
                 env, tasks[p.task_id]) if constrained else None)) for p in part])
         for p, reply in zip(part, replies, strict=True):
             got = command(reply[0].text) if reply else None
-            out["chosen" if got == command(p.chosen) else "rejected" if got == command(p.rejected) else "other"] += 1
+            out.append("chosen" if got == command(p.chosen) else "rejected" if got == command(p.rejected) else "other")
     return out
 
 
