@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> Table:
     ap.add_argument("--no-critic", action="store_true", help="search without the critic (no agent-q arm)")
     ap.add_argument("--decisive-theta", type=float, default=0.3, help="decisive arm: the value margin (strict)")
     ap.add_argument("--min-visits", type=int, default=3, help="decisive arm: rollouts through each compared child")
-    ap.add_argument("--sft-weight", type=float, default=1.0, help="decisive-sft arm: weight of the SFT term")
+    ap.add_argument("--sft-weight", type=float, default=1.0, help="decisive-sft, decisive-onpolicy: the SFT term's weight")
     ap.add_argument("--choices", action="store_true", help="DPO arms: print where greedy lands at the pairs' "
                     "states (chosen / rejected / other command), base and trained")
     ap.add_argument("--search-db", type=Path, help="reuse this earlier run's stored search (its bench.db)")
@@ -116,7 +116,8 @@ def main(argv: list[str] | None = None) -> Table:
                    "dpo": f"lr {args.lr}, {args.epochs} epochs, beta 0.1"
                           + (f", SFT term weight {args.sft_weight} (decisive-sft, decisive-onpolicy)"
                              if {"decisive-sft", "decisive-onpolicy"} & set(arms) else ""),
-                   **({"search": f"reused from {args.search_db}"} if args.search_db else {}), "sft (rft, exit, visits)": f"lr {args.sft_lr}"},
+                   **({"search": f"reused from {args.search_db}"} if args.search_db else {}),
+                   "sft (rft, exit, visits)": f"lr {args.sft_lr}"},
                   bootstrap=args.bootstrap, seed=args.seed, constrained=args.constrained)
     table.header()
     eval_config = EvalConfig(**greedy_settings(args))
