@@ -68,6 +68,7 @@ from engine.train.sft import rft_config, train_sft
 
 ARMS = ("agent-q", "tree-dpo-no-critic", "trajectory-dpo", "rft", "exit", "visits", "exit-lr2", "decisive",
         "decisive-sft", "decisive-onpolicy")
+STEP_PAIR_ARMS = ("agent-q", "tree-dpo-no-critic", "decisive", "decisive-sft", "decisive-onpolicy")
 
 
 def main(argv: list[str] | None = None) -> Table:
@@ -123,18 +124,13 @@ def main(argv: list[str] | None = None) -> Table:
     eval_config = EvalConfig(**greedy_settings(args))
     base = resolve_model_path(args.model)
     generator = load_generator(args.model)
-    table.evaluate("base", generator, TextCraftEnv, tasks, eval_config)
-    if args.search_db:
-        with Store(args.search_db) as store:
-            stored_search(store, train)  # refused before the base's evaluation, not after
     work = Path(tempfile.mkdtemp(prefix="orchard-baselines-"))
     with Store(args.search_db or work / "bench.db") as store:
+        run_id = stored_search(store, train) if args.search_db else None  # refused before the base's evaluation
+        table.evaluate("base", generator, TextCraftEnv, tasks, eval_config)
         t = time.perf_counter()
-        if args.search_db:
-            run_id = stored_search(store, train)
-        else:
+        if run_id is None:
             run_id, _ = new_run(store, "textcraft", train, generator, search, "bench-baselines", make_env=TextCraftEnv)
-        del generator
         refs = tree_refs(store, run_id, TextCraftEnv().describe())
         print(f"  search: {store.run(run_id).solved}/{len(train)} train tasks solved, "
               f"{time.perf_counter() - t:.0f} s", flush=True)
@@ -147,24 +143,22 @@ def main(argv: list[str] | None = None) -> Table:
                                                           min_visits=args.min_visits)).step
         built["decisive-sft"] = built["decisive"]
         if "decisive-onpolicy" in arms:
-            labels = greedy_labels(load_generator(args.model), built["decisive"], args.constrained)
+            labels = greedy_labels(generator, built["decisive"], args.constrained)
             built["decisive-onpolicy"] = [p for p, got in zip(built["decisive"], labels, strict=True) if got == "rejected"]
         data = {name: built[name] for name in arms}
         print("  data: " + ", ".join(f"{name} {len(rows)} rows" for name, rows in data.items()), flush=True)
         trees = {r.tree_id: r.tree for r in refs if r.tree_id is not None}
-        for name in [a for a in ("agent-q", "tree-dpo-no-critic", "decisive", "decisive-sft", "decisive-onpolicy")
-                     if a in data]:
+        for name in [a for a in STEP_PAIR_ARMS if a in data]:
             print(f"  {name}: {summary(check_pairs(store, data[name], trees))}", flush=True)
-        dpo_arms = [a for a in ("agent-q", "tree-dpo-no-critic", "decisive", "decisive-sft", "decisive-onpolicy")
-                    if data.get(a)]
-        if args.choices and dpo_arms:
-            base_gen, seen = load_generator(args.model), set()
+        dpo_arms = [a for a in STEP_PAIR_ARMS if data.get(a)]
+        if args.choices:
+            first: dict[int, str] = {}
             for arm in dpo_arms:
-                if id(data[arm]) not in seen:  # decisive-sft trains on decisive's pairs
-                    seen.add(id(data[arm]))
-                    print(f"  base at {arm}'s pairs: "
-                          f"{choices_summary(greedy_choices(base_gen, data[arm], args.constrained))}", flush=True)
-            del base_gen
+                first.setdefault(id(data[arm]), arm)  # decisive-sft shares decisive's pairs: scored once
+            for arm in first.values():
+                print(f"  base at {arm}'s pairs: "
+                      f"{choices_summary(greedy_choices(generator, data[arm], args.constrained))}", flush=True)
+        del generator  # the base policy's last use: free it before training
         for name, rows in data.items():
             if not rows:
                 print(f"  {name}: no training data from this search (not trained)")
