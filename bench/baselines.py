@@ -15,7 +15,11 @@ held-out tasks as the base (docs/algorithms.md §3, §7):
   children with `--min-visits` rollouts or more and values apart by more than `--decisive-theta` -> the same DPO;
 - decisive-sft: the decisive pairs -> DPO plus `--sft-weight` x the chosen completions' NLL (RPO);
 - decisive-onpolicy: of the decisive pairs, those whose rejected command is the base policy's own greedy
-  choice at that state (the mistakes greedy makes) -> the same DPO plus SFT term.
+  choice at that state (the mistakes greedy makes) -> the same DPO plus SFT term;
+- hindsight: every searched task whose goal some tree's path held (its own tree or another's: a failed
+  tree's intermediate item), the path cut to the commands that goal needs, the texts rewritten by the base
+  policy with each command forced (`engine.datasets.hindsight`) -> SFT as exit;
+- exit-hindsight: exit's rows plus hindsight's rows of the tasks exit has none for -> the same SFT.
 `--arms` picks some; `--no-critic` searches without the critic (the agent-q arm then has no critic
 value to mix and is left out). `--search-db` trains and evaluates from an earlier run's stored search (its
 `work folder`/bench.db, the same --tasks, --seed and search flags) instead of searching again.
@@ -55,6 +59,7 @@ from bench.common import (
 from bench.pair_check import check_pairs, choices_summary, greedy_choices, greedy_labels, summary
 from engine.config import SearchConfig
 from engine.datasets.distill import distill
+from engine.datasets.hindsight import rationalize, relabel
 from engine.datasets.pairs import PairsConfig, build_pairs
 from engine.datasets.samples import tree_refs
 from engine.envs.textcraft import TextCraftEnv
@@ -67,7 +72,8 @@ from engine.train.dpo import DPOTrainConfig, train_dpo
 from engine.train.sft import rft_config, train_sft
 
 ARMS = ("agent-q", "tree-dpo-no-critic", "trajectory-dpo", "rft", "exit", "visits", "exit-lr2", "decisive",
-        "decisive-sft", "decisive-onpolicy")
+        "decisive-sft", "decisive-onpolicy", "hindsight", "exit-hindsight")
+SFT_ARMS = ("rft", "exit", "visits", "exit-lr2", "hindsight", "exit-hindsight")
 STEP_PAIR_ARMS = ("agent-q", "tree-dpo-no-critic", "decisive", "decisive-sft", "decisive-onpolicy")
 
 
@@ -145,6 +151,16 @@ def main(argv: list[str] | None = None) -> Table:
         if "decisive-onpolicy" in arms:
             labels = greedy_labels(generator, built["decisive"], args.constrained)
             built["decisive-onpolicy"] = [p for p, got in zip(built["decisive"], labels, strict=True) if got == "rejected"]
+        if {"hindsight", "exit-hindsight"} & set(arms):
+            t = time.perf_counter()
+            found = relabel(refs, TextCraftEnv, train)
+            built["hindsight"] = rationalize(generator, found, TextCraftEnv().describe())
+            solved = {s.task.id for s in built["exit"]}
+            built["exit-hindsight"] = built["exit"] + [s for s in built["hindsight"] if s.task.id not in solved]
+            own = sum(r.source["own_goal"] for r in found)
+            print(f"  hindsight: {len(found)} searched tasks reached ({own} by their own tree, {len(found) - own} only "
+                  f"by another's), {len(built['hindsight'])} rationalised, "
+                  f"{sum(len(s.turns) for s in built['hindsight'])} steps, {time.perf_counter() - t:.0f} s", flush=True)
         data = {name: built[name] for name in arms}
         print("  data: " + ", ".join(f"{name} {len(rows)} rows" for name, rows in data.items()), flush=True)
         trees = {r.tree_id: r.tree for r in refs if r.tree_id is not None}
@@ -165,10 +181,10 @@ def main(argv: list[str] | None = None) -> Table:
                 continue
             t = time.perf_counter()
             out = work / "models" / name
-            if name in ("rft", "exit", "visits", "exit-lr2"):
+            if name in SFT_ARMS:
                 lr = args.sft_lr * (2 if name == "exit-lr2" else 1)
-                kind = name.removesuffix("-lr2")
-                result = train_sft(base, rows, rft_config(learning_rate=lr, kinds=(kind,), **common), out, kind=kind)
+                kinds = tuple(sorted({s.kind for s in rows}))
+                result = train_sft(base, rows, rft_config(learning_rate=lr, kinds=kinds, **common), out, kind=kinds[0])
             else:
                 cfg = replace(dpo, kinds=("trajectory",) if name == "trajectory-dpo" else ("step",),
                               sft_weight=args.sft_weight if name in ("decisive-sft", "decisive-onpolicy") else 0.0)

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from engine.datasets.pairs import Pair
     from engine.datasets.samples import Sample
 
-SAMPLE_KINDS = "revision,good,rft,recovery,refine,imported,exit,visits"
+SAMPLE_KINDS = "revision,good,rft,recovery,refine,imported,exit,visits,hindsight"
 PAIRS_FLAGS = {"theta": "--theta", "trajectory_pairs": "--trajectory-pairs", "min_visits": "--min-visits"}
 REVISION_FLAGS = {"alpha_good": "--alpha-good", "beta_gap": "--beta-gap", "max_per_task": "--max-per-task",
                   "noop_command": "--noop-command", "judge_max_tokens": "--judge-max-tokens"}

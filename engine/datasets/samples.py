@@ -24,7 +24,7 @@ from engine.actions import FormatError, parse
 from engine.prompts import HistoryStep, actor_prompt
 from engine.tree_nodes import SearchTree
 
-KINDS = ("revision", "good", "rft", "recovery", "refine", "imported", "exit", "visits", "correction")
+KINDS = ("revision", "good", "rft", "recovery", "refine", "imported", "exit", "visits", "correction", "hindsight")
 STATUSES = ("pending", "approved", "rejected", "edited")
 
 

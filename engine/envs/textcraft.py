@@ -212,6 +212,12 @@ class TextCraftEnv(EnvBase):
         count the recipe's times the batches (the counts the env accepts)."""
         return _command_pattern(task.context)
 
+    def achieves(self, task: TaskSpec) -> bool:
+        """Would `task` count as done in the current state (its goal item held)? Hindsight relabelling
+        asks this of every state a search reached (engine/datasets/hindsight.py)."""
+        goal = task.meta.get("goal_item")
+        return goal is not None and self._inventory.get(goal, 0) >= GOAL_COUNT
+
     # -- state ----------------------------------------------------------------------------------------
 
     def snapshot(self) -> TextCraftState:
