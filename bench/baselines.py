@@ -157,10 +157,11 @@ def main(argv: list[str] | None = None) -> Table:
             built["hindsight"] = rationalize(generator, found, TextCraftEnv().describe())
             solved = {s.task.id for s in built["exit"]}
             built["exit-hindsight"] = built["exit"] + [s for s in built["hindsight"] if s.task.id not in solved]
-            own = sum(r.source["own_goal"] for r in found)
-            print(f"  hindsight: {len(found)} searched tasks reached ({own} by their own tree, {len(found) - own} only "
-                  f"by another's), {len(built['hindsight'])} rationalised, "
-                  f"{sum(len(s.turns) for s in built['hindsight'])} steps, {time.perf_counter() - t:.0f} s", flush=True)
+            others = sum(not r.source["own_goal"] for r in found)
+            print(f"  hindsight: {len(found)} searched tasks reached ({len({r.task.id for r in found} - solved)} not "
+                  f"solved by their own tree; the shortest solution kept came from another tree for {others}), "
+                  f"{len(built['hindsight'])} rationalised, {sum(len(s.turns) for s in built['hindsight'])} steps, "
+                  f"{time.perf_counter() - t:.0f} s", flush=True)
         data = {name: built[name] for name in arms}
         print("  data: " + ", ".join(f"{name} {len(rows)} rows" for name, rows in data.items()), flush=True)
         trees = {r.tree_id: r.tree for r in refs if r.tree_id is not None}
