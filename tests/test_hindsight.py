@@ -4,9 +4,11 @@ and written in the policy's own words with the command forced."""
 
 from __future__ import annotations
 
+import pytest
 import regex
 from test_pairs import add
 
+from engine.config import ConfigError
 from engine.datasets.hindsight import HindsightConfig, rationalize, reached_goals, relabel, shortest_solution
 from engine.datasets.samples import TreeRef, to_step_rows
 from engine.envs.textcraft import TextCraftEnv
@@ -118,3 +120,11 @@ def test_a_text_cut_by_the_token_limit_drops_its_episode():
     found = relabel([fence_tree()], TextCraftEnv, targets())
     samples = rationalize(ForcedPolicy(cut_at=CRAFT_STICKS), found, TextCraftEnv().describe())
     assert [s.task.id for s in samples] == [PLANKS]
+
+
+def test_an_env_that_cannot_say_what_a_state_achieves_is_refused_by_name():
+    class NoHindsight(TextCraftEnv):
+        achieves = None  # type: ignore[assignment]
+
+    with pytest.raises(ConfigError, match="NoHindsight cannot relabel goals"):
+        relabel([fence_tree()], NoHindsight, targets())

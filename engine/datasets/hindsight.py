@@ -23,24 +23,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, cast, runtime_checkable
+from typing import Any, cast
 
 import regex
 
 from engine.actions import FormatError, normalize_command, parse
 from engine.config import ConfigError
 from engine.datasets.samples import Sample, Task, TreeRef, Turn, stable_id, system_prompt
-from engine.envs.base import TaskSpec
+from engine.envs.base import SupportsHindsight, TaskSpec
 from engine.grammar import ActionGrammar, literal
 from engine.llm.base import Generator, SampleRequest, SamplingParams
 from engine.prompts import HistoryStep, actor_prompt
-
-
-@runtime_checkable
-class SupportsHindsight(Protocol):
-    """An env that can say whether its current state would count as success for another task."""
-
-    def achieves(self, task: TaskSpec) -> bool: ...
 
 
 @dataclass(frozen=True)

@@ -168,6 +168,14 @@ class SupportsValidCommands(Protocol):
 
 
 @runtime_checkable
+class SupportsHindsight(Protocol):
+    """Optional: whether the current state would count as success for another task of the env (a goal
+    reached on the way to this one), so a search's trees can be relabelled (engine/datasets/hindsight.py)."""
+
+    def achieves(self, task: TaskSpec) -> bool: ...
+
+
+@runtime_checkable
 class SupportsRenaming(Protocol):
     """Optional: a text -> text swap of the env's entity names (items, rooms ...) for others, the same
     swap for the function's lifetime (one episode), so a trajectory can be shown in a renamed world."""
