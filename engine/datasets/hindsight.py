@@ -153,10 +153,11 @@ def relabel(refs: Sequence[TreeRef], make_env: Callable[[], Any], targets: Seque
                 if steps is None:
                     continue
                 key = tuple(normalize_command(c) for c, _ in steps)
-                by_target.setdefault(task.id, {}).setdefault(key, Relabelled(
-                    task, env.reset(task.id), tuple(steps), {"task_id": task.id, "from_task": ref.tree.task.id, "tree_id": ref.tree_id,
-                                         "searched": len(commands), "steps": len(steps),
-                                         "own_goal": task.id == ref.tree.task.id}))
+                solutions = by_target.setdefault(task.id, {})
+                if key not in solutions:  # the first tree to reach it names the source
+                    source = {"task_id": task.id, "from_task": ref.tree.task.id, "tree_id": ref.tree_id,
+                              "searched": len(commands), "steps": len(steps), "own_goal": task.id == ref.tree.task.id}
+                    solutions[key] = Relabelled(task, env.reset(task.id), tuple(steps), source)
     finally:
         if hasattr(env, "close"):
             env.close()
