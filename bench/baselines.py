@@ -195,9 +195,9 @@ def main(argv: list[str] | None = None) -> Table:
             trained_gen = load_generator(str(result.output))
             if args.choices and name in dpo_arms:
                 print(f"  {name}: {choices_summary(greedy_choices(trained_gen, rows, args.constrained))}", flush=True)
-            arm = table.evaluate(name, trained_gen, TextCraftEnv, tasks, eval_config)
-            arm.note = (f"(+ {trained:.0f} s training on {len(rows)} rows, {result.metrics.get('rows', '?')} steps' rows, "
-                        f"{result.metrics.get('steps', '?')} optimizer steps)")
+            table.evaluate(name, trained_gen, TextCraftEnv, tasks, eval_config)
+            table.annotate(name, f"(+ {trained:.0f} s training on {len(rows)} rows, {result.metrics.get('rows', '?')} "
+                                 f"steps' rows, {result.metrics.get('steps', '?')} optimizer steps)")
     trained_arms = [n for n in table.arms if n != "base"]
     if trained_arms:
         table.print_diffs([("base", n) for n in trained_arms])

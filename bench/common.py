@@ -136,6 +136,12 @@ class Table:
               f"{seconds:.0f} s{'  ' + note if note else ''}", flush=True)
         return arm
 
+    def annotate(self, name: str, note: str) -> None:
+        """A note on an arm already printed (what only its evaluation tells, or its training's cost), printed
+        under it: a note set on the arm after `add` would otherwise never be shown."""
+        self.arms[name].note = note
+        print(f"  {name:<22} {note}", flush=True)
+
     def evaluate(self, name: str, generator: Any, make_env: Callable[[], Any], tasks: Sequence[Any],
                  config: EvalConfig, note: str = "") -> Arm:
         t = time.perf_counter()

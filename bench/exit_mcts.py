@@ -274,9 +274,9 @@ def main(argv: list[str] | None = None) -> Table:
             result = train_sft(base, rows[name], rft_config(learning_rate=args.sft_lr, kinds=kinds, **common),
                                work / "models" / name.replace("+", "-"), kind="sft")
         trained = time.perf_counter() - t
-        arm = table.evaluate(name, load_generator(str(result.output)), TextCraftEnv, tasks, eval_config)
-        arm.note = (f"(+ {trained:.0f} s training on {len(rows[name])} trajectories, "
-                    f"{result.metrics.get('rows', '?')} step rows, {result.metrics.get('steps', '?')} optimizer steps)")
+        table.evaluate(name, load_generator(str(result.output)), TextCraftEnv, tasks, eval_config)
+        table.annotate(name, f"(+ {trained:.0f} s training on {len(rows[name])} trajectories, "
+                             f"{result.metrics.get('rows', '?')} step rows, {result.metrics.get('steps', '?')} optimizer steps)")
         for alpha in (float(a) for a in args.average.split(",") if a.strip()):
             mixed = interpolate(Path(base), Path(result.output), alpha, work / "models" / f"{name}-avg{alpha:g}")
             table.evaluate(f"{name}@{alpha:g}", load_generator(str(mixed)), TextCraftEnv, tasks, eval_config)

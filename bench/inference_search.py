@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> Table:
         config = EvalConfig(**{**base.__dict__, "mode": "mcts", "mcts_simulations": args.simulations,
                                "mcts_k": args.k, "mcts_backup": backup})
         arm = table.evaluate(f"mcts/{backup}", generator, TextCraftEnv, tasks, config)
-        arm.note = f"{arm.seconds / max(table.arms['greedy'].seconds, 1e-9):.0f}x the greedy time"
+        table.annotate(arm.name, f"{arm.seconds / max(table.arms['greedy'].seconds, 1e-9):.0f}x the greedy time")
     table.print_diffs([("greedy", name) for name in table.arms if name != "greedy"])
     table.footer()
     return table

@@ -91,8 +91,8 @@ def main(argv: list[str] | None = None) -> Table:
                 t = time.perf_counter()
                 result = run_training(store, train_job(kind, job), MemoryReporter())
                 trained = time.perf_counter() - t
-                arm = table.evaluate(name, load_generator(str(result.output)), TextCraftEnv, tasks, config)
-                arm.note = f"({plan.items} items, {plan.rows} rows, {plan.steps} steps, {trained:.0f} s training)"
+                table.evaluate(name, load_generator(str(result.output)), TextCraftEnv, tasks, config)
+                table.annotate(name, f"({plan.items} items, {plan.rows} rows, {plan.steps} steps, {trained:.0f} s training)")
                 arms.append(name)
     if arms:
         diffs = table.print_diffs([("base", n) for n in arms])

@@ -27,6 +27,9 @@ def test_table_gives_the_paired_gain_of_a_better_policy_on_the_same_tasks(capsys
     assert gain["mean"] == pytest.approx(strong - weak) and gain["low"] > 0 and gain["n"] == len(TASKS)
     assert "strong - weak: success +" in capsys.readouterr().out
     assert ordering(table, ["weak", "strong"]) == "strong > weak"
+    table.annotate("strong", "(+ 3 s training on 2 rows)")  # known only after the arm was printed
+    assert table.arms["strong"].note == "(+ 3 s training on 2 rows)"
+    assert "  strong                 (+ 3 s training on 2 rows)" in capsys.readouterr().out
 
 
 def test_stored_episodes_score_like_the_live_ones(tmp_path: Path) -> None:
