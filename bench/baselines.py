@@ -19,7 +19,10 @@ held-out tasks as the base (docs/algorithms.md §3, §7):
 - hindsight: every searched task whose goal some tree's path held (its own tree or another's: a failed
   tree's intermediate item), the path cut to the commands that goal needs, the texts rewritten by the base
   policy with each command forced (`engine.datasets.hindsight`) -> SFT as exit;
-- exit-hindsight: exit's rows plus hindsight's rows of the tasks exit has none for -> the same SFT.
+- exit-hindsight: exit's rows plus hindsight's rows of the tasks exit has none for -> the same SFT;
+- exit-rehearsal: exit's rows plus the base's own greedy episodes on the searched tasks exit has no row for, each
+  cut before its first repeated command (rehearsal: the policy's own outputs as an anchor, so that a larger
+  `--sft-lr` can move it toward search's wins without losing held-out tasks) -> the same SFT.
 `--arms` picks some; `--no-critic` searches without the critic (the agent-q arm then has no critic
 value to mix and is left out). `--search-db` trains and evaluates from an earlier run's stored search (its
 `work folder`/bench.db, the same --tasks, --seed and search flags) instead of searching again.
@@ -57,13 +60,14 @@ from bench.common import (
     undrawn_fit,
 )
 from bench.pair_check import check_pairs, choices_summary, greedy_choices, greedy_labels, summary
+from engine.actions import FormatError, normalize_command, parse
 from engine.config import SearchConfig
 from engine.datasets.distill import distill
 from engine.datasets.hindsight import rationalize, relabel
 from engine.datasets.pairs import PairsConfig, build_pairs
-from engine.datasets.samples import tree_refs
+from engine.datasets.samples import Sample, Task, Turn, stable_id, system_prompt, tree_refs
 from engine.envs.textcraft import TextCraftEnv
-from engine.evaluate import EvalConfig
+from engine.evaluate import EvalConfig, evaluate
 from engine.llm.registry import load_generator
 from engine.search.runner import new_run
 from engine.store import Store
@@ -72,8 +76,8 @@ from engine.train.dpo import DPOTrainConfig, train_dpo
 from engine.train.sft import rft_config, train_sft
 
 ARMS = ("agent-q", "tree-dpo-no-critic", "trajectory-dpo", "rft", "exit", "visits", "exit-lr2", "decisive",
-        "decisive-sft", "decisive-onpolicy", "hindsight", "exit-hindsight")
-SFT_ARMS = ("rft", "exit", "visits", "exit-lr2", "hindsight", "exit-hindsight")
+        "decisive-sft", "decisive-onpolicy", "hindsight", "exit-hindsight", "exit-rehearsal")
+SFT_ARMS = ("rft", "exit", "visits", "exit-lr2", "hindsight", "exit-hindsight", "exit-rehearsal")
 STEP_PAIR_ARMS = ("agent-q", "tree-dpo-no-critic", "decisive", "decisive-sft", "decisive-onpolicy")
 
 
@@ -162,6 +166,15 @@ def main(argv: list[str] | None = None) -> Table:
                   f"solved by their own tree; the shortest solution kept came from another tree for {others}), "
                   f"{len(built['hindsight'])} rationalised, {sum(len(s.turns) for s in built['hindsight'])} steps, "
                   f"{time.perf_counter() - t:.0f} s", flush=True)
+        if "exit-rehearsal" in arms:
+            t = time.perf_counter()
+            won = {s.task.id for s in built["exit"]}
+            played = evaluate(generator, TextCraftEnv, [task for task in train if task.id not in won], eval_config)
+            own = rehearsal_samples(played.episodes, train, TextCraftEnv().describe())
+            built["exit-rehearsal"] = built["exit"] + own
+            print(f"  rehearsal: the base's greedy episodes on {len(played.episodes)} searched tasks without a win "
+                  f"({played.metrics['success']['mean']:.3f} solved), {sum(len(s.turns) for s in own)} steps kept "
+                  f"before the first repeat, {time.perf_counter() - t:.0f} s", flush=True)
         data = {name: built[name] for name in arms}
         print("  data: " + ", ".join(f"{name} {len(rows)} rows" for name, rows in data.items()), flush=True)
         trees = {r.tree_id: r.tree for r in refs if r.tree_id is not None}
@@ -205,6 +218,31 @@ def main(argv: list[str] | None = None) -> Table:
     table.footer()
     print(f"work folder {work}")
     return table
+
+
+def rehearsal_samples(episodes: list, tasks: list, description: str) -> list[Sample]:
+    """The policy's own greedy episodes as exit-kind rows, each cut before its first repeated command (a loop
+    is not what the anchor should keep); an episode left with no step gives no row."""
+    by_id, system, out = {t.id: t for t in tasks}, system_prompt(description), []
+    for e in episodes:
+        seen: set[str] = set()
+        turns = []
+        for text, observation in e.turns:
+            parsed = parse(text)
+            command = None if isinstance(parsed, FormatError) else normalize_command(parsed.command)
+            if command is None or command in seen:
+                break
+            seen.add(command)
+            turns.append(Turn(text=text, observation=observation, loss=True, segment="good"))
+        if not turns:
+            continue
+        turns[-1] = replace(turns[-1], observation=None)
+        spec = by_id[e.task_id]
+        task = Task(id=spec.id, goal=spec.goal, context=spec.context, first_observation=e.first_observation, system=system)
+        out.append(Sample(id=stable_id("rehearsal", e.task_id, *(t.text for t in turns)), kind="exit", task=task,
+                          turns=tuple(turns), source={"task_id": e.task_id, "from": "the base's own greedy episode",
+                                                      "success": e.success}))
+    return out
 
 
 def stored_search(store: Store, train: list) -> str:
