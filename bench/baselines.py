@@ -62,10 +62,10 @@ from bench.common import (
 from bench.pair_check import check_pairs, choices_summary, greedy_choices, greedy_labels, summary
 from engine.actions import FormatError, normalize_command, parse
 from engine.config import SearchConfig
-from engine.datasets.distill import distill
+from engine.datasets.distill import distill, episode_samples
 from engine.datasets.hindsight import rationalize, relabel
 from engine.datasets.pairs import PairsConfig, build_pairs
-from engine.datasets.samples import Sample, Task, Turn, stable_id, system_prompt, tree_refs
+from engine.datasets.samples import Sample, tree_refs
 from engine.envs.textcraft import TextCraftEnv
 from engine.evaluate import EvalConfig, evaluate
 from engine.llm.registry import load_generator
@@ -155,20 +155,19 @@ def main(argv: list[str] | None = None) -> Table:
         if "decisive-onpolicy" in arms:
             labels = greedy_labels(generator, built["decisive"], args.constrained)
             built["decisive-onpolicy"] = [p for p, got in zip(built["decisive"], labels, strict=True) if got == "rejected"]
+        won = {s.task.id for s in built["exit"]}  # the searched tasks with a win of their own
         if {"hindsight", "exit-hindsight"} & set(arms):
             t = time.perf_counter()
             found = relabel(refs, TextCraftEnv, train)
             built["hindsight"] = rationalize(generator, found, TextCraftEnv().describe())
-            solved = {s.task.id for s in built["exit"]}
-            built["exit-hindsight"] = built["exit"] + [s for s in built["hindsight"] if s.task.id not in solved]
+            built["exit-hindsight"] = built["exit"] + [s for s in built["hindsight"] if s.task.id not in won]
             others = sum(not r.source["own_goal"] for r in found)
-            print(f"  hindsight: {len(found)} searched tasks reached ({len({r.task.id for r in found} - solved)} not "
+            print(f"  hindsight: {len(found)} searched tasks reached ({len({r.task.id for r in found} - won)} not "
                   f"solved by their own tree; the shortest solution kept came from another tree for {others}), "
                   f"{len(built['hindsight'])} rationalised, {sum(len(s.turns) for s in built['hindsight'])} steps, "
                   f"{time.perf_counter() - t:.0f} s", flush=True)
         if "exit-rehearsal" in arms:
             t = time.perf_counter()
-            won = {s.task.id for s in built["exit"]}
             played = evaluate(generator, TextCraftEnv, [task for task in train if task.id not in won], eval_config)
             own = rehearsal_samples(played.episodes, train, TextCraftEnv().describe())
             built["exit-rehearsal"] = built["exit"] + own
@@ -223,7 +222,7 @@ def main(argv: list[str] | None = None) -> Table:
 def rehearsal_samples(episodes: list, tasks: list, description: str) -> list[Sample]:
     """The policy's own greedy episodes as exit-kind rows, each cut before its first repeated command (a loop
     is not what the anchor should keep); an episode left with no step gives no row."""
-    by_id, system, out = {t.id: t for t in tasks}, system_prompt(description), []
+    cut = []
     for e in episodes:
         seen: set[str] = set()
         turns = []
@@ -233,16 +232,9 @@ def rehearsal_samples(episodes: list, tasks: list, description: str) -> list[Sam
             if command is None or command in seen:
                 break
             seen.add(command)
-            turns.append(Turn(text=text, observation=observation, loss=True, segment="good"))
-        if not turns:
-            continue
-        turns[-1] = replace(turns[-1], observation=None)
-        spec = by_id[e.task_id]
-        task = Task(id=spec.id, goal=spec.goal, context=spec.context, first_observation=e.first_observation, system=system)
-        out.append(Sample(id=stable_id("rehearsal", e.task_id, *(t.text for t in turns)), kind="exit", task=task,
-                          turns=tuple(turns), source={"task_id": e.task_id, "from": "the base's own greedy episode",
-                                                      "success": e.success}))
-    return out
+            turns.append((text, observation))
+        cut.append(replace(e, turns=turns))
+    return episode_samples(cut, tasks, description, wins_only=False, origin="the base's own greedy episode")
 
 
 def stored_search(store: Store, train: list) -> str:

@@ -122,7 +122,8 @@ def distill(refs: Sequence[TreeRef], target: str, config: DistillConfig = Distil
 
 
 def episode_samples(episodes: Sequence[Any], tasks: Sequence[Any], env_description: str, kind: str = "exit",
-                    run_id: str | None = None, make_env: Callable[[], Any] | None = None) -> list[Sample]:
+                    run_id: str | None = None, make_env: Callable[[], Any] | None = None, wins_only: bool = True,
+                    origin: str = "mcts at inference") -> list[Sample]:
     """Expert-iteration rows from played episodes (MCTS at inference: the operator measured to beat the
     policy): each successful episode becomes one trajectory, every committed step a target. Unlike a
     stored tree's best path, these are the steps search committed to one real step at a time, so they
@@ -130,13 +131,15 @@ def episode_samples(episodes: Sequence[Any], tasks: Sequence[Any], env_descripti
     Episodes started after a prefix (recovery starts) are skipped: their turns do not begin at reset.
     With `make_env` (an env that can snapshot), the turns the env refused (replayed: the state did not
     change) stay in the trajectory as untrained context: the recovery after a refusal is learnt, the
-    refused command is not (a sampled win at temperature 1 refuses about one step in four)."""
+    refused command is not (a sampled win at temperature 1 refuses about one step in four).
+    `wins_only=False` keeps every episode (a bench's rehearsal of the policy's own steps); `origin` names
+    where the episodes came from in each row's source."""
     by_id = {t.id: t for t in tasks}
     system = system_prompt(env_description)
     env = make_env() if make_env is not None else None
     out, seen = [], set()
     for e in episodes:
-        if not e.success or not e.turns or e.prefix_steps or e.task_id not in by_id:
+        if (wins_only and not e.success) or not e.turns or e.prefix_steps or e.task_id not in by_id:
             continue
         key = (e.task_id, tuple(text for text, _ in e.turns))
         if key in seen:
@@ -152,7 +155,7 @@ def episode_samples(episodes: Sequence[Any], tasks: Sequence[Any], env_descripti
         out.append(Sample(id=stable_id(kind, run_id, e.task_id, e.seed, *key[1]), kind=kind, task=task,
                           turns=tuple(turns), run_id=run_id,
                           source={"task_id": e.task_id, "seed": e.seed, "steps": e.steps, "reward": e.reward,
-                                  "terminal": e.terminal, "from": "mcts at inference",
+                                  "terminal": e.terminal, "from": origin,
                                   **({"refused_untrained": len(refused)} if env is not None else {})}))
     if env is not None and hasattr(env, "close"):
         env.close()
