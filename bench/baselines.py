@@ -22,7 +22,10 @@ held-out tasks as the base (docs/algorithms.md §3, §7):
 - exit-hindsight: exit's rows plus hindsight's rows of the tasks exit has none for -> the same SFT;
 - exit-rehearsal: exit's rows plus the base's own greedy episodes on the searched tasks exit has no row for, each
   cut before its first repeated command (rehearsal: the policy's own outputs as an anchor, so that a larger
-  `--sft-lr` can move it toward search's wins without losing held-out tasks) -> the same SFT.
+  `--sft-lr` can move it toward search's wins without losing held-out tasks) -> the same SFT;
+- exit-action: exit's rows, the loss on each step's command only (`SFTTrainConfig.loss_on` "action": the sampled
+  PLAN / THOUGHT texts are context, not targets);
+- exit-lora: exit's rows, a LoRA adapter (r 16) at `--lora-lr` instead of every weight at `--sft-lr`.
 `--arms` picks some; `--no-critic` searches without the critic (the agent-q arm then has no critic
 value to mix and is left out). `--search-db` trains and evaluates from an earlier run's stored search (its
 `work folder`/bench.db, the same --tasks, --seed and search flags) instead of searching again.
@@ -76,8 +79,9 @@ from engine.train.dpo import DPOTrainConfig, train_dpo
 from engine.train.sft import rft_config, train_sft
 
 ARMS = ("agent-q", "tree-dpo-no-critic", "trajectory-dpo", "rft", "exit", "visits", "exit-lr2", "decisive",
-        "decisive-sft", "decisive-onpolicy", "hindsight", "exit-hindsight", "exit-rehearsal")
-SFT_ARMS = ("rft", "exit", "visits", "exit-lr2", "hindsight", "exit-hindsight", "exit-rehearsal")
+        "decisive-sft", "decisive-onpolicy", "hindsight", "exit-hindsight", "exit-rehearsal", "exit-action", "exit-lora")
+SFT_ARMS = ("rft", "exit", "visits", "exit-lr2", "hindsight", "exit-hindsight", "exit-rehearsal", "exit-action",
+            "exit-lora")
 STEP_PAIR_ARMS = ("agent-q", "tree-dpo-no-critic", "decisive", "decisive-sft", "decisive-onpolicy")
 
 
@@ -87,6 +91,7 @@ def main(argv: list[str] | None = None) -> Table:
     add_loop_args(ap)
     ap.add_argument("--theta", type=float, default=0.1)
     ap.add_argument("--sft-lr", type=float, default=5e-5)
+    ap.add_argument("--lora-lr", type=float, default=1e-3, help="exit-lora: the adapter's learning rate")
     ap.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated arms of {', '.join(ARMS)}")
     ap.add_argument("--no-critic", action="store_true", help="search without the critic (no agent-q arm)")
     ap.add_argument("--decisive-theta", type=float, default=0.3, help="decisive arm: the value margin (strict)")
@@ -128,7 +133,8 @@ def main(argv: list[str] | None = None) -> Table:
                           + (f", SFT term weight {args.sft_weight} (decisive-sft, decisive-onpolicy)"
                              if {"decisive-sft", "decisive-onpolicy"} & set(arms) else ""),
                    **({"search": f"reused from {args.search_db}"} if args.search_db else {}),
-                   "sft (rft, exit, visits)": f"lr {args.sft_lr}"},
+                   "sft (rft, exit, visits)": f"lr {args.sft_lr}"
+                                              + (f"; exit-lora: LoRA r 16 at lr {args.lora_lr}" if "exit-lora" in arms else "")},
                   bootstrap=args.bootstrap, seed=args.seed, constrained=args.constrained)
     table.header()
     eval_config = EvalConfig(**greedy_settings(args))
@@ -148,7 +154,7 @@ def main(argv: list[str] | None = None) -> Table:
         no_critic = build_pairs(refs, PairsConfig(alpha=1.0, theta=args.theta))
         built = {"agent-q": critic.step, "tree-dpo-no-critic": no_critic.step, "trajectory-dpo": critic.trajectory,
                  "rft": critic.rft, "exit": distill(refs, "exit"), "visits": distill(refs, "visits")}
-        built["exit-lr2"] = built["exit"]
+        built["exit-lr2"] = built["exit-action"] = built["exit-lora"] = built["exit"]
         built["decisive"] = build_pairs(refs, PairsConfig(alpha=1.0, theta=args.decisive_theta,
                                                           min_visits=args.min_visits)).step
         built["decisive-sft"] = built["decisive"]
@@ -195,9 +201,11 @@ def main(argv: list[str] | None = None) -> Table:
             t = time.perf_counter()
             out = work / "models" / name
             if name in SFT_ARMS:
-                lr = args.sft_lr * (2 if name == "exit-lr2" else 1)
+                lr = args.lora_lr if name == "exit-lora" else args.sft_lr * (2 if name == "exit-lr2" else 1)
                 kinds = tuple(sorted({s.kind for s in rows}))
-                result = train_sft(base, rows, rft_config(learning_rate=lr, kinds=kinds, **common), out, kind=kinds[0])
+                how = {"loss_on": "action"} if name == "exit-action" else {"lora": True} if name == "exit-lora" else {}
+                result = train_sft(base, rows, rft_config(learning_rate=lr, kinds=kinds, **common, **how), out,
+                                   kind=kinds[0])
             else:
                 cfg = replace(dpo, kinds=("trajectory",) if name == "trajectory-dpo" else ("step",),
                               sft_weight=args.sft_weight if name in ("decisive-sft", "decisive-onpolicy") else 0.0)

@@ -104,6 +104,31 @@ def parse(text: str) -> CompositeAction | FormatError:
     return _parse_cached(text) if isinstance(text, str) else _parse(text)
 
 
+def _section_spans(text: str) -> dict[str, tuple[int, int]]:
+    """Each section's body as a (start, end) span of `text`: the first occurrence of each name wins."""
+    spans: dict[str, tuple[int, int]] = {}
+    matches = list(_HEADER.finditer(text))
+    for i, m in enumerate(matches):
+        name = m.group("name").lower()
+        name = _ALIASES.get(name, name.upper())
+        end = matches[i + 1].start() if i + 1 < len(matches) else len(text)
+        spans.setdefault(name, (m.end(), end))
+    return spans
+
+
+def command_span(text: str) -> tuple[int, int] | None:
+    """Where in `text` the command `parse` reads lies, as a (start, end) span (the ACTION section's first
+    non-empty line, stripped), or None for text `parse` refuses: what an action-only SFT loss trains on."""
+    if isinstance(parse(text), FormatError):
+        return None
+    start, end = _section_spans(text)["ACTION"]
+    for line in re.finditer(r"[^\n]+", text[start:end]):
+        if line.group().strip():
+            left = len(line.group()) - len(line.group().lstrip())
+            return start + line.start() + left, start + line.start() + len(line.group().rstrip())
+    return None
+
+
 def _parse(text: str) -> CompositeAction | FormatError:
     """Read a composite action from model output; a `FormatError` says why not.
 
@@ -119,14 +144,7 @@ def _parse(text: str) -> CompositeAction | FormatError:
     if "\x00" in text:
         return FormatError("completion contains NUL bytes (binary output)")
 
-    found: dict[str, str] = {}
-    matches = list(_HEADER.finditer(text))
-    for i, m in enumerate(matches):
-        name = m.group("name").lower()
-        name = _ALIASES.get(name, name.upper())
-        end = matches[i + 1].start() if i + 1 < len(matches) else len(text)
-        if name not in found:
-            found[name] = text[m.end() : end].strip()
+    found = {name: text[a:b].strip() for name, (a, b) in _section_spans(text).items()}
 
     if "ACTION" not in found:
         return FormatError("no ACTION section (expected a line 'ACTION: <command>')")

@@ -91,3 +91,20 @@ def test_one_megabyte_of_text_is_fast():
 
 def test_normalize_command():
     assert normalize_command("  Get   1 OAK log ") == "get 1 oak log"
+
+
+def test_command_span_is_the_command_parse_reads() -> None:
+    from engine.actions import command_span
+
+    cases = [
+        "PLAN:\n1. get it\nTHOUGHT: a\nACTION:   get 1 string  \nEXPLANATION: e\nSTATUS: CONTINUE",
+        "THOUGHT: x\n**Action:**\n\n  craft 1 y using 2 z\nmore prose\nSTATUS: SUCCESS",
+        "Sure! Command: look\nACTION: not this one",  # "Command:" is ACTION's alias: the first occurrence wins
+    ]
+    for text in cases:
+        span = command_span(text)
+        parsed = parse(text)
+        assert span is not None and not isinstance(parsed, FormatError)
+        assert text[span[0]:span[1]] == parsed.command
+    assert command_span("THOUGHT: no action here") is None
+    assert command_span("ACTION:\n\nSTATUS: CONTINUE") is None

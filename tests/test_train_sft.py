@@ -105,6 +105,33 @@ def test_step_rows_use_the_inference_prompt_and_skip_untrained_turns(model_dir: 
     assert row["input_ids"][-1] == tok.eos_token_id
 
 
+def test_action_only_loss_trains_exactly_the_command_tokens(model_dir: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    sample = _sample()
+    whole, action = sft_rows([sample], tok, "steps"), sft_rows([sample], tok, "steps", loss_on="action")
+    assert [r["input_ids"] for r in action] == [r["input_ids"] for r in whole]  # same tokens, other targets
+    for row, turn in zip(action, [sample.turns[i] for i in (0, 2, 3)], strict=True):
+        trained = [t for t, m in zip(row["input_ids"], row["assistant_masks"], strict=True) if m]
+        command = turn.text.split("ACTION:")[1].splitlines()[0].strip()
+        assert tok.decode(trained).strip() == command  # the command, neither THOUGHT nor STATUS nor the EOS
+        assert row["input_ids"][-1] == tok.eos_token_id and row["assistant_masks"][-1] == 0
+    trainer, _, rows = build_trainer(model_dir, [sample], _cfg(loss_on="action", batch_size=1))
+    assert rows == action  # the config reaches the rows, and TRL's labels follow them
+    assert sorted(sum(lab != -100 for lab in r["labels"]) for r in trainer.train_dataset) == \
+        sorted(sum(r["assistant_masks"]) for r in action)
+
+
+def test_action_only_loss_refusals() -> None:
+    from engine.config import ConfigError
+
+    with pytest.raises(ConfigError, match="loss_on: 'action' needs format 'steps'"):
+        SFTTrainConfig(format="chat", loss_on="action")
+    with pytest.raises(ConfigError, match="loss_on: 'thought' is not one of completion, action"):
+        SFTTrainConfig(loss_on="thought")
+
+
 def test_mix_revisions_reaches_the_share() -> None:
     rev = [_sample(f"r{i}", "revision") for i in range(6)]
     good = [_sample(f"g{i}", "good") for i in range(20)]

@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from engine.store import FinalLabel, Store
 
 SFT_FORMATS = ("steps", "chat")
+LOSS_ON = ("completion", "action")
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,9 @@ class SFTTrainConfig(TrainConfig):
         "choices": LABEL_RULES})
     revision_share: float | None = field(default=None, metadata={
         "help": "fraction of revision trajectories in the mix (Agent-R)"})
+    loss_on: str = field(default="completion", metadata={
+        "help": "the tokens each trained step's loss covers: its whole completion, or only its command (the ACTION "
+                "line; steps format)", "choices": LOSS_ON})
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -83,6 +87,10 @@ class SFTTrainConfig(TrainConfig):
             raise ConfigError(f"SFTTrainConfig.kinds: unknown kind(s) {sorted(bad) or '(none given)'}")
         if self.labels not in LABEL_RULES:
             raise ConfigError(f"SFTTrainConfig.labels: {self.labels!r} is not one of {', '.join(LABEL_RULES)}")
+        if self.loss_on not in LOSS_ON:
+            raise ConfigError(f"SFTTrainConfig.loss_on: {self.loss_on!r} is not one of {', '.join(LOSS_ON)}")
+        if self.loss_on == "action" and self.format != "steps":
+            raise ConfigError("SFTTrainConfig.loss_on: 'action' needs format 'steps' (a chat row's masks are per turn)")
         if self.revision_share is not None and not 0 < self.revision_share <= 1:
             raise ConfigError(f"SFTTrainConfig.revision_share: must be in (0, 1], got {self.revision_share!r}")
 
@@ -135,16 +143,32 @@ def mix_revisions(samples: Sequence[Sample], share: float, seed: int = 0) -> lis
     return sorted([*rev, *rng.sample(rest, want_rest)], key=lambda s: s.id)
 
 
-def step_rows(sample: Sample, tokenizer: Any) -> list[dict[str, Any]]:
+def step_rows(sample: Sample, tokenizer: Any, loss_on: str = "completion") -> list[dict[str, Any]]:
     from engine.datasets.samples import to_step_rows
 
     rows = []
     for row in to_step_rows(sample):
         prompt = encode_prompt(tokenizer, row["prompt"])
-        completion = encode_completion(tokenizer, row["completion"][0]["content"])
-        rows.append({"id": row["id"], "input_ids": prompt + completion,
-                     "assistant_masks": [0] * len(prompt) + [1] * len(completion)})
+        text = row["completion"][0]["content"]
+        completion = encode_completion(tokenizer, text)
+        mask = [1] * len(completion) if loss_on == "completion" else command_mask(tokenizer, text)
+        if 1 in mask:
+            rows.append({"id": row["id"], "input_ids": prompt + completion, "assistant_masks": [0] * len(prompt) + mask})
     return rows
+
+
+def command_mask(tokenizer: Any, text: str) -> list[int]:
+    """The loss mask of `encode_completion(tokenizer, text)` that trains only the command's tokens (every token
+    overlapping `actions.command_span`; not the EOS): all zeros for a text `parse` refuses."""
+    from engine.actions import command_span
+
+    if not getattr(tokenizer, "is_fast", False):
+        raise TrainError("SFTTrainConfig.loss_on 'action' needs a fast tokenizer (character offsets per token)")
+    span = command_span(text)
+    offsets = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    if span is None:
+        return [0] * (len(offsets) + 1)
+    return [int(a < span[1] and b > span[0]) for a, b in offsets] + [0]
 
 
 def chat_rows(sample: Sample, tokenizer: Any) -> list[dict[str, Any]]:
@@ -157,10 +181,12 @@ def chat_rows(sample: Sample, tokenizer: Any) -> list[dict[str, Any]]:
     return [{"id": sample.id, **tok}]
 
 
-def sft_rows(samples: Sequence[Sample], tokenizer: Any, fmt: str = "steps") -> list[dict[str, Any]]:
+def sft_rows(samples: Sequence[Sample], tokenizer: Any, fmt: str = "steps",
+             loss_on: str = "completion") -> list[dict[str, Any]]:
     """Pre-tokenized rows (`id`, `input_ids`, `assistant_masks`) for SFTTrainer."""
-    render = step_rows if fmt == "steps" else chat_rows
-    return [row for s in samples for row in render(s, tokenizer)]
+    if fmt == "chat":
+        return [row for s in samples for row in chat_rows(s, tokenizer)]
+    return [row for s in samples for row in step_rows(s, tokenizer, loss_on)]
 
 
 def build_trainer(
@@ -183,7 +209,7 @@ def build_trainer(
                          "samples are used; include pending ones with --include-pending)")
     reporter = reporter or MemoryReporter()
     model, tokenizer, device, precision = load_model(model_path, config)
-    rows = sft_rows(samples, tokenizer, config.format)
+    rows = sft_rows(samples, tokenizer, config.format, config.loss_on)
     if not rows:
         raise TrainError(f"{len(samples)} samples, but none has a trained turn")
     args = pin_one_device(SFTConfig(
