@@ -18,7 +18,9 @@ against min(trees, limit x servers), driver CPU per request (this process and it
 processes, user + system, over the requests sent; the servers are separate processes), and the share
 of wall the engine (scheduler) + commits take in the processes that grow trees and the writer's
 commit share. `--clients threads,auto` runs each cell with the thread-per-request OpenAI client and
-then with the default (the event loop on http://), the before / after of 2026-12-05 in one run.
+then with the default (the event loop on http://), the before / after of 2026-12-05 in one run;
+`--clients queued,auto` the loop on its own thread (answers queued to the search's thread) vs driven by
+the search's thread (2026-12-07).
 
     .venv/bin/python bench/scale.py [--simulations 2] [--time-scale 1.0] [--workers 1,2,4] [--no-table]
     .venv/bin/python bench/scale.py --drive [--sizes 256,1024] [--limits 64,256] [--servers 1,2]
@@ -28,6 +30,7 @@ then with the default (the event loop on http://), the before / after of 2026-12
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import subprocess
 import sys
@@ -58,8 +61,8 @@ class Metered:
     Random per request) inline took ~40% of the search thread's interpreter time at 1024 trees (py-spy,
     2026-12-05), slowing the very search it measures."""
 
-    def __init__(self, gen: Any, time_scale: float) -> None:
-        self.gen, self.scale, self.name = gen, time_scale, gen.name
+    def __init__(self, gen: Any, time_scale: float, drive: bool = True) -> None:
+        self.gen, self.scale, self.name, self.drive = gen, time_scale, gen.name, drive
         self.sent: list[tuple[Any, Any]] = []  # (request, affinity); list.append is atomic under the GIL
         self.total = 0.0
         self.chain: dict[object, float] = defaultdict(float)
@@ -84,6 +87,11 @@ class Metered:
     def submit(self, request, affinity=None):
         self._meter(request, affinity)
         return self.gen.submit(request, affinity)
+
+    def driven(self):
+        """The generator's own driven I/O (`SupportsDriven`), unless `drive` is off (client "queued")."""
+        driven = getattr(self.gen, "driven", None)
+        return driven() if callable(driven) and self.drive else contextlib.nullcontext()
 
     def logprobs(self, prompts, completions):
         return self.gen.logprobs(prompts, completions)
@@ -171,13 +179,15 @@ def _cpu() -> float:
 def drive_run(urls: list[str], trees: int, limit: int, shards: str, cfg: SearchConfig, time_scale: float,
               db: Path, client: str = "auto", commit_every: float = 0.0) -> dict:
     """One run of the driver table (see the module docstring); `shards`: a count or "auto"; `client`: the
-    OpenAI client (`?client=`: auto is the event loop here, threads the thread per request before it)."""
+    OpenAI client (`?client=`: auto is the event loop, run by the search's own thread in one process;
+    queued the same loop on its own thread, the answers queued to the search's (one process only); threads
+    the thread per request before both)."""
     from engine.llm.registry import load_generator
     from engine.search.local_shards import auto_shards, prepare_run
     from engine.search.runner import new_run
     from engine.store import Store
 
-    spec = f"openai:{','.join(urls)}#m?concurrency={limit}" + ("" if client == "auto" else f"&client={client}")
+    spec = f"openai:{','.join(urls)}#m?concurrency={limit}" + ("" if client in ("auto", "queued") else f"&client={client}")
     tasks = env_factory(repeat_env.NAME)().tasks("train")[:trees]  # 1024 trees: TextCraft's tasks repeated
     n = auto_shards(trees, cfg.trees_in_flight, spec) if shards == "auto" else int(shards)
     busy, cpu, metered = _busy(urls), _cpu(), None
@@ -190,7 +200,7 @@ def drive_run(urls: list[str], trees: int, limit: int, shards: str, cfg: SearchC
     with Store(db) as store:
         t = time.perf_counter()
         if n == 1:
-            metered = Metered(load_generator(spec), time_scale)
+            metered = Metered(load_generator(spec), time_scale, drive=client != "queued")
             _, stats = new_run(store, repeat_env.NAME, tasks, metered, cfg, "drive", progress=progress,
                                   commit_every=commit_every)
             metered.gen.close()
@@ -270,7 +280,8 @@ def main() -> None:
     ap.add_argument("--servers", default="1,2", help="--drive: delayed server processes")
     ap.add_argument("--shards", default="1,2", help="--drive: shard counts (1: one process; auto: the rule's)")
     ap.add_argument("--clients", default="auto", help="--drive: OpenAI clients (?client=): auto (the event loop on "
-                    "http://), threads (a thread per request), loop")
+                    "http://, driven by the search's thread in one process), queued (the same loop on its own thread, "
+                    "the answers queued to the search's), threads (a thread per request), loop")
     ap.add_argument("--commit-every", default="0", help="--drive, one process: seconds between the inline commits "
                     "(comma-separated arms; 0: after every batch of replies)")
     ap.add_argument("--k", type=int, default=2, help="--drive: candidates per expansion")

@@ -170,6 +170,35 @@ def test_close_cancels_what_is_in_flight_and_the_client_starts_again(server: Any
     client.close()
 
 
+def test_a_driven_thread_runs_its_own_posts_and_its_answers_land_on_it(server: Any) -> None:  # noqa: F811
+    client = LoopHTTP(server.url, timeout_s=10, max_in_flight=2, max_body=2**20)
+    me = threading.get_ident()
+    try:
+        with client.driven() as driver:
+            assert driver is not None
+            landed_on: list[int] = []
+            futures = [client.run(client.post("/plain", BODY, {})) for _ in range(3)]
+            for f in futures:
+                f.add_done_callback(lambda _: landed_on.append(threading.get_ident()))
+            driver.send()  # out now; the answers are read only while the driver waits
+            threading.Event().wait(0.3)
+            assert not any(f.done() for f in futures)
+            driver.wait(lambda: all(f.done() for f in futures))
+            assert [f.result().status for f in futures] == [200] * 3 and landed_on == [me] * 3
+            assert client._thread is None  # no loop thread: this one ran the loop
+            other: Future[int] = Future()  # another thread's post goes to the loop thread, undriven
+            threading.Thread(target=lambda: other.set_result(_post(client, "/plain").status)).start()
+            assert other.result(timeout=10) == 200 and client._thread is not None
+            with client.driven() as again:
+                assert again is None  # this thread drives already
+            slow = client.run(client.post("/slow", BODY, {}))
+            driver.send()
+        assert slow.cancelled()  # what was in flight at the exit
+        assert _post(client, "/plain").status == 200  # and the client goes on, on its loop thread
+    finally:
+        client.close()
+
+
 def test_the_generator_uses_the_loop_for_plain_http_only(monkeypatch: pytest.MonkeyPatch) -> None:
     for var in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
         monkeypatch.delenv(var, raising=False)

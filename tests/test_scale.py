@@ -12,7 +12,7 @@ from delayed import delayed_server
 from doubles import ScriptedGenerator, SnapshotLineEnv
 
 from engine.config import SearchConfig
-from engine.llm.base import GeneratorError, SupportsSubmit
+from engine.llm.base import GeneratorError, SupportsDriven, SupportsSubmit
 from engine.llm.openai_http import OpenAIGenerator
 from engine.llm.registry import load_generator
 from engine.search.mcts import MCTS, start_tree
@@ -29,22 +29,44 @@ def _texts(tree):
              n.critic_rank, n.critic_reason, n.terminal, n.observation) for n in tree.nodes]
 
 
+class _Queued:
+    """The same client without `driven`: its answers land on its loop thread and queue to the search's."""
+
+    def __init__(self, gen) -> None:
+        self.gen, self.name = gen, gen.name
+
+    def sample(self, requests):
+        return self.gen.sample(requests)
+
+    def submit(self, request, affinity=None):
+        return self.gen.submit(request, affinity)
+
+    def logprobs(self, prompts, completions):
+        return self.gen.logprobs(prompts, completions)
+
+
 def test_no_barrier_gives_the_same_trees_as_the_round_barrier():
     cfg = SearchConfig(simulations=4, k=3, depth_limit=4, seed=3)
     with delayed_server(time_scale=0.05) as (url, _):
         gen = OpenAIGenerator(url, "m", max_concurrency=16)
-        assert isinstance(gen, SupportsSubmit)
+        assert isinstance(gen, SupportsSubmit) and isinstance(gen, SupportsDriven)
+        free_jobs = _jobs(cfg)
+        free = MCTS(gen, cfg).run(free_jobs)  # driven: the search's thread runs the client's I/O
+        assert gen._loop_http is not None and gen._loop_http._thread is None  # no loop thread was started
+        queued_jobs = _jobs(cfg)
+        queued = MCTS(_Queued(gen), cfg).run(queued_jobs)
+        assert gen._loop_http._thread is not None
         barrier_jobs, barrier = _jobs(cfg), None
         barrier = MCTS(gen, cfg, rounds=True).run(barrier_jobs)
-        free_jobs = _jobs(cfg)
-        free = MCTS(gen, cfg).run(free_jobs)
         gen.close()
-    assert barrier.simulations == free.simulations == 6 * 4
-    assert free.requests == barrier.requests and free.completions == barrier.completions
-    for a, b in zip(barrier_jobs, free_jobs, strict=True):
-        assert a.tree.check_invariants() == [] and b.tree.check_invariants() == []
-        assert _texts(a.tree) == _texts(b.tree)
-        assert [s.path for s in a.tree.simulations] == [s.path for s in b.tree.simulations]
+    assert barrier.simulations == free.simulations == queued.simulations == 6 * 4
+    assert free.requests == queued.requests == barrier.requests
+    assert free.completions == queued.completions == barrier.completions
+    for a, b, c in zip(barrier_jobs, free_jobs, queued_jobs, strict=True):
+        assert a.tree.check_invariants() == b.tree.check_invariants() == c.tree.check_invariants() == []
+        assert _texts(a.tree) == _texts(b.tree) == _texts(c.tree)
+        assert [s.path for s in a.tree.simulations] == [s.path for s in b.tree.simulations] == \
+            [s.path for s in c.tree.simulations]
 
 
 class _SlowTreeGenerator(ScriptedGenerator):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Hashable, Sequence
 from concurrent.futures import Future, as_completed, wait
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -127,4 +128,16 @@ class SupportsSubmit(Protocol):
 
     def submit(self, request: SampleRequest, affinity: Hashable | None = None) -> Future[list[Completion]]:
         """Start `request`; the future resolves to its `request.n` completions (or the error)."""
+        ...
+
+
+@runtime_checkable
+class SupportsDriven(Protocol):
+    """A `submit` backend whose I/O the submitting thread can run itself (`OpenAIGenerator` over its event
+    loop): inside `driven()`, the yielded driver's `wait(until)` runs the I/O until `until()` holds and the
+    futures' callbacks run on the caller's thread, with no hand-off between threads per request; `send()`
+    sends what was submitted since without waiting. Yields None where it cannot (the caller then waits on
+    the futures as for any `submit` backend)."""
+
+    def driven(self) -> AbstractContextManager[Any]:
         ...

@@ -18,18 +18,25 @@ one, as httpcore does. `timeout_s` bounds each attempt as a whole (connect, writ
 
 The loop thread starts on first use and runs the callers' coroutines (`run`); their futures'
 done callbacks run on it, so they must be short (the search's only queue the result).
+
+A caller that both sends and handles the answers (the search's scheduler) can instead run a loop of its
+own on its thread (`driven`): its posts start on that loop at once, `Driver.wait` runs the loop until
+an answer it waits for has landed, and the answers' callbacks run on the caller's thread. No hand-off
+between threads then: no self-pipe write to wake the loop thread, no queue wake-up of the caller, no
+GIL passed back and forth, per request.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import functools
 import threading
 import time
 import urllib.parse
 import zlib
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, NamedTuple, TypeVar
 
 import httpx
@@ -79,20 +86,19 @@ class LoopHTTP:
         self.timeout_s = timeout_s
         self.max_body = max_body
         self.max_in_flight = max_in_flight
-        self._idle: list[_Conn] = []
-        self._slots = asyncio.Semaphore(max_in_flight)
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        self._inbox: _Inbox | None = None
+        self._inbox: _Lane | None = None
+        self._lanes: dict[asyncio.AbstractEventLoop, _Lane] = {}  # every loop's lane: the thread's, the driven ones
+        self._local = threading.local()  # .lane: the calling thread's driven lane, if any
 
     # ------------------------------------------------------------ the loop thread
 
-    def _running_loop(self) -> _Inbox:
+    def _running_loop(self) -> _Lane:
         with self._lock:
             if self._loop is None:
                 loop = asyncio.new_event_loop()
-                self._slots = asyncio.Semaphore(self.max_in_flight)  # a semaphore binds to one loop
                 ready = threading.Event()
 
                 def serve() -> None:
@@ -107,13 +113,40 @@ class LoopHTTP:
                 self._thread.start()
                 ready.wait()
                 self._loop = loop
-                self._inbox = _Inbox(loop, self._thread.ident)
+                self._inbox = self._lanes[loop] = _Lane(loop, self._thread.ident, self.max_in_flight)
             assert self._inbox is not None
             return self._inbox
 
     def run(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
-        """Run `coro` on the loop thread; its result or error lands in the returned future."""
-        return self._running_loop().put(coro)
+        """Run `coro` on the calling thread's driven loop (`driven`), else on the loop thread; its result
+        or error lands in the returned future."""
+        lane = getattr(self._local, "lane", None)
+        return (lane or self._running_loop()).put(coro)
+
+    @contextlib.contextmanager
+    def driven(self) -> Iterator[Driver | None]:
+        """While inside, what the calling thread posts runs on a loop of its own, which only runs in the
+        yielded `Driver`'s calls (the module docstring). Yields None where the thread cannot drive a loop
+        (it is inside a running one already, or driving this client already). On exit what is still in
+        flight there is cancelled (its futures end cancelled) and the lane's connections closed."""
+        if asyncio._get_running_loop() is not None or getattr(self._local, "lane", None) is not None:
+            yield None
+            return
+        loop = asyncio.new_event_loop()
+        lane = _Lane(loop, threading.get_ident(), self.max_in_flight)
+        with self._lock:
+            self._lanes[loop] = lane
+        self._local.lane = lane
+        try:
+            yield Driver(lane)
+        finally:
+            self._local.lane = None
+            try:
+                loop.run_until_complete(self._shutdown(lane))
+            finally:
+                loop.close()
+                with self._lock:
+                    del self._lanes[loop]
 
     def close(self) -> None:
         """Cancel what is in flight (its futures end cancelled), close every connection, stop the
@@ -129,15 +162,17 @@ class LoopHTTP:
         asyncio.run_coroutine_threadsafe(self._shutdown(inbox), loop).result()
         loop.call_soon_threadsafe(loop.stop)  # after the sockets' own close callbacks, queued before it
         thread.join()
+        with self._lock:
+            self._lanes.pop(loop, None)
 
-    async def _shutdown(self, inbox: _Inbox, stop: bool = False) -> None:
-        inbox.cancel_queued()
+    async def _shutdown(self, lane: _Lane, stop: bool = False) -> None:
+        lane.cancel_queued()
         me = asyncio.current_task()
         tasks = [t for t in asyncio.all_tasks() if t is not me]
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        idle, self._idle = self._idle, []
+        idle, lane.idle = lane.idle, []
         for c in idle:
             c.writer.close()
         if stop:
@@ -155,22 +190,23 @@ class LoopHTTP:
                 raise httpx.LocalProtocolError(f"header {name!r} holds a line break")
             head.append(f"{name}: {value}")
         message = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
-        async with self._slots:
-            return await self._post(path, message)
+        lane = self._lanes[asyncio.get_running_loop()]
+        async with lane.slots:
+            return await self._post(path, message, lane.idle)
 
-    async def _post(self, path: str, message: bytes) -> Answer:
+    async def _post(self, path: str, message: bytes, idle: list[_Conn]) -> Answer:
         try:
             async with asyncio.timeout(self.timeout_s):
-                while self._idle:  # the freshest idle connection first
-                    conn = self._idle.pop()
+                while idle:  # the freshest idle connection first
+                    conn = idle.pop()
                     if time.monotonic() - conn.idle_since >= KEEPALIVE_S or conn.reader.at_eof():
                         conn.writer.close()
                         continue
                     try:
-                        return await self._exchange(conn, message, reused=True)
+                        return await self._exchange(conn, message, idle, reused=True)
                     except _Stale:
                         continue  # closed while idle: the next one, or a fresh connection
-                return await self._exchange(await self._connect(), message, reused=False)
+                return await self._exchange(await self._connect(), message, idle, reused=False)
         except TimeoutError:
             raise httpx.ReadTimeout(f"POST {self.base_path}{path}: no answer within {self.timeout_s} s") from None
 
@@ -181,7 +217,7 @@ class LoopHTTP:
             raise httpx.ConnectError(f"connecting to {self.host}:{self.port}: {exc}") from exc
         return _Conn(reader, writer, time.monotonic())
 
-    async def _exchange(self, conn: _Conn, message: bytes, reused: bool) -> Answer:
+    async def _exchange(self, conn: _Conn, message: bytes, idle: list[_Conn], reused: bool) -> Answer:
         reader, writer, _ = conn
         got_bytes = False
         try:
@@ -222,7 +258,7 @@ class LoopHTTP:
                 "content-length" not in headers and "chunked" not in headers.get("transfer-encoding", "")):
             writer.close()
         else:
-            self._idle.append(_Conn(reader, writer, time.monotonic()))
+            idle.append(_Conn(reader, writer, time.monotonic()))
         return Answer(status, headers, _decoded(content, headers.get("content-encoding", ""), self.max_body))
 
     async def _body(self, reader: asyncio.StreamReader, headers: dict[str, str]) -> bytes:
@@ -261,16 +297,22 @@ class LoopHTTP:
         return data
 
 
-class _Inbox:
-    """Coroutines handed to one loop. From another thread they queue, and one wake-up of the loop
-    (a write to its self-pipe) starts all that queued meanwhile; from the loop thread itself (a done
-    callback submitting the next request) they start at once, with no wake-up at all."""
+class _Lane:
+    """One event loop's side of the client: the coroutines handed to it, its keep-alive connections and
+    in-flight slots, and, for a loop a caller drives (`LoopHTTP.driven`), the future that ends one wait.
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, ident: int | None) -> None:
+    From another thread coroutines queue, and one wake-up of the loop (a write to its self-pipe) starts
+    all that queued meanwhile; from the loop's own thread (a done callback submitting the next request,
+    or the thread that drives it) they start at once, with no wake-up at all."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, ident: int | None, max_in_flight: int) -> None:
         self.loop = loop
         self.ident = ident
         self.lock = threading.Lock()
         self.queued: list[tuple[Coroutine[Any, Any, Any], concurrent.futures.Future[Any]]] = []
+        self.idle: list[_Conn] = []
+        self.slots = asyncio.Semaphore(max_in_flight)  # binds to the loop on first use
+        self.waker: asyncio.Future[None] | None = None
 
     def put(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         fut: concurrent.futures.Future[T] = concurrent.futures.Future()
@@ -297,7 +339,12 @@ class _Inbox:
         if fut.cancelled():
             coro.close()
             return
-        self.loop.create_task(coro).add_done_callback(functools.partial(_settle, fut))
+        self.loop.create_task(coro).add_done_callback(functools.partial(self._landed, fut))
+
+    def _landed(self, fut: concurrent.futures.Future[Any], task: asyncio.Task[Any]) -> None:
+        _settle(fut, task)
+        if self.waker is not None and not self.waker.done():  # a driver waits: it checks what landed
+            self.waker.set_result(None)
 
     def cancel_queued(self) -> None:
         with self.lock:
@@ -305,6 +352,31 @@ class _Inbox:
         for coro, fut in queued:
             coro.close()
             fut.cancel()
+
+
+class Driver:
+    """Runs a driven lane's loop on the calling thread (`LoopHTTP.driven`)."""
+
+    def __init__(self, lane: _Lane) -> None:
+        self._lane = lane
+
+    def wait(self, until: Callable[[], object]) -> None:
+        """Run the loop until `until()` is true, checked at start and after each request lands. The
+        caller must have something in flight that makes it hold, or this waits for ever."""
+        lane = self._lane
+        while not until():
+            lane.waker = lane.loop.create_future()
+            try:
+                lane.loop.run_until_complete(lane.waker)
+            finally:
+                lane.waker = None
+
+    def send(self) -> None:
+        """One pass of the loop without waiting: the requests posted since the last pass go out now
+        (their coroutines run to their first wait for the server), not at the next `wait`."""
+        loop = self._lane.loop
+        loop.call_soon(loop.stop)
+        loop.run_forever()
 
 
 def _settle(fut: concurrent.futures.Future[Any], task: asyncio.Task[Any]) -> None:

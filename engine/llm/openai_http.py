@@ -42,6 +42,7 @@ build the same token ids as `HFGenerator`: chat-templated prompt + completion + 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import ipaddress
 import logging
@@ -62,7 +63,7 @@ import httpx
 
 from engine import safejson
 from engine.llm.base import Completion, GeneratorError, Prompt, PromptTooLong, SampleRequest, gather
-from engine.llm.loop_http import LoopHTTP
+from engine.llm.loop_http import Driver, LoopHTTP
 from engine.llm.thread_transport import ThreadTransport
 
 log = logging.getLogger(__name__)
@@ -325,6 +326,11 @@ class OpenAIGenerator:
             f"OpenAIGenerator({self.base_url!r}, {self.model!r}, api={self.api!r}, "
             f"api_key_env={self.api_key_env!r})"
         )
+
+    def driven(self) -> contextlib.AbstractContextManager[Driver | None]:
+        """`SupportsDriven`: inside, this thread's `submit`s run on an event loop the thread drives itself
+        (`LoopHTTP.driven`); yields None where this client has no event loop (https, a proxy, client=threads)."""
+        return self._loop_http.driven() if self._loop_http is not None else contextlib.nullcontext()
 
     def close(self) -> None:
         with self._pool_lock:

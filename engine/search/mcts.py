@@ -15,6 +15,7 @@ snapshot/restore where the env offers it, replay from reset otherwise.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import queue
@@ -259,11 +260,20 @@ class MCTS:
         return self._run_rounds(jobs)
 
     def _run_streaming(self, jobs: Iterable[TreeJob], submit: Callable[..., Future]) -> SearchStats:
-        """No round barrier: a tree's requests go out when it yields them; it advances when they land."""
+        """No round barrier: a tree's requests go out when it yields them; it advances when they land.
+        A backend this thread can drive (`SupportsDriven`) runs its I/O here, between batches: the
+        answers land on this thread, with no hand-off per request."""
+        driven = getattr(self.generator, "driven", None)
+        with driven() if callable(driven) else contextlib.nullcontext() as driver:
+            return self._stream(jobs, submit, driver)
+
+    def _stream(self, jobs: Iterable[TreeJob], submit: Callable[..., Future], driver: Any) -> SearchStats:
         cfg, stats = self.config, self.stats
         t_start = time.perf_counter()
         waiting = deque(j for j in jobs if j.remaining > 0)
         landed: queue.SimpleQueue[tuple[_Wait, int, Any, BaseException | None]] = queue.SimpleQueue()
+        here: deque[tuple[_Wait, int, Any, BaseException | None]] = deque()  # what landed on this thread (driven)
+        put = here.append if driver is not None else landed.put
         started: list[TreeJob] = []
         in_flight = 0  # trees waiting for completions
 
@@ -284,7 +294,7 @@ class MCTS:
                 w = _Wait(job, coro, [None] * len(requests), len(requests), t)  # type: ignore[list-item]
                 key = job.tree.task.id
                 for i, request in enumerate(requests):
-                    submit(request, affinity=key).add_done_callback(functools.partial(_landed, landed.put, w, i))
+                    submit(request, affinity=key).add_done_callback(functools.partial(_landed, put, w, i))
                 stats.gen_s += time.perf_counter() - t  # time in the backend, as `sample` in rounds
                 stats.requests += len(requests)
                 in_flight += 1
@@ -301,9 +311,14 @@ class MCTS:
                 if not in_flight:
                     continue
                 t = time.perf_counter()
-                items = [landed.get()]
-                while not landed.empty():  # everything that landed meanwhile
-                    items.append(landed.get_nowait())
+                if driver is not None:
+                    driver.wait(here.__len__)  # this thread runs the I/O until something landed
+                    items = list(here)
+                    here.clear()
+                else:
+                    items = [landed.get()]
+                    while not landed.empty():  # everything that landed meanwhile
+                        items.append(landed.get_nowait())
                 now = time.perf_counter()
                 stats.gen_s += now - t
                 stats.rounds += 1
@@ -320,6 +335,10 @@ class MCTS:
                     stats.completions += n_completions
                     w.job.share_ms = 1000.0 * (now - w.t0) / max(n_completions, 1)
                     advance(w.job, w.coro, w.replies)
+                if driver is not None:
+                    t = time.perf_counter()
+                    driver.send()  # the new requests go out before the commit, not after it
+                    stats.gen_s += time.perf_counter() - t
                 self._end_batch()
         finally:
             self._end_batch()
@@ -639,8 +658,9 @@ class MCTS:
 
 def _landed(put: Callable[[Any], None], wait: Any, index: int, fut: Future) -> None:
     """A done callback: hand the request's completions (or its error) to the scheduler's queue (index:
-    the request's place). It runs in the backend's thread, so the scheduler's thread never takes the
-    future's lock (or, for a future done already, at once inside `add_done_callback`)."""
+    the request's place). It runs in the backend's thread (driven: in the scheduler's own, inside the
+    driver's wait), so the scheduler's thread never takes the future's lock (or, for a future done
+    already, at once inside `add_done_callback`)."""
     try:
         put((wait, index, fut.result(), None))
     except BaseException as e:  # noqa: BLE001 - the scheduler raises it
