@@ -199,6 +199,28 @@ def test_a_driven_thread_runs_its_own_posts_and_its_answers_land_on_it(server: A
         client.close()
 
 
+def test_two_clients_share_one_driver_and_each_exit_cancels_its_own(server: Any) -> None:  # noqa: F811
+    a = LoopHTTP(server.url, timeout_s=10, max_in_flight=2, max_body=2**20)
+    b = LoopHTTP(server.url, timeout_s=10, max_in_flight=2, max_body=2**20)
+    try:
+        with a.driven() as driver:
+            assert driver is not None
+            with b.driven(driver) as same:
+                assert same is driver
+                pair = [a.run(a.post("/plain", BODY, {})), b.run(b.post("/plain", BODY, {}))]
+                driver.wait(lambda: all(f.done() for f in pair))  # one loop serves both clients
+                assert [f.result().status for f in pair] == [200, 200]
+                slow_a, slow_b = a.run(a.post("/slow", BODY, {})), b.run(b.post("/slow", BODY, {}))
+                driver.send()
+            assert slow_b.cancelled() and not slow_a.done()  # b's exit cancels b's request only
+            driver.wait(slow_a.done)
+            assert slow_a.result().status == 200
+        assert a._thread is None and b._thread is None
+    finally:
+        a.close()
+        b.close()
+
+
 def test_the_generator_uses_the_loop_for_plain_http_only(monkeypatch: pytest.MonkeyPatch) -> None:
     for var in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
         monkeypatch.delenv(var, raising=False)

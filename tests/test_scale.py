@@ -191,6 +191,8 @@ def test_two_servers_affinity_held_a_killed_server_trees_moved_no_request_lost()
 
         jobs = _jobs(cfg, 8)
         stats = MCTS(gen, cfg, on_simulation=on_simulation).run(jobs)
+        assert isinstance(gen, SupportsDriven)  # both servers' clients on one loop, driven by this thread
+        assert all(s._loop_http is not None and s._loop_http._thread is None for s in gen.servers)
         gen.close()
     served_a = before.pop("served_a")
     assert served_a > 0 and stats.simulations == 8 * 6

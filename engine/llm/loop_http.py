@@ -124,29 +124,33 @@ class LoopHTTP:
         return (lane or self._running_loop()).put(coro)
 
     @contextlib.contextmanager
-    def driven(self) -> Iterator[Driver | None]:
+    def driven(self, driver: Driver | None = None) -> Iterator[Driver | None]:
         """While inside, what the calling thread posts runs on a loop of its own, which only runs in the
-        yielded `Driver`'s calls (the module docstring). Yields None where the thread cannot drive a loop
-        (it is inside a running one already, or driving this client already). On exit what is still in
-        flight there is cancelled (its futures end cancelled) and the lane's connections closed."""
+        yielded `Driver`'s calls (the module docstring); with `driver` (another client's, entered on this
+        thread), on that driver's loop, so one thread drives several clients (one per server). Yields None
+        where the thread cannot drive (it is inside a running loop already, or drives this client already).
+        On exit what this client still has in flight there is cancelled (its futures end cancelled) and
+        its connections there closed; the driver that made the loop closes it."""
         if asyncio._get_running_loop() is not None or getattr(self._local, "lane", None) is not None:
             yield None
             return
-        loop = asyncio.new_event_loop()
-        lane = _Lane(loop, threading.get_ident(), self.max_in_flight)
+        own = driver is None
+        drive = Driver(asyncio.new_event_loop()) if driver is None else driver
+        lane = _Lane(drive.loop, threading.get_ident(), self.max_in_flight, drive)
         with self._lock:
-            self._lanes[loop] = lane
+            self._lanes[drive.loop] = lane
         self._local.lane = lane
         try:
-            yield Driver(lane)
+            yield drive
         finally:
             self._local.lane = None
             try:
-                loop.run_until_complete(self._shutdown(lane))
+                drive.loop.run_until_complete(self._shutdown(lane))
             finally:
-                loop.close()
                 with self._lock:
-                    del self._lanes[loop]
+                    del self._lanes[drive.loop]
+                if own:
+                    drive.loop.close()
 
     def close(self) -> None:
         """Cancel what is in flight (its futures end cancelled), close every connection, stop the
@@ -167,8 +171,7 @@ class LoopHTTP:
 
     async def _shutdown(self, lane: _Lane, stop: bool = False) -> None:
         lane.cancel_queued()
-        me = asyncio.current_task()
-        tasks = [t for t in asyncio.all_tasks() if t is not me]
+        tasks = list(lane.tasks)  # this client's only: a driven loop may carry other clients' too
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -305,14 +308,16 @@ class _Lane:
     all that queued meanwhile; from the loop's own thread (a done callback submitting the next request,
     or the thread that drives it) they start at once, with no wake-up at all."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, ident: int | None, max_in_flight: int) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, ident: int | None, max_in_flight: int,
+                 driver: Driver | None = None) -> None:
         self.loop = loop
         self.ident = ident
+        self.driver = driver
         self.lock = threading.Lock()
         self.queued: list[tuple[Coroutine[Any, Any, Any], concurrent.futures.Future[Any]]] = []
         self.idle: list[_Conn] = []
         self.slots = asyncio.Semaphore(max_in_flight)  # binds to the loop on first use
-        self.waker: asyncio.Future[None] | None = None
+        self.tasks: set[asyncio.Task[Any]] = set()  # in flight
 
     def put(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         fut: concurrent.futures.Future[T] = concurrent.futures.Future()
@@ -339,12 +344,15 @@ class _Lane:
         if fut.cancelled():
             coro.close()
             return
-        self.loop.create_task(coro).add_done_callback(functools.partial(self._landed, fut))
+        task = self.loop.create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(functools.partial(self._landed, fut))
 
     def _landed(self, fut: concurrent.futures.Future[Any], task: asyncio.Task[Any]) -> None:
+        self.tasks.discard(task)
         _settle(fut, task)
-        if self.waker is not None and not self.waker.done():  # a driver waits: it checks what landed
-            self.waker.set_result(None)
+        if self.driver is not None:  # a driver may be waiting: it checks what landed
+            self.driver.landed()
 
     def cancel_queued(self) -> None:
         with self.lock:
@@ -355,28 +363,33 @@ class _Lane:
 
 
 class Driver:
-    """Runs a driven lane's loop on the calling thread (`LoopHTTP.driven`)."""
+    """Runs a driven loop on the calling thread (`LoopHTTP.driven`): one per thread, shared by the
+    clients entered with it."""
 
-    def __init__(self, lane: _Lane) -> None:
-        self._lane = lane
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._waker: asyncio.Future[None] | None = None
 
     def wait(self, until: Callable[[], object]) -> None:
         """Run the loop until `until()` is true, checked at start and after each request lands. The
         caller must have something in flight that makes it hold, or this waits for ever."""
-        lane = self._lane
         while not until():
-            lane.waker = lane.loop.create_future()
+            self._waker = self.loop.create_future()
             try:
-                lane.loop.run_until_complete(lane.waker)
+                self.loop.run_until_complete(self._waker)
             finally:
-                lane.waker = None
+                self._waker = None
+
+    def landed(self) -> None:
+        """A request of one of the clients ended: a `wait` in progress checks its condition again."""
+        if self._waker is not None and not self._waker.done():
+            self._waker.set_result(None)
 
     def send(self) -> None:
         """One pass of the loop without waiting: the requests posted since the last pass go out now
         (their coroutines run to their first wait for the server), not at the next `wait`."""
-        loop = self._lane.loop
-        loop.call_soon(loop.stop)
-        loop.run_forever()
+        self.loop.call_soon(self.loop.stop)
+        self.loop.run_forever()
 
 
 def _settle(fut: concurrent.futures.Future[Any], task: asyncio.Task[Any]) -> None:

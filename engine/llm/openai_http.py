@@ -327,10 +327,11 @@ class OpenAIGenerator:
             f"api_key_env={self.api_key_env!r})"
         )
 
-    def driven(self) -> contextlib.AbstractContextManager[Driver | None]:
+    def driven(self, driver: Driver | None = None) -> contextlib.AbstractContextManager[Driver | None]:
         """`SupportsDriven`: inside, this thread's `submit`s run on an event loop the thread drives itself
-        (`LoopHTTP.driven`); yields None where this client has no event loop (https, a proxy, client=threads)."""
-        return self._loop_http.driven() if self._loop_http is not None else contextlib.nullcontext()
+        (`LoopHTTP.driven`; `driver`: another client's, whose loop this one joins); yields None where this
+        client has no event loop (https, a proxy, client=threads)."""
+        return self._loop_http.driven(driver) if self._loop_http is not None else contextlib.nullcontext()
 
     def close(self) -> None:
         with self._pool_lock:

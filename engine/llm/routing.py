@@ -14,14 +14,16 @@ a server can reuse.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import zlib
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from concurrent.futures import Future
 from typing import Any, Self
 
 from engine.llm.base import Completion, GeneratorError, Prompt, SampleRequest, gather
+from engine.llm.loop_http import Driver
 from engine.llm.openai_http import OpenAIGenerator, _init_options, is_outage, parse_spec, spec_query
 
 COOLDOWN_S = 30.0
@@ -142,6 +144,20 @@ class RoutedGenerator:
 
     def sample(self, requests: Sequence[SampleRequest]) -> list[list[Completion]]:
         return gather([self.submit(r) for r in requests])
+
+    @contextlib.contextmanager
+    def driven(self) -> Iterator[Driver | None]:
+        """`SupportsDriven`: every server's client on one event loop the calling thread drives; None where
+        a server's client has no event loop (https, a proxy, client=threads) or this thread cannot drive."""
+        if any(s._loop_http is None for s in self.servers):
+            yield None
+            return
+        with contextlib.ExitStack() as stack:
+            driver = stack.enter_context(self.servers[0].driven())
+            for server in self.servers[1:] if driver is not None else ():
+                if stack.enter_context(server.driven(driver)) is None:  # drives this one already: all or none
+                    raise RuntimeError(f"{self.name}: server {server.base_url} is driven on this thread already")
+            yield driver
 
     def logprobs(self, prompts: Sequence[Prompt], completions: Sequence[str]) -> list[float | None]:
         """Scored by the first server that answers (scoring has no tree to keep together)."""
