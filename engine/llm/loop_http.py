@@ -89,7 +89,7 @@ class LoopHTTP:
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        self._inbox: _Lane | None = None
+        self._thread_lane: _Lane | None = None
         self._lanes: dict[asyncio.AbstractEventLoop, _Lane] = {}  # every loop's lane: the thread's, the driven ones
         self._local = threading.local()  # .lane: the calling thread's driven lane, if any
 
@@ -113,9 +113,9 @@ class LoopHTTP:
                 self._thread.start()
                 ready.wait()
                 self._loop = loop
-                self._inbox = self._lanes[loop] = _Lane(loop, self._thread.ident, self.max_in_flight)
-            assert self._inbox is not None
-            return self._inbox
+                self._thread_lane = self._lanes[loop] = _Lane(loop, self._thread.ident, self.max_in_flight)
+            assert self._thread_lane is not None
+            return self._thread_lane
 
     def run(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         """Run `coro` on the calling thread's driven loop (`driven`), else on the loop thread; its result
@@ -147,8 +147,6 @@ class LoopHTTP:
             try:
                 drive.loop.run_until_complete(self._shutdown(lane))
             finally:
-                with self._lock:
-                    del self._lanes[drive.loop]
                 if own:
                     drive.loop.close()
 
@@ -156,18 +154,16 @@ class LoopHTTP:
         """Cancel what is in flight (its futures end cancelled), close every connection, stop the
         thread."""
         with self._lock:
-            loop, thread, inbox = self._loop, self._thread, self._inbox
-            self._loop = self._thread = self._inbox = None
-        if loop is None or thread is None or inbox is None:
+            loop, thread, lane = self._loop, self._thread, self._thread_lane
+            self._loop = self._thread = self._thread_lane = None
+        if loop is None or thread is None or lane is None:
             return
         if thread is threading.current_thread():  # closed from a done callback: the loop ends after it
-            loop.create_task(self._shutdown(inbox, stop=True))
+            loop.create_task(self._shutdown(lane, stop=True))
             return
-        asyncio.run_coroutine_threadsafe(self._shutdown(inbox), loop).result()
+        asyncio.run_coroutine_threadsafe(self._shutdown(lane), loop).result()
         loop.call_soon_threadsafe(loop.stop)  # after the sockets' own close callbacks, queued before it
         thread.join()
-        with self._lock:
-            self._lanes.pop(loop, None)
 
     async def _shutdown(self, lane: _Lane, stop: bool = False) -> None:
         lane.cancel_queued()
@@ -175,6 +171,8 @@ class LoopHTTP:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        with self._lock:  # only now: a task started before the cancel still looks its lane up in `post`
+            self._lanes.pop(lane.loop, None)
         idle, lane.idle = lane.idle, []
         for c in idle:
             c.writer.close()
@@ -302,7 +300,8 @@ class LoopHTTP:
 
 class _Lane:
     """One event loop's side of the client: the coroutines handed to it, its keep-alive connections and
-    in-flight slots, and, for a loop a caller drives (`LoopHTTP.driven`), the future that ends one wait.
+    in-flight slots, what it has in flight, and, on a loop a caller drives (`LoopHTTP.driven`), the driver
+    it tells when a request ends.
 
     From another thread coroutines queue, and one wake-up of the loop (a write to its self-pipe) starts
     all that queued meanwhile; from the loop's own thread (a done callback submitting the next request,
