@@ -30,7 +30,7 @@ TRAIN_FLAGS = {
 }
 DPO_FLAGS = {**TRAIN_FLAGS, "beta": "--beta", "ref_source": "--ref-source", "min_gap": "--min-gap",
              "sft_weight": "--sft-weight"}
-SFT_FLAGS = {**TRAIN_FLAGS, "format": "--format", "revision_share": "--revision-share"}
+SFT_FLAGS = {**TRAIN_FLAGS, "format": "--format", "revision_share": "--revision-share", "loss_on": "--loss-on"}
 
 
 def _train_overrides(args: argparse.Namespace) -> dict[str, Any]:
