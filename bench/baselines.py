@@ -60,6 +60,7 @@ from bench.common import (
     held_out,
     loop_search,
     ordering,
+    print_val_alone,
     undrawn_fit,
 )
 from bench.pair_check import check_pairs, choices_summary, greedy_choices, greedy_labels, summary
@@ -101,7 +102,8 @@ def main(argv: list[str] | None = None) -> Table:
                     "states (chosen / rejected / other command), base and trained")
     ap.add_argument("--search-db", type=Path, help="reuse this earlier run's stored search (its bench.db)")
     ap.add_argument("--select-fit", action="store_true", help="with --split val: evaluate also on the fit tasks "
-                    "not searched (394 - --tasks), a larger selection set than val's 43")
+                    "not searched (394 - --tasks), a larger selection set than val's 43; the shipped base trained on "
+                    "those goals, so val's part is also printed alone (docs/experiments.md 2026-12-07)")
     args = ap.parse_args(argv)
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     if unknown := set(arms) - set(ARMS):
@@ -221,6 +223,8 @@ def main(argv: list[str] | None = None) -> Table:
     trained_arms = [n for n in table.arms if n != "base"]
     if trained_arms:
         table.print_diffs([("base", n) for n in trained_arms])
+        if args.select_fit:
+            print_val_alone(table, [("base", n) for n in trained_arms])
     print(f"ordering by held-out success (ties by progress): {ordering(table, list(table.arms))}")
     table.footer()
     print(f"work folder {work}")

@@ -15,7 +15,7 @@ import itertools
 import shlex
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,6 +68,14 @@ def undrawn_fit(drawn: list[Any]) -> list[Any]:
 
     ids = {t.id for t in drawn}
     return [t for t in TextCraftEnv().tasks("fit") if t.id not in ids]
+
+
+def print_val_alone(table: Table, pairs: Sequence[tuple[str, str]]) -> None:
+    """With `--select-fit`, the paired differences on val's tasks alone: the fit tasks were held out of the
+    search, not of the shipped base (its build trained on every fit goal), and gains there need not carry to
+    unseen goals (docs/experiments.md 2026-12-07)."""
+    table.print_diffs(pairs, only={t.id for t in held_out(0, "val")},
+                      label="val alone (the goals the base never trained on)")
 
 
 def greedy_settings(args: argparse.Namespace) -> dict[str, Any]:
@@ -148,18 +156,22 @@ class Table:
         result = evaluate(generator, make_env, tasks, config)
         return self.add(name, result.metrics, result.episodes, time.perf_counter() - t, note)
 
-    def diff(self, before: str, after: str, metric: str) -> dict[str, float]:
+    def diff(self, before: str, after: str, metric: str, only: Collection[str] | None = None) -> dict[str, float]:
         a, b = self.arms[before].episodes, self.arms[after].episodes
+        if only is not None:  # a subset of the tasks, by id
+            a, b = ([e for e in eps if e.task_id in only] for eps in (a, b))
         return paired_bootstrap_diff(by_task(a, metric), by_task(b, metric), self.bootstrap, self.confidence,
                                      self.seed)
 
-    def print_diffs(self, pairs: Sequence[tuple[str, str]]) -> dict[tuple[str, str], dict[str, Any]]:
-        """`after - before` per metric, paired over tasks; '*' marks an interval that excludes 0."""
+    def print_diffs(self, pairs: Sequence[tuple[str, str]], only: Collection[str] | None = None,
+                    label: str = "") -> dict[tuple[str, str], dict[str, Any]]:
+        """`after - before` per metric, paired over tasks (`only`: those of these ids, named by `label`);
+        '*' marks an interval that excludes 0."""
         out = {}
-        print(f"paired differences (after - before, {self.confidence:.0%} bootstrap over the same tasks, "
-              f"{self.bootstrap} resamples):")
+        print(f"paired differences{' on ' + label if label else ''} (after - before, {self.confidence:.0%} bootstrap "
+              f"over the same tasks, {self.bootstrap} resamples):")
         for before, after in pairs:
-            d = out[(before, after)] = {m: self.diff(before, after, m) for m in METRICS}
+            d = out[(before, after)] = {m: self.diff(before, after, m, only) for m in METRICS}
             cells = "  ".join(f"{m} {ci(d[m], signed=True)}{'*' if excludes_zero(d[m]) else ' '}" for m in METRICS)
             print(f"  {after} - {before}: {cells}", flush=True)
         return out

@@ -46,7 +46,15 @@ from pathlib import Path
 # The repository root, in place of this folder (bench/datasets.py would shadow the `datasets` package).
 sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from bench.common import Table, add_common_args, greedy_config, held_out, ordering, undrawn_fit
+from bench.common import (
+    Table,
+    add_common_args,
+    greedy_config,
+    held_out,
+    ordering,
+    print_val_alone,
+    undrawn_fit,
+)
 from engine.datasets.corrections import CorrectionConfig, correction_samples
 from engine.datasets.distill import episode_samples
 from engine.datasets.pairs import Pair
@@ -163,7 +171,8 @@ def main(argv: list[str] | None = None) -> Table:
     ap.add_argument("--renamed", type=int, default=0, help="SFT arms: also N renamed copies of each trajectory "
                     "(item names swapped consistently, engine.datasets.renamed)")
     ap.add_argument("--select-fit", action="store_true", help="with --split val: evaluate also on the fit tasks "
-                    "not drawn for the data (394 - --tasks), a larger selection set than val's 43")
+                    "not drawn for the data (394 - --tasks), a larger selection set than val's 43; the shipped "
+                    "base trained on those goals, so val's part is also printed alone")
     ap.add_argument("--episodes", default="", help="JSONL of the played episodes: read when it exists (the greedy "
                                                     "and operator play skipped; a file with the greedy phase alone "
                                                     "plays the operator and adds it), else written after playing")
@@ -283,6 +292,8 @@ def main(argv: list[str] | None = None) -> Table:
     trained_arms = [n for n in table.arms if n != "base"]
     if trained_arms:
         table.print_diffs([("base", n) for n in trained_arms])
+        if args.select_fit:
+            print_val_alone(table, [("base", n) for n in trained_arms])
     print(f"ordering by held-out success (ties by progress): {ordering(table, list(table.arms))}")
     table.footer()
     print(f"work folder {work}")

@@ -30,6 +30,12 @@ def test_table_gives_the_paired_gain_of_a_better_policy_on_the_same_tasks(capsys
     table.annotate("strong", "(+ 3 s training on 2 rows)")  # known only after the arm was printed
     assert table.arms["strong"].note == "(+ 3 s training on 2 rows)"
     assert "  strong                 (+ 3 s training on 2 rows)" in capsys.readouterr().out
+    half = {t.id for t in TASKS[:4]}  # a subset of the tasks (`--select-fit`'s val alone): paired over those only
+    part = table.print_diffs([("weak", "strong")], only=half, label="half")[("weak", "strong")]["success"]
+    assert part["n"] == 4 and "paired differences on half" in capsys.readouterr().out
+    kept = [e for e in table.arms["strong"].episodes if e.task_id in half]
+    assert part["mean"] == pytest.approx(sum(e.success for e in kept) / len(kept) - sum(
+        e.success for e in table.arms["weak"].episodes if e.task_id in half) / len(kept))
 
 
 def test_stored_episodes_score_like_the_live_ones(tmp_path: Path) -> None:
