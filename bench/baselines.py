@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> Table:
                   {"model": args.model, "tasks": f"{args.split}[:{args.test_tasks or 'all'}]"
                    + (f" + {len(tasks) - len(held_out(args.test_tasks, args.split))} unsearched fit tasks"
                       if args.select_fit else ""), "seed": args.seed,
-                   "budget": f"one search: {args.tasks} train tasks x {args.simulations} simulations, K={args.k}, "
+                   "budget": f"one search: {args.tasks} train tasks x {args.simulations} simulations, K={args.k}, T={args.temperature}, "
                              f"depth {args.depth_limit}, "
                              f"critic {'off' if args.no_critic else 'on'}, {args.backup} backup",
                    "dpo": f"lr {args.lr}, {args.epochs} epochs, beta 0.1"
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> Table:
     generator = load_generator(args.model)
     work = Path(tempfile.mkdtemp(prefix="orchard-baselines-"))
     with Store(args.search_db or work / "bench.db") as store:
-        run_id = stored_search(store, train) if args.search_db else None  # refused before the base's evaluation
+        run_id = stored_search(store, train, search) if args.search_db else None  # refused before the base's evaluation
         table.evaluate("base", generator, TextCraftEnv, tasks, eval_config)
         t = time.perf_counter()
         if run_id is None:
@@ -249,13 +249,21 @@ def rehearsal_samples(episodes: list, tasks: list, description: str) -> list[Sam
     return episode_samples(cut, tasks, description, wins_only=False, origin="the base's own greedy episode")
 
 
-def stored_search(store: Store, train: list) -> str:
-    """The one search run of an earlier run of this bench, refused unless it searched exactly `train`."""
+SHAPING = ("simulations", "k", "temperature", "depth_limit", "backup", "critic")  # what a stored search must match
+
+
+def stored_search(store: Store, train: list, search: SearchConfig) -> str:
+    """The one search run of an earlier run of this bench, refused unless it searched exactly `train` with
+    `search`'s settings (those that shape the trees)."""
     runs = [r for r in store.runs() if r.name == "bench-baselines"]
     if len(runs) != 1:
         sys.exit(f"--search-db {store.path}: expected one bench-baselines run, found {len(runs)}")
     if runs[0].task_ids != [t.id for t in train]:
         sys.exit(f"--search-db {store.path}: its run searched other tasks than --tasks/--seed draw here")
+    stored = runs[0].config
+    if differ := [f"{key} {stored.get(key)!r} vs {getattr(search, key)!r}" for key in SHAPING
+                  if key in stored and stored[key] != getattr(search, key)]:
+        sys.exit(f"--search-db {store.path}: its search used other settings ({', '.join(differ)})")
     return runs[0].id
 
 

@@ -45,6 +45,7 @@ def add_loop_args(ap: argparse.ArgumentParser, tasks: int = 16, simulations: int
     ap.add_argument("--tasks", type=int, default=tasks, help="B train tasks searched (per iteration)")
     ap.add_argument("--simulations", type=int, default=simulations, help="MCTS simulations per task")
     ap.add_argument("--k", type=int, default=4, help="candidate actions per expansion")
+    ap.add_argument("--temperature", type=float, default=1.0, help="expansion sampling temperature")
     ap.add_argument("--backup", choices=("reward", "progress"), default="reward")
     ap.add_argument("--depth-limit", type=int, default=10,
                     help="search depth limit D (a failing branch ends, as a bad leaf, only at D)")
@@ -90,7 +91,7 @@ def greedy_config(args: argparse.Namespace, **overrides: Any) -> EvalConfig:
 
 def loop_search(args: argparse.Namespace, **extra: Any) -> dict[str, Any]:
     """The search settings of a loop bench (`add_loop_args`), critic on (an IterateConfig's `search`)."""
-    return {"simulations": args.simulations, "k": args.k, "depth_limit": args.depth_limit,
+    return {"simulations": args.simulations, "k": args.k, "temperature": args.temperature, "depth_limit": args.depth_limit,
             "max_tokens": args.max_tokens, "backup": args.backup, "critic": True,
             "constrained": args.constrained, **extra}
 
