@@ -46,8 +46,10 @@ import random
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 # The repository root, in place of this folder (bench/datasets.py would shadow the `datasets` package).
 sys.path[0] = str(Path(__file__).resolve().parents[1])
@@ -83,6 +85,12 @@ ARMS = ("agent-q", "tree-dpo-no-critic", "trajectory-dpo", "rft", "exit", "visit
         "decisive-sft", "decisive-onpolicy", "hindsight", "exit-hindsight", "exit-rehearsal", "exit-action", "exit-lora")
 SFT_ARMS = ("rft", "exit", "visits", "exit-lr2", "hindsight", "exit-hindsight", "exit-rehearsal", "exit-action",
             "exit-lora")
+# Arms that train exit's rows with other SFT settings: the settings over the default (lr --sft-lr, whole completion).
+EXIT_VARIANTS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
+    "exit-lr2": lambda args: {"learning_rate": 2 * args.sft_lr},
+    "exit-action": lambda args: {"loss_on": "action"},
+    "exit-lora": lambda args: {"lora": True, "learning_rate": args.lora_lr},
+}
 STEP_PAIR_ARMS = ("agent-q", "tree-dpo-no-critic", "decisive", "decisive-sft", "decisive-onpolicy")
 
 
@@ -156,7 +164,7 @@ def main(argv: list[str] | None = None) -> Table:
         no_critic = build_pairs(refs, PairsConfig(alpha=1.0, theta=args.theta))
         built = {"agent-q": critic.step, "tree-dpo-no-critic": no_critic.step, "trajectory-dpo": critic.trajectory,
                  "rft": critic.rft, "exit": distill(refs, "exit"), "visits": distill(refs, "visits")}
-        built["exit-lr2"] = built["exit-action"] = built["exit-lora"] = built["exit"]
+        built.update({name: built["exit"] for name in EXIT_VARIANTS})
         built["decisive"] = build_pairs(refs, PairsConfig(alpha=1.0, theta=args.decisive_theta,
                                                           min_visits=args.min_visits)).step
         built["decisive-sft"] = built["decisive"]
@@ -203,11 +211,9 @@ def main(argv: list[str] | None = None) -> Table:
             t = time.perf_counter()
             out = work / "models" / name
             if name in SFT_ARMS:
-                lr = args.lora_lr if name == "exit-lora" else args.sft_lr * (2 if name == "exit-lr2" else 1)
                 kinds = tuple(sorted({s.kind for s in rows}))
-                how = {"loss_on": "action"} if name == "exit-action" else {"lora": True} if name == "exit-lora" else {}
-                result = train_sft(base, rows, rft_config(learning_rate=lr, kinds=kinds, **common, **how), out,
-                                   kind=kinds[0])
+                how = {"learning_rate": args.sft_lr, **(EXIT_VARIANTS[name](args) if name in EXIT_VARIANTS else {})}
+                result = train_sft(base, rows, rft_config(kinds=kinds, **common, **how), out, kind=kinds[0])
             else:
                 cfg = replace(dpo, kinds=("trajectory",) if name == "trajectory-dpo" else ("step",),
                               sft_weight=args.sft_weight if name in ("decisive-sft", "decisive-onpolicy") else 0.0)

@@ -150,25 +150,29 @@ def step_rows(sample: Sample, tokenizer: Any, loss_on: str = "completion") -> li
     for row in to_step_rows(sample):
         prompt = encode_prompt(tokenizer, row["prompt"])
         text = row["completion"][0]["content"]
-        completion = encode_completion(tokenizer, text)
-        mask = [1] * len(completion) if loss_on == "completion" else command_mask(tokenizer, text)
+        if loss_on == "completion":
+            completion = encode_completion(tokenizer, text)
+            mask = [1] * len(completion)
+        else:
+            completion, mask = command_tokens(tokenizer, text)
         if 1 in mask:
             rows.append({"id": row["id"], "input_ids": prompt + completion, "assistant_masks": [0] * len(prompt) + mask})
     return rows
 
 
-def command_mask(tokenizer: Any, text: str) -> list[int]:
-    """The loss mask of `encode_completion(tokenizer, text)` that trains only the command's tokens (every token
-    overlapping `actions.command_span`; not the EOS): all zeros for a text `parse` refuses."""
+def command_tokens(tokenizer: Any, text: str) -> tuple[list[int], list[int]]:
+    """`encode_completion(tokenizer, text)` and its loss mask that trains only the command's tokens (every token
+    overlapping `actions.command_span`; not the EOS), from one tokenization: all zeros for a text `parse` refuses."""
     from engine.actions import command_span
 
     if not getattr(tokenizer, "is_fast", False):
         raise TrainError("SFTTrainConfig.loss_on 'action' needs a fast tokenizer (character offsets per token)")
+    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    ids, offsets = list(encoded["input_ids"]) + [tokenizer.eos_token_id], encoded["offset_mapping"]
     span = command_span(text)
-    offsets = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
     if span is None:
-        return [0] * (len(offsets) + 1)
-    return [int(a < span[1] and b > span[0]) for a, b in offsets] + [0]
+        return ids, [0] * len(ids)
+    return ids, [int(a < span[1] and b > span[0]) for a, b in offsets] + [0]
 
 
 def chat_rows(sample: Sample, tokenizer: Any) -> list[dict[str, Any]]:
