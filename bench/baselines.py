@@ -63,6 +63,7 @@ from bench.common import (
     loop_search,
     ordering,
     print_val_alone,
+    fit_pool,
     undrawn_fit,
 )
 from bench.pair_check import check_pairs, choices_summary, greedy_choices, greedy_labels, summary
@@ -122,11 +123,12 @@ def main(argv: list[str] | None = None) -> Table:
     tasks = held_out(args.test_tasks, args.split)
     # The tasks and search seed of agentq_iteration's first iteration (run_loop: Random(seed).sample,
     # search seed + 1), so its agent-q arm is that bench's iteration 1.
-    train = random.Random(args.seed).sample(TextCraftEnv().tasks("fit"), args.tasks)
+    pool = fit_pool(args.unseen_every)
+    train = random.Random(args.seed).sample(pool, min(args.tasks, len(pool)))
     if args.select_fit:
         if args.split != "val":
             ap.error("--select-fit selects on train tasks: use it with --split val, never to report test figures")
-        tasks += undrawn_fit(train)
+        tasks += undrawn_fit(train, args.unseen_every)
     search = SearchConfig(**{**loop_search(args, alpha=0.5, seed=args.seed + 1),
                              **({"critic": False, "alpha": 1.0} if args.no_critic else {})})
     common = {"epochs": args.epochs, "batch_size": 8, "num_threads": 2, "device": "cpu", "precision": "fp32",

@@ -51,6 +51,9 @@ def add_loop_args(ap: argparse.ArgumentParser, tasks: int = 16, simulations: int
                     help="search depth limit D (a failing branch ends, as a bad leaf, only at D)")
     ap.add_argument("--lr", type=float, default=5e-5, help="learning rate of the training step")
     ap.add_argument("--epochs", type=float, default=2.0)
+    ap.add_argument("--unseen-every", type=int, default=0, metavar="N",
+                    help="search only the fit tasks a tiny base built with val_every=N never trained on (use with "
+                         "--model set to that build; 0: every fit task)")
 
 
 def held_out(n: int, split: str = "test") -> list[Any]:
@@ -62,13 +65,26 @@ def held_out(n: int, split: str = "test") -> list[Any]:
     return tasks[:n] if n else tasks
 
 
-def undrawn_fit(drawn: list[Any]) -> list[Any]:
-    """The fit tasks not in `drawn` (the tasks a bench searched): with val's 43, a larger selection set than val
-    alone (`--select-fit`), still never the test split and never a task the data came from."""
+def fit_pool(unseen_every: int = 0) -> list[Any]:
+    """The fit tasks a loop bench may search: all of them, or with `unseen_every` N only those a tiny base built
+    with `TinyConfig.val_every = N` held out of its rows (`tiny_data.validation_tasks(N)` minus val). The shipped
+    base trained on every fit goal, so its search finds what it was shown; such a base's loop searches goals it has
+    never seen, as a user's base would (docs/experiments.md 2026-12-07 (later))."""
     from engine.envs.textcraft import TextCraftEnv
+    from engine.llm.tiny_data import validation_tasks
 
+    fit = TextCraftEnv().tasks("fit")
+    if unseen_every <= 0:
+        return fit
+    unseen = {t.id for t in validation_tasks(unseen_every)}
+    return [t for t in fit if t.id in unseen]
+
+
+def undrawn_fit(drawn: list[Any], unseen_every: int = 0) -> list[Any]:
+    """The tasks of `fit_pool(unseen_every)` not in `drawn` (the tasks a bench searched): with val's 43, a larger
+    selection set than val alone (`--select-fit`), still never the test split and never a task the data came from."""
     ids = {t.id for t in drawn}
-    return [t for t in TextCraftEnv().tasks("fit") if t.id not in ids]
+    return [t for t in fit_pool(unseen_every) if t.id not in ids]
 
 
 def print_val_alone(table: Table, pairs: Sequence[tuple[str, str]]) -> None:

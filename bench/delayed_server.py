@@ -5,9 +5,11 @@ and each answers after 50 ms plus 2.5 ms per token of the longest of its n compl
 tokens, so 75-500 ms). Answers are a pure function of (seed, messages, n): the same request gets the
 same completions from any copy of the server, on any port, in any order, so a search against it is
 reproducible whatever the scheduling. Actor prompts get composite actions over `--commands`; critic
-prompts (a CANDIDATES list) get a BEST pick among the listed candidates.
+prompts (a CANDIDATES list) get a BEST pick among the listed candidates. Each generated token's log-prob
+entry is `{"logprob": ...}`, or with `--entries vllm` what vLLM's chat answer holds (token, logprob, bytes,
+top_logprobs): four times the bytes a client has to read.
 
-    python bench/delayed_server.py [--port 0] [--commands left,right,wait] [--time-scale 1.0]
+    python bench/delayed_server.py [--port 0] [--commands left,right,wait] [--time-scale 1.0] [--entries vllm]
 
 prints `READY <port>` once listening. GET /stats gives the requests served so far.
 """
@@ -55,6 +57,14 @@ def answer(payload: dict[str, Any], commands: tuple[str, ...] = DEFAULT_COMMANDS
                     f"STATUS: {status}")
         out.append((text, tokens))
     return out, BASE_S + PER_TOKEN_S * max(t for _, t in out)
+
+
+def logprob_entries(tokens: int, shape: str) -> list[dict[str, Any]]:
+    """One log-prob entry per generated token: `minimal` ({"logprob"}) or `vllm` (as vLLM's chat answer)."""
+    if shape == "vllm":
+        return [{"token": " stick", "logprob": -0.0123456789, "bytes": [32, 115, 116, 105, 99, 107],
+                 "top_logprobs": []} for _ in range(tokens)]
+    return [{"logprob": -0.01} for _ in range(tokens)]
 
 
 def request_delay(payload: dict[str, Any]) -> float:
@@ -108,7 +118,7 @@ class _Handler(BaseHTTPRequestHandler):
             "model": payload.get("model", ""),
             "choices": [
                 {"index": i, "finish_reason": "stop", "message": {"role": "assistant", "content": text},
-                 "logprobs": {"content": [{"logprob": -0.01} for _ in range(tokens)]}}
+                 "logprobs": {"content": logprob_entries(tokens, self.server.entries)}}
                 for i, (text, tokens) in enumerate(choices)
             ],
             "usage": {"completion_tokens": sum(t for _, t in choices)},
@@ -119,10 +129,11 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 512
 
-    def __init__(self, port: int, commands: tuple[str, ...], time_scale: float) -> None:
+    def __init__(self, port: int, commands: tuple[str, ...], time_scale: float, entries: str = "minimal") -> None:
         super().__init__(("127.0.0.1", port), _Handler)
         self.commands = commands
         self.time_scale = time_scale
+        self.entries = entries
         self.lock = threading.Lock()
         self.requests = 0
         self.busy_s = 0.0
@@ -133,8 +144,10 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--commands", default=",".join(DEFAULT_COMMANDS))
     ap.add_argument("--time-scale", type=float, default=1.0, help="multiply every delay (0: answer at once)")
+    ap.add_argument("--entries", choices=("minimal", "vllm"), default="minimal", help="each token's log-prob entry")
     args = ap.parse_args()
-    server = _Server(args.port, tuple(c.strip() for c in args.commands.split(",") if c.strip()), args.time_scale)
+    server = _Server(args.port, tuple(c.strip() for c in args.commands.split(",") if c.strip()), args.time_scale,
+                     args.entries)
     print(f"READY {server.server_address[1]}", flush=True)
     try:
         server.serve_forever(poll_interval=0.2)

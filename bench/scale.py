@@ -20,11 +20,14 @@ of wall the engine (scheduler) + commits take in the processes that grow trees a
 commit share. `--clients threads,auto` runs each cell with the thread-per-request OpenAI client and
 then with the default (the event loop on http://), the before / after of 2026-12-05 in one run;
 `--clients queued,auto` the loop on its own thread (answers queued to the search's thread) vs driven by
-the search's thread (2026-12-07).
+the search's thread (2026-12-07); `--replies generic,typed` every reply read the generic way (safejson +
+dicts) vs the typed read (engine/llm/openai_reply.py), one process; `--entries vllm` has the servers write
+each token's log-prob entry as vLLM does (token, bytes, top_logprobs beside the log-prob).
 
     .venv/bin/python bench/scale.py [--simulations 2] [--time-scale 1.0] [--workers 1,2,4] [--no-table]
     .venv/bin/python bench/scale.py --drive [--sizes 256,1024] [--limits 64,256] [--servers 1,2]
-        [--shards 1,2] [--clients auto] [--simulations 2] [--k 2] [--depth 3] [--time-scale 0.2]
+        [--shards 1,2] [--clients auto] [--replies typed] [--entries minimal] [--simulations 2] [--k 2] [--depth 3]
+        [--time-scale 0.2]
 """
 
 from __future__ import annotations
@@ -97,9 +100,9 @@ class Metered:
         return self.gen.logprobs(prompts, completions)
 
 
-def start_server(time_scale: float) -> tuple[subprocess.Popen, str]:
+def start_server(time_scale: float, entries: str = "minimal") -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen([sys.executable, str(HERE / "delayed_server.py"), "--port", "0",
-                             "--time-scale", str(time_scale)], stdout=subprocess.PIPE, text=True)
+                             "--time-scale", str(time_scale), "--entries", entries], stdout=subprocess.PIPE, text=True)
     line = proc.stdout.readline() if proc.stdout else ""
     if not line.startswith("READY "):
         proc.kill()
@@ -177,11 +180,12 @@ def _cpu() -> float:
 
 
 def drive_run(urls: list[str], trees: int, limit: int, shards: str, cfg: SearchConfig, time_scale: float,
-              db: Path, client: str = "auto", commit_every: float = 0.0) -> dict:
+              db: Path, client: str = "auto", commit_every: float = 0.0, replies: str = "typed") -> dict:
     """One run of the driver table (see the module docstring); `shards`: a count or "auto"; `client`: the
     OpenAI client (`?client=`: auto is the event loop, run by the search's own thread in one process;
     queued the same loop on its own thread, the answers queued to the search's (one process only); threads
-    the thread per request before both)."""
+    the thread per request before both); `replies`: typed (the default read) or generic (one process only)."""
+    from engine.llm import openai_http
     from engine.llm.registry import load_generator
     from engine.search.local_shards import auto_shards, prepare_run
     from engine.search.runner import new_run
@@ -197,6 +201,9 @@ def drive_run(urls: list[str], trees: int, limit: int, shards: str, cfg: SearchC
         if not first:
             first.append(time.perf_counter())
 
+    if replies == "generic" and n != 1:
+        raise SystemExit("--replies generic: one process only (--shards 1)")
+    openai_http.TYPED_REPLIES = replies == "typed"
     with Store(db) as store:
         t = time.perf_counter()
         if n == 1:
@@ -211,6 +218,7 @@ def drive_run(urls: list[str], trees: int, limit: int, shards: str, cfg: SearchC
             share = sum((s.engine_s + s.commit_s) / s.wall_s for s in search.shard_stats.values()) / n
         wall = time.perf_counter() - t
     cpu = _cpu() - cpu
+    openai_http.TYPED_REPLIES = True
     if metered:
         metered.settle()
     total = _busy(urls) - busy
@@ -229,7 +237,7 @@ def drive(args: argparse.Namespace) -> None:
                        trees_in_flight=max(int(x) for x in args.sizes.split(",")))
     print(f"delays x{args.time_scale}; {cfg.simulations} simulation(s) per tree, k={cfg.k}, depth {cfg.depth_limit} "
           f"(TextCraft), every tree in flight; load average {os.getloadavg()[0]:.1f} at the start")
-    print(f"{'client':>7} {'every':>5} {'trees':>5} {'limit':>5} {'servers':>7} {'shards':>6} {'auto':>4} {'requests':>8} | {'wall':>7} "
+    print(f"{'replies':>7} {'client':>7} {'every':>5} {'trees':>5} {'limit':>5} {'servers':>7} {'shards':>6} {'auto':>4} {'requests':>8} | {'wall':>7} "
           f"{'bound':>7} "
           f"{'over':>6} | {'in flight':>9} {'target':>6} {'ratio':>5} | {'CPU/req':>8} | {'eng+commit':>10} "
           f"{'writer commit':>13} {'1st sim':>7}")
@@ -239,23 +247,24 @@ def drive(args: argparse.Namespace) -> None:
             procs, urls = [], []
             try:
                 for _ in range(n_servers):
-                    proc, url = start_server(args.time_scale)
+                    proc, url = start_server(args.time_scale, args.entries)
                     procs.append(proc)
                     urls.append(url)
                 for trees in (int(x) for x in args.sizes.split(",")):
                     for limit in (int(x) for x in args.limits.split(",")):
-                        for shards, client, every in ((s, c, float(e)) for s in args.shards.split(",")
-                                                      for c in args.clients.split(",")
-                                                      for e in args.commit_every.split(",")):
-                            db = Path(d) / f"{trees}-{limit}-{n_servers}-{shards}-{client}-{every}.db"
+                        for shards, client, every, replies in ((s, c, float(e), r) for s in args.shards.split(",")
+                                                               for c in args.clients.split(",")
+                                                               for e in args.commit_every.split(",")
+                                                               for r in args.replies.split(",")):
+                            db = Path(d) / f"{trees}-{limit}-{n_servers}-{shards}-{client}-{every}-{replies}.db"
                             r = drive_run(urls, trees, limit, shards, replace(cfg, trees_in_flight=trees),
-                                          args.time_scale, db, client, every)
+                                          args.time_scale, db, client, every, replies)
                             if r["chain"] is not None:
                                 chains[trees] = r["chain"]
                             cap = limit * n_servers
                             bound = max(r["total"] / cap, chains.get(trees, 0.0))
                             target = min(trees, cap)
-                            print(f"{client:>7} {every:>5.2f} {trees:>5} {limit:>5} {n_servers:>7} {r['shards']:>6} {r['auto']:>4} "
+                            print(f"{replies:>7} {client:>7} {every:>5.2f} {trees:>5} {limit:>5} {n_servers:>7} {r['shards']:>6} {r['auto']:>4} "
                                   f"{r['requests']:>8} | "
                                   f"{r['wall']:>6.1f}s {bound:>6.1f}s {100 * (r['wall'] / bound - 1):>5.0f}% | "
                                   f"{r['in_flight']:>9.1f} {target:>6} {r['in_flight'] / target:>5.2f} | "
@@ -284,6 +293,10 @@ def main() -> None:
                     "the answers queued to the search's), threads (a thread per request), loop")
     ap.add_argument("--commit-every", default="0", help="--drive, one process: seconds between the inline commits "
                     "(comma-separated arms; 0: after every batch of replies)")
+    ap.add_argument("--replies", default="typed", help="--drive, one process: how replies are read, comma-separated "
+                    "arms: typed (engine/llm/openai_reply.py), generic (safejson + parse_choices, the before)")
+    ap.add_argument("--entries", choices=("minimal", "vllm"), default="minimal",
+                    help="--drive: each token's log-prob entry in the servers' answers (vllm: as vLLM writes them)")
     ap.add_argument("--k", type=int, default=2, help="--drive: candidates per expansion")
     ap.add_argument("--depth", type=int, default=3, help="--drive: depth limit")
     args = ap.parse_args()

@@ -57,18 +57,23 @@ from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Self
+from typing import Any, Self
 
 import httpx
 
 from engine import safejson
 from engine.llm.base import Completion, GeneratorError, Prompt, PromptTooLong, SampleRequest, gather
 from engine.llm.loop_http import Driver, LoopHTTP
+from engine.llm.openai_reply import Api, decode_choices, echo_logprob, parse_choices
 from engine.llm.thread_transport import ThreadTransport
 
 log = logging.getLogger(__name__)
 
-Api = Literal["chat", "completions"]
+Reader = Callable[[str, bytes], Any]  # (url, a good answer's body) -> what the call returns
+# Completion replies read with the typed schema first (engine/llm/openai_reply.py); False reads every reply
+# the generic way (bench/scale.py's `--replies generic` arm, the before of docs/experiments.md 2026-12-07).
+TYPED_REPLIES = True
+
 _RETRY_STATUS = frozenset({408, 429})
 _DETAIL_CHARS = 300
 SELF_HOSTED_CONCURRENCY = 64  # http:// servers: vLLM / SGLang continuous batching
@@ -175,64 +180,6 @@ def _server_detail(content: bytes, secret: str | None) -> str:
     else:
         text = raw
     return _redact(text.strip(), secret)[:_DETAIL_CHARS]
-
-
-def _cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
-    cuts = [i for i in (text.find(s) for s in stop if s) if i >= 0]
-    return (text[: min(cuts)], True) if cuts else (text, False)
-
-
-def parse_choices(body: dict[str, Any], api: Api, stop: Sequence[str]) -> list[Completion]:
-    """Completions from one chat / completions response body, in `index` order."""
-    choices = body.get("choices")
-    if not isinstance(choices, list):
-        raise GeneratorError(f"malformed response: no 'choices' list in {str(body)[:_DETAIL_CHARS]}")
-    usage_tokens = (body.get("usage") or {}).get("completion_tokens")
-    out = []
-    for choice in sorted(choices, key=lambda c: c.get("index", 0)):
-        lp = choice.get("logprobs")
-        if api == "chat":
-            text = (choice.get("message") or {}).get("content") or ""
-            entries = lp.get("content") if isinstance(lp, dict) else None
-            token_lps = [e.get("logprob") for e in entries] if isinstance(entries, list) else None
-        else:
-            text = choice.get("text") or ""
-            token_lps = lp.get("token_logprobs") if isinstance(lp, dict) else None
-        if not isinstance(token_lps, list) or None in token_lps:  # C-level scan: ~200 per reply
-            token_lps = None
-        text, cut = _cut_at_stop(text, stop)
-        finish = "length" if choice.get("finish_reason") == "length" and not cut else "stop"
-        if token_lps is not None:
-            n_tokens = len(token_lps)
-        else:  # usage sums over choices: it counts one completion's tokens only when alone
-            n_tokens = usage_tokens if len(choices) == 1 and isinstance(usage_tokens, int) else 0
-        if cut:
-            token_lps = None
-        floats = tuple(map(float, token_lps)) if token_lps is not None else None
-        out.append(
-            Completion(
-                text=text,
-                logprob=float(sum(floats)) if floats is not None else None,
-                token_logprobs=floats,
-                n_tokens=n_tokens,
-                finish_reason=finish,
-            )
-        )
-    return out
-
-
-def echo_logprob(body: dict[str, Any], n_prompt: int, n_completion: int) -> float | None:
-    """Sum of the log-probs of tokens [n_prompt, n_prompt + n_completion) of an echoed prompt,
-    or None when the response carries no (or too few) prompt log-probs."""
-    choices = body.get("choices") or []
-    lp = choices[0].get("logprobs") if choices and isinstance(choices[0], dict) else None
-    values = lp.get("token_logprobs") if isinstance(lp, dict) else None
-    if not isinstance(values, list) or len(values) < n_prompt + n_completion:
-        return None
-    part = values[n_prompt : n_prompt + n_completion]
-    if any(v is None for v in part):
-        return None
-    return float(sum(part))
 
 
 @dataclass
@@ -372,9 +319,9 @@ class OpenAIGenerator:
             )
         return key
 
-    def _post(self, path: str, payload: dict[str, Any], abort: threading.Event) -> dict[str, Any]:
-        """POST with retries from the calling thread (httpx); returns the JSON body or raises
-        GeneratorError (key never shown)."""
+    def _post(self, path: str, payload: dict[str, Any], abort: threading.Event, read: Reader | None = None) -> Any:
+        """POST with retries from the calling thread (httpx); returns the good answer read by `read` (by
+        default its JSON object) or raises GeneratorError (key never shown)."""
         url = f"{self.base_url}{path}"
         target = self._urls.get(path) or self._urls.setdefault(path, httpx.URL(url))  # parsed once
         attempts = self.retries + 1
@@ -386,14 +333,15 @@ class OpenAIGenerator:
             except (httpx.TimeoutException, httpx.TransportError) as exc:
                 why = self._unreachable(url, exc, key, attempt)
             else:
-                body, why = self._judge(url, resp.status_code, resp.content, key, attempt)
+                body, why = self._judge(url, resp.status_code, resp.content, key, attempt, read)
                 if body is not None:
                     return body
             if abort.wait(self._backoff(url, why, attempt)):
                 raise GeneratorError(f"{url}: cancelled (another call of the same batch failed)")
         raise AssertionError("unreachable")
 
-    async def _post_async(self, path: str, payload: dict[str, Any], abort: threading.Event) -> dict[str, Any]:
+    async def _post_async(self, path: str, payload: dict[str, Any], abort: threading.Event,
+                          read: Reader | None = None) -> Any:
         """`_post` on the event-loop client (`engine.llm.loop_http`): the same retries and errors."""
         assert self._loop_http is not None
         url = f"{self.base_url}{path}"
@@ -406,7 +354,7 @@ class OpenAIGenerator:
             except (httpx.TimeoutException, httpx.TransportError) as exc:
                 why = self._unreachable(url, exc, key, attempt)
             else:
-                body, why = self._judge(url, answer.status, answer.content, key, attempt)
+                body, why = self._judge(url, answer.status, answer.content, key, attempt, read)
                 if body is not None:
                     return body
             if await _sleep_unless(abort, self._backoff(url, why, attempt)):
@@ -425,19 +373,13 @@ class OpenAIGenerator:
                                 f"{type(exc).__name__}: {_redact(str(exc), key)}") from None
 
     def _judge(self, url: str, status: int, content: bytes, key: str | None,
-               attempt: int) -> tuple[dict[str, Any] | None, str]:
-        """An answer: (its JSON body, "") when it is good, (None, why) to retry, else the error raised."""
+               attempt: int, read: Reader | None = None) -> tuple[Any, str]:
+        """An answer: (what `read` makes of it, or its JSON object, "") when it is good, (None, why) to retry,
+        else the error raised."""
         if status < 400:
-            try:
-                body = safejson.loads(content)
-            except ValueError as e:  # engine.safejson bounds size and depth: the reply is untrusted
-                raise GeneratorError(
-                    f"{url}: answer is not acceptable JSON ({getattr(e, 'msg', e)}): "
-                    f"{content[:4 * _DETAIL_CHARS].decode('utf-8', 'replace')[:_DETAIL_CHARS]!r}"
-                ) from None
-            if not isinstance(body, dict):
-                raise GeneratorError(f"{url}: unexpected answer {str(body)[:_DETAIL_CHARS]}")
-            return body, ""
+            if read is not None:
+                return read(url, content), ""
+            return self._json_object(url, content), ""
         retryable = status in _RETRY_STATUS or status >= 500
         if not retryable or attempt == self.retries:
             detail = _server_detail(content, key)
@@ -445,6 +387,20 @@ class OpenAIGenerator:
                 raise PromptTooLong(self._http_message(url, status, detail, attempt + 1))
             raise self._http_error(url, status, detail, attempt + 1)
         return None, f"HTTP {status}"
+
+    @staticmethod
+    def _json_object(url: str, content: bytes) -> dict[str, Any]:
+        """A good answer's body as a JSON object, or the GeneratorError that says why it is not one."""
+        try:
+            body = safejson.loads(content)
+        except ValueError as e:  # engine.safejson bounds size and depth: the reply is untrusted
+            raise GeneratorError(
+                f"{url}: answer is not acceptable JSON ({getattr(e, 'msg', e)}): "
+                f"{content[:4 * _DETAIL_CHARS].decode('utf-8', 'replace')[:_DETAIL_CHARS]!r}"
+            ) from None
+        if not isinstance(body, dict):
+            raise GeneratorError(f"{url}: unexpected answer {str(body)[:_DETAIL_CHARS]}")
+        return body
 
     def _backoff(self, url: str, why: str, attempt: int) -> float:
         delay = self.backoff_s * 2**attempt * random.uniform(0.5, 1.0)
@@ -526,19 +482,28 @@ class OpenAIGenerator:
         if abort.is_set():  # queued behind the pool when another request of its batch failed
             raise GeneratorError(f"{self.base_url}: cancelled (another call of the same batch failed)")
         path = "/chat/completions" if self.api == "chat" else "/completions"
-        return self._choices(path, self._post(path, self._payload(req, n, call), abort), req)
+        return self._post(path, self._payload(req, n, call), abort, self._reader(req))
 
     async def _call_async(self, req: SampleRequest, n: int, call: int, abort: threading.Event) -> list[Completion]:
         if abort.is_set():
             raise GeneratorError(f"{self.base_url}: cancelled (another call of the same batch failed)")
         path = "/chat/completions" if self.api == "chat" else "/completions"
-        return self._choices(path, await self._post_async(path, self._payload(req, n, call), abort), req)
+        return await self._post_async(path, self._payload(req, n, call), abort, self._reader(req))
 
-    def _choices(self, path: str, body: dict[str, Any], req: SampleRequest) -> list[Completion]:
-        got = parse_choices(body, self.api, req.params.stop)
-        if not got:
-            raise GeneratorError(f"{self.base_url}{path}: no choices in the answer for model {self.model!r}")
-        return got
+    def _reader(self, req: SampleRequest) -> Reader:
+        """How a good answer to `req` becomes its completions: the typed read (`openai_reply.decode_choices`),
+        else the generic one, which gives the same completions or says why the answer is refused."""
+        stop = req.params.stop
+
+        def read(url: str, content: bytes) -> list[Completion]:
+            got = decode_choices(content, self.api, stop) if TYPED_REPLIES else None
+            if got is None:
+                got = parse_choices(self._json_object(url, content), self.api, stop)
+            if not got:
+                raise GeneratorError(f"{url}: no choices in the answer for model {self.model!r}")
+            return got
+
+        return read
 
     def submit(
         self, request: SampleRequest, affinity: Hashable | None = None, abort: threading.Event | None = None

@@ -44,6 +44,7 @@ from engine.llm.base import (
     SamplingParams,
     is_canonical,
 )
+from engine.llm.openai_reply import cut_at_stop
 
 log = logging.getLogger(__name__)
 
@@ -104,11 +105,6 @@ def engine_kwargs(
     return {**kwargs, **overrides}
 
 
-def _cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
-    cuts = [i for i in (text.find(s) for s in stop if s) if i >= 0]
-    return (text[: min(cuts)], True) if cuts else (text, False)
-
-
 def _sampled_logprobs(steps: Sequence[dict[int, Any]] | None, ids: Sequence[int]) -> tuple[float, ...] | None:
     """The log-prob of each sampled id from vLLM's per-step {token_id: Logprob} dicts."""
     if steps is None or len(steps) != len(ids):
@@ -132,7 +128,7 @@ def completions_from_output(
     for o in sorted(output.outputs, key=lambda o: o.index):
         ids = list(o.token_ids)
         visible = ids[:-1] if ids and ids[-1] in eos_ids else ids
-        text, cut = _cut_at_stop(decode(visible), stop)
+        text, cut = cut_at_stop(decode(visible), stop)
         lps = _sampled_logprobs(o.logprobs, ids)
         comps.append(
             Completion(
