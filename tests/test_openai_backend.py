@@ -408,3 +408,31 @@ def test_a_400_about_something_else_still_fails_the_batch() -> None:
         with pytest.raises(GeneratorError, match="unknown field") as err:
             OpenAIGenerator(f"{base}/v1", "m", **FAST).sample([SampleRequest(PROMPT)])
         assert not isinstance(err.value, ContextOverflow)
+
+
+def test_a_request_leaves_no_reference_cycle_behind() -> None:
+    """Each request's futures, calls and completions are freed by reference counting when it ends: a cycle per
+    request left them to the cyclic collector, whose passes over a search's heap cost a fifth of its driver."""
+    import gc
+
+    def answer(method: str, path: str, body: bytes) -> tuple[int, bytes]:
+        return 200, json.dumps(_chat_body(["a", "b"], [[-1.0, -2.0], [-0.5]])).encode()
+
+    with canned_server(answer) as base, OpenAIGenerator(f"{base}/v1", "m", **FAST) as gen:
+        gen.sample([SampleRequest(PROMPT, n=2)])  # the client's one-time set-up first
+        gc.collect()
+        gc.disable()
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        try:
+            for _ in range(3):
+                got = gen.sample([SampleRequest(PROMPT, n=2), SampleRequest(PROMPT, n=3)])  # n=3: asked again
+                assert [len(c) for c in got] == [2, 3]
+            del got
+            gc.collect()
+            cyclic = [type(o).__name__ for o in gc.garbage
+                      if type(o).__name__ in ("_Submission", "_Pending", "Future", "SampleRequest", "Completion")]
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+            gc.enable()
+    assert cyclic == []

@@ -55,7 +55,6 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
 
@@ -182,15 +181,64 @@ def _server_detail(content: bytes, secret: str | None) -> str:
     return _redact(text.strip(), secret)[:_DETAIL_CHARS]
 
 
-@dataclass
-class _Pending:
-    """Progress of one SampleRequest across its HTTP calls."""
+class _Submission:
+    """One `submit`: its request's HTTP calls (more when a server returns fewer choices than asked) and the
+    future they resolve. A class, not closures that call each other: those formed a reference cycle per
+    request (with the futures, locks and events they held, ~50 objects) that only the cyclic collector
+    freed, and its passes over a search's large heap cost a fifth of the driver's CPU (docs/experiments.md
+    2026-12-07 (later))."""
 
-    request: SampleRequest
-    got: list[Completion] = field(default_factory=list)
-    asked_in_flight: int = 0
-    calls: int = 0
-    per_call: int = 0  # most choices one call has returned so far
+    def __init__(self, gen: OpenAIGenerator, request: SampleRequest, abort: threading.Event,
+                 out: Future[list[Completion]]) -> None:
+        self.gen, self.request, self.abort, self.out = gen, request, abort, out
+        self.lock = threading.RLock()  # a call that is done already runs its callback in the caller
+        self.got: list[Completion] = []
+        self.asked_in_flight = 0
+        self.calls = 0
+        self.per_call = 0  # most choices one call has returned so far
+
+    def start(self) -> None:
+        with self.lock:
+            self.launch([self.request.n])
+
+    def launch(self, sizes: list[int]) -> None:
+        gen, calls = self.gen, []
+        for n in sizes:  # counted before any can land (a done call's callback runs at once)
+            calls.append((n, self.calls))
+            self.calls += 1
+            self.asked_in_flight += n
+        for n, call in calls:
+            if gen._loop_http is not None:
+                fut = gen._loop_http.run(gen._call_async(self.request, n, call, self.abort))
+            else:
+                fut = gen._executor().submit(gen._call, self.request, n, call, self.abort)
+            fut.add_done_callback(functools.partial(self.landed, n))
+
+    def landed(self, n: int, fut: Future[list[Completion]]) -> None:
+        out = self.out
+        with self.lock:
+            if out.done():
+                return
+            exc = fut.exception() if not fut.cancelled() else GeneratorError(f"{self.gen.name}: cancelled")
+            if exc is not None:
+                out.set_exception(exc)
+                return
+            got = fut.result()[:n]
+            self.asked_in_flight -= n
+            self.got.extend(got)
+            self.per_call = max(self.per_call, len(got))
+            missing = self.request.n - len(self.got) - self.asked_in_flight
+            sizes = []
+            while missing > 0:  # the server returned fewer than asked: ask again
+                sizes.append(min(self.per_call, missing))
+                missing -= sizes[-1]
+            try:
+                self.launch(sizes)
+            except RuntimeError as e:  # the pool was shut down (generator closed)
+                out.set_exception(GeneratorError(f"{self.gen.name}: closed while a request was in flight ({e})"))
+                return
+            if self.asked_in_flight == 0 and not out.done():
+                out.set_result(self.got[: self.request.n])
 
 
 class OpenAIGenerator:
@@ -518,50 +566,7 @@ class OpenAIGenerator:
         if request.n == 0:
             out.set_result([])
             return out
-        st = _Pending(request)
-        abort = abort or threading.Event()
-        lock = threading.RLock()  # a call that is done already runs its callback in the caller
-
-        def launch(sizes: list[int]) -> None:
-            calls = []
-            for n in sizes:  # counted before any can land (a done call's callback runs at once)
-                calls.append((n, st.calls))
-                st.calls += 1
-                st.asked_in_flight += n
-            for n, call in calls:
-                if self._loop_http is not None:
-                    fut = self._loop_http.run(self._call_async(request, n, call, abort))
-                else:
-                    fut = self._executor().submit(self._call, request, n, call, abort)
-                fut.add_done_callback(functools.partial(_landed_with, landed, n))
-
-        def landed(fut: Future[list[Completion]], n: int) -> None:
-            with lock:
-                if out.done():
-                    return
-                exc = fut.exception() if not fut.cancelled() else GeneratorError(f"{self.name}: cancelled")
-                if exc is not None:
-                    out.set_exception(exc)
-                    return
-                got = fut.result()[:n]
-                st.asked_in_flight -= n
-                st.got.extend(got)
-                st.per_call = max(st.per_call, len(got))
-                missing = request.n - len(st.got) - st.asked_in_flight
-                sizes = []
-                while missing > 0:  # the server returned fewer than asked: ask again
-                    sizes.append(min(st.per_call, missing))
-                    missing -= sizes[-1]
-                try:
-                    launch(sizes)
-                except RuntimeError as e:  # the pool was shut down (generator closed)
-                    out.set_exception(GeneratorError(f"{self.name}: closed while a request was in flight ({e})"))
-                    return
-                if st.asked_in_flight == 0 and not out.done():
-                    out.set_result(st.got[: request.n])
-
-        with lock:
-            launch([request.n])
+        _Submission(self, request, abort or threading.Event(), out).start()
         return out
 
     def sample(self, requests: Sequence[SampleRequest]) -> list[list[Completion]]:
@@ -668,9 +673,3 @@ async def _sleep_unless(abort: threading.Event, seconds: float) -> bool:
     while not abort.is_set() and (left := end - time.monotonic()) > 0:
         await asyncio.sleep(min(left, 0.05))
     return abort.is_set()
-
-
-def _landed_with(landed: Callable[[Future[list[Completion]], int], None], n: int,
-                 fut: Future[list[Completion]]) -> None:
-    """A done callback: `landed(fut, n)` (n: the completions the call asked for)."""
-    landed(fut, n)

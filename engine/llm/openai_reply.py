@@ -102,38 +102,38 @@ def echo_logprob(body: dict[str, Any], n_prompt: int, n_completion: int) -> floa
 
 if msgspec is not None:
 
-    class _Entry(msgspec.Struct):
+    class _Entry(msgspec.Struct, gc=False):
         logprob: float | None = None
 
-    class _ChatLogprobs(msgspec.Struct):
+    class _ChatLogprobs(msgspec.Struct, gc=False):
         content: list[_Entry] | None = None
 
-    class _TextLogprobs(msgspec.Struct):
+    class _TextLogprobs(msgspec.Struct, gc=False):
         token_logprobs: list[float | None] | None = None
 
-    class _Message(msgspec.Struct):
+    class _Message(msgspec.Struct, gc=False):
         content: str | None = None
 
-    class _ChatChoice(msgspec.Struct):
+    class _ChatChoice(msgspec.Struct, gc=False):
         index: int = 0
         finish_reason: str | None = None
         message: _Message | None = None
         logprobs: _ChatLogprobs | None = None
 
-    class _TextChoice(msgspec.Struct):
+    class _TextChoice(msgspec.Struct, gc=False):
         index: int = 0
         finish_reason: str | None = None
         text: str | None = None
         logprobs: _TextLogprobs | None = None
 
-    class _Usage(msgspec.Struct):
+    class _Usage(msgspec.Struct, gc=False):
         completion_tokens: int | None = None
 
-    class _ChatReply(msgspec.Struct):
+    class _ChatReply(msgspec.Struct, gc=False):
         choices: list[_ChatChoice] | None = None
         usage: _Usage | None = None
 
-    class _TextReply(msgspec.Struct):
+    class _TextReply(msgspec.Struct, gc=False):
         choices: list[_TextChoice] | None = None
         usage: _Usage | None = None
 
