@@ -76,3 +76,21 @@ def test_the_undrawn_fit_tasks_are_the_fit_tasks_a_bench_did_not_search() -> Non
     ids = {t.id for t in undrawn}
     assert len(undrawn) == len(fit) - 48 and not ids & {t.id for t in drawn}
     assert not ids & {t.id for t in val + test}  # a selection set never holds a held-out task
+
+
+def test_the_unseen_pool_is_the_fit_tasks_a_held_out_build_never_trained_on() -> None:
+    from dataclasses import replace
+
+    from bench.common import fit_pool, undrawn_fit
+    from engine.envs.textcraft import TextCraftEnv
+    from engine.llm.tiny_config import TinyConfig
+    from engine.llm.tiny_data import fit_tasks
+
+    env = TextCraftEnv()
+    assert fit_pool(0) == env.tasks("fit")
+    unseen = fit_pool(2)
+    trained = {t.id for t in fit_tasks(replace(TinyConfig(), val_every=2))}  # the rows of a val_every=2 build
+    ids = {t.id for t in unseen}
+    assert ids and not ids & trained and not ids & {t.id for t in env.tasks("val") + env.tasks("test")}
+    assert len(trained) + len(unseen) + len(env.tasks("val")) == len(env.tasks("train"))  # every train task is one
+    assert {t.id for t in undrawn_fit(unseen[:10], 2)} == ids - {t.id for t in unseen[:10]}
