@@ -70,7 +70,7 @@ log = logging.getLogger(__name__)
 
 Reader = Callable[[str, bytes], Any]  # (url, a good answer's body) -> what the call returns
 # Completion replies read with the typed schema first (engine/llm/openai_reply.py); False reads every reply
-# the generic way (bench/scale.py's `--replies generic` arm, the before of docs/experiments.md 2026-12-07).
+# the generic way (bench/scale.py's `--replies generic` arm: the before of docs/experiments.md 2026-12-07 (later)).
 TYPED_REPLIES = True
 
 _RETRY_STATUS = frozenset({408, 429})
