@@ -58,12 +58,12 @@ from bench.common import (
     Table,
     add_common_args,
     add_loop_args,
+    fit_pool,
     greedy_settings,
     held_out,
     loop_search,
     ordering,
     print_val_alone,
-    fit_pool,
     undrawn_fit,
 )
 from bench.pair_check import check_pairs, choices_summary, greedy_choices, greedy_labels, summary

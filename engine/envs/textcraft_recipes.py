@@ -335,5 +335,4 @@ def recipe_tree(goal: str) -> RecipeTree:
         return TreeNode(item, accepted, recipe, children)
 
     root = build(goal, frozenset({goal}))
-    del build  # its closure holds itself: left alone, a cycle only the cyclic collector frees
     return RecipeTree(root, tuple(order), MappingProxyType(nodes), book.depth[goal])

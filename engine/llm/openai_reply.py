@@ -137,7 +137,7 @@ if msgspec is not None:
         choices: list[_TextChoice] | None = None
         usage: _Usage | None = None
 
-    _DECODERS = {"chat": msgspec.json.Decoder(_ChatReply), "completions": msgspec.json.Decoder(_TextReply)}
+    _DECODERS: dict[str, Any] = {"chat": msgspec.json.Decoder(_ChatReply), "completions": msgspec.json.Decoder(_TextReply)}
 
 
 def decode_choices(content: bytes, api: Api, stop: Sequence[str]) -> list[Completion] | None:
