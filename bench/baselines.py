@@ -109,6 +109,9 @@ def main(argv: list[str] | None = None) -> Table:
     ap.add_argument("--sft-weight", type=float, default=1.0, help="decisive-sft, decisive-onpolicy: the SFT term's weight")
     ap.add_argument("--choices", action="store_true", help="DPO arms: print where greedy lands at the pairs' "
                     "states (chosen / rejected / other command), base and trained")
+    ap.add_argument("--unseen-every", type=int, default=0, metavar="N",
+                    help="search only the fit tasks a tiny base built with val_every=N never trained on (use with "
+                         "--model set to that build; 0: every fit task)")
     ap.add_argument("--search-db", type=Path, help="reuse this earlier run's stored search (its bench.db)")
     ap.add_argument("--select-fit", action="store_true", help="with --split val: evaluate also on the fit tasks "
                     "not searched (394 - --tasks), a larger selection set than val's 43; the shipped base trained on "

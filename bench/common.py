@@ -51,9 +51,6 @@ def add_loop_args(ap: argparse.ArgumentParser, tasks: int = 16, simulations: int
                     help="search depth limit D (a failing branch ends, as a bad leaf, only at D)")
     ap.add_argument("--lr", type=float, default=5e-5, help="learning rate of the training step")
     ap.add_argument("--epochs", type=float, default=2.0)
-    ap.add_argument("--unseen-every", type=int, default=0, metavar="N",
-                    help="search only the fit tasks a tiny base built with val_every=N never trained on (use with "
-                         "--model set to that build; 0: every fit task)")
 
 
 def held_out(n: int, split: str = "test") -> list[Any]:
