@@ -17,7 +17,9 @@ engine/search/local_shards.py), with per run: wall, the no-barrier bound (total 
 against min(trees, limit x servers), driver CPU per request (this process and its reaped worker
 processes, user + system, over the requests sent; the servers are separate processes), and the share
 of wall the engine (scheduler) + commits take in the processes that grow trees and the writer's
-commit share. `--clients threads,auto` runs each cell with the thread-per-request OpenAI client and
+commit share; then replies handled per pass of the scheduler (a pass: woken by what landed, it steps
+those trees and sends their next requests) and the mean gap between passes per process (wall x
+processes / passes), which the CPU per request follows (2026-12-07, evening). `--clients threads,auto` runs each cell with the thread-per-request OpenAI client and
 then with the default (the event loop on http://), the before / after of 2026-12-05 in one run;
 `--clients queued,auto` the loop on its own thread (answers queued to the search's thread) vs driven by
 the search's thread (2026-12-07); `--replies generic,typed` every reply read the generic way (safejson +
@@ -226,6 +228,7 @@ def drive_run(urls: list[str], trees: int, limit: int, shards: str, cfg: SearchC
             "in_flight": total / wall, "requests": stats.requests,
             "cpu_ms": 1e3 * cpu / max(stats.requests, 1), "share": share, "commit": stats.commit_s / wall,
             "chain": max(metered.chain.values()) if metered else None, "sims": stats.simulations,
+            "passes": len(stats.batch_sizes), "shards_n": n,
             "first": first[0] - t if first else float("nan")}
 
 
@@ -240,7 +243,7 @@ def drive(args: argparse.Namespace) -> None:
     print(f"{'replies':>7} {'client':>7} {'every':>5} {'trees':>5} {'limit':>5} {'servers':>7} {'shards':>6} {'auto':>4} {'requests':>8} | {'wall':>7} "
           f"{'bound':>7} "
           f"{'over':>6} | {'in flight':>9} {'target':>6} {'ratio':>5} | {'CPU/req':>8} | {'eng+commit':>10} "
-          f"{'writer commit':>13} {'1st sim':>7}")
+          f"{'writer commit':>13} {'1st sim':>7} | {'per pass':>8} {'gap':>7}")
     chains: dict[int, float] = {}
     with tempfile.TemporaryDirectory() as d:
         for n_servers in (int(x) for x in args.servers.split(",")):
@@ -268,7 +271,9 @@ def drive(args: argparse.Namespace) -> None:
                                   f"{r['requests']:>8} | "
                                   f"{r['wall']:>6.1f}s {bound:>6.1f}s {100 * (r['wall'] / bound - 1):>5.0f}% | "
                                   f"{r['in_flight']:>9.1f} {target:>6} {r['in_flight'] / target:>5.2f} | "
-                                  f"{r['cpu_ms']:>5.2f} ms | {100 * r['share']:>9.1f}% {100 * r['commit']:>12.1f}% {r['first']:>6.1f}s",
+                                  f"{r['cpu_ms']:>5.2f} ms | {100 * r['share']:>9.1f}% {100 * r['commit']:>12.1f}% {r['first']:>6.1f}s | "
+                                  f"{r['requests'] / max(r['passes'], 1):>8.2f} "
+                                  f"{1e3 * r['wall'] * r['shards_n'] / max(r['passes'], 1):>5.1f}ms",
                                   flush=True)
             finally:
                 for proc in procs:
