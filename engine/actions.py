@@ -122,10 +122,11 @@ def command_span(text: str) -> tuple[int, int] | None:
     if isinstance(parse(text), FormatError):
         return None
     start, end = _section_spans(text)["ACTION"]
-    for line in re.finditer(r"[^\n]+", text[start:end]):
-        if line.group().strip():
-            left = len(line.group()) - len(line.group().lstrip())
-            return start + line.start() + left, start + line.start() + len(line.group().rstrip())
+    at = start
+    for line in text[start:end].splitlines(keepends=True):  # the line breaks `parse` splits at (\r, \u2028 too)
+        if line.strip():
+            return at + len(line) - len(line.lstrip()), at + len(line.rstrip())
+        at += len(line)
     return None
 
 

@@ -100,6 +100,8 @@ def test_command_span_is_the_command_parse_reads() -> None:
         "PLAN:\n1. get it\nTHOUGHT: a\nACTION:   get 1 string  \nEXPLANATION: e\nSTATUS: CONTINUE",
         "THOUGHT: x\n**Action:**\n\n  craft 1 y using 2 z\nmore prose\nSTATUS: SUCCESS",
         "Sure! Command: look\nACTION: not this one",  # "Command:" is ACTION's alias: the first occurrence wins
+        "THOUGHT: x\nACTION: get 1 stick\rSTATUS: DONE? no",  # a line break parse splits at, and \\n does not
+        "ACTION: \u2028  get 2 a \u2028more",
     ]
     for text in cases:
         span = command_span(text)

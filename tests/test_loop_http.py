@@ -199,6 +199,30 @@ def test_a_driven_thread_runs_its_own_posts_and_its_answers_land_on_it(server: A
         client.close()
 
 
+def test_a_callback_that_posts_while_the_driven_exit_shuts_down_gets_a_cancelled_future(server: Any) -> None:  # noqa: F811
+    """A request that ended in the driver's last pass has its callbacks run by the exit's shutdown; one that
+    posts again (a re-ask, a fail-over) must not start the loop thread and send after the thread has left."""
+    client = LoopHTTP(server.url, timeout_s=10, max_in_flight=2, max_body=2**20)
+    again: list[Future[Any]] = []
+    try:
+        with client.driven() as driver:
+            assert driver is not None
+            lane = client._local.lane
+            first = client.run(client.post("/plain", BODY, {}))
+            first.add_done_callback(lambda _: again.append(client.run(client.post("/plain", BODY, {}))))
+            for _ in range(2000):  # passes until the answer's task is done and its callbacks not yet run
+                driver.send()
+                if any(t.done() for t in lane.tasks):
+                    break
+                threading.Event().wait(0.002)
+            assert any(t.done() for t in lane.tasks) and not first.done()
+        assert first.result().status == 200  # the answer that landed is kept
+        assert len(again) == 1 and again[0].cancelled()  # the post from its callback is not sent
+        assert client._thread is None
+    finally:
+        client.close()
+
+
 def test_two_clients_share_one_driver_and_each_exit_cancels_its_own(server: Any) -> None:  # noqa: F811
     a = LoopHTTP(server.url, timeout_s=10, max_in_flight=2, max_body=2**20)
     b = LoopHTTP(server.url, timeout_s=10, max_in_flight=2, max_body=2**20)

@@ -16,7 +16,7 @@ from engine import safejson
 from engine.llm import openai_http
 from engine.llm.base import GeneratorError, SampleRequest, SamplingParams
 from engine.llm.openai_http import OpenAIGenerator
-from engine.llm.openai_reply import decode_choices, parse_choices
+from engine.llm.openai_reply import decode_choices, echo_logprob, parse_choices
 
 pytest.importorskip("msgspec")
 
@@ -114,6 +114,28 @@ def test_generic_read_refuses_malformed_choices_in_one_line() -> None:
     assert c.logprob is None and c.text == "x"
     (c,) = parse_choices({"choices": [{"message": "x", "logprobs": {"content": [1]}}], "usage": [3]}, "chat", ())
     assert (c.text, c.logprob, c.n_tokens) == ("", None, 0)
+    # numbers a float cannot hold, and JSON true, are no log-probs or token counts either (no OverflowError)
+    huge = safejson.loads('{"choices": [{"message": {"content": "x"}, "logprobs": {"content": [{"logprob": -1'
+                          + "0" * 400 + '}]}}]}')
+    assert parse_choices(huge, "chat", ())[0].logprob is None
+    (c,) = parse_choices({"choices": [{"text": "x", "logprobs": {"token_logprobs": [True]}}],
+                          "usage": {"completion_tokens": True}}, "completions", ())
+    assert (c.logprob, c.n_tokens) == (None, 0)
+    # choices in index order; an index that is not a whole number is refused in one line, not a TypeError
+    two = [{"index": 1, "message": {"content": "b"}}, {"message": {"content": "a"}}]
+    assert [c.text for c in parse_choices({"choices": two}, "chat", ())] == ["a", "b"]
+    for bad in ("x", True, 1.5):
+        with pytest.raises(GeneratorError, match="index is .*, not a whole number"):
+            parse_choices({"choices": [{"index": bad, "message": {"content": "a"}}, two[0]]}, "chat", ())
+
+
+def test_echoed_prompt_logprobs_read_from_any_answer_without_an_error() -> None:
+    good = {"choices": [{"logprobs": {"token_logprobs": [None, -1.0, -0.5, -0.25]}}]}
+    assert echo_logprob(good, 2, 2) == -0.75
+    for body in ({"choices": {"a": 1}}, {"choices": 5}, {},
+                 {"choices": [{"logprobs": {"token_logprobs": [None, -1.0, -10**400]}}]},
+                 {"choices": [{"logprobs": {"token_logprobs": [None, True, -1.0]}}]}):
+        assert echo_logprob(body, 1, 2) is None
 
 
 _scalar = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.floats(-5, 0, allow_nan=False), st.text(max_size=3))

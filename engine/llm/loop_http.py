@@ -143,10 +143,11 @@ class LoopHTTP:
         try:
             yield drive
         finally:
-            self._local.lane = None
-            try:
+            lane.closed = True  # a callback run by the shutdown that asks again gets a cancelled future,
+            try:  # not a request sent from the loop thread after this thread has left
                 drive.loop.run_until_complete(self._shutdown(lane))
             finally:
+                self._local.lane = None
                 if own:
                     drive.loop.close()
 
@@ -317,9 +318,14 @@ class _Lane:
         self.idle: list[_Conn] = []
         self.slots = asyncio.Semaphore(max_in_flight)  # binds to the loop on first use
         self.tasks: set[asyncio.Task[Any]] = set()  # in flight
+        self.closed = False  # a driven lane being shut down: nothing new starts
 
     def put(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         fut: concurrent.futures.Future[T] = concurrent.futures.Future()
+        if self.closed:
+            coro.close()
+            fut.cancel()
+            return fut
         if threading.get_ident() == self.ident:
             self._start(coro, fut)
             return fut

@@ -7,14 +7,17 @@ hundreds of requests in flight (docs/experiments.md). `decode_choices` reads the
 the few fields used (each choice's index, text, finish reason and token log-probs; the usage count), so
 nothing else is materialised and the result's depth is fixed by the schema. It is exact or it declines:
 any reply it cannot read as well-typed JSON (bad UTF-8, a lone surrogate, NaN, a field of another type, a
-missing `choices` list, too deep, too large) returns None, and the caller reads it with
-`safejson.loads` + `parse_choices`, which accept or refuse it as before — so both paths give the same
-completions for every reply the typed one takes (tests/test_openai_reply.py), and every refusal keeps
-its one-line message.
+missing `choices` list, too large) returns None, and the caller reads it with `safejson.loads` +
+`parse_choices`, which accept or refuse it as before — so both paths give the same completions for every
+reply the typed one takes (tests/test_openai_reply.py), and every refusal keeps its one-line message.
+Fields it does not read are skipped unchecked: a reply whose only fault lies there (bad UTF-8, nesting
+past safejson's depth, a long run of digits) is read as if that field were absent, where the generic
+read refuses the whole reply.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -36,6 +39,13 @@ def cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
     return (text[: min(cuts)], True) if cuts else (text, False)
 
 
+def _number(v: object) -> bool:
+    """A JSON number a float holds: not a bool (JSON true is no log-prob), not an integer past float's range."""
+    if isinstance(v, float):
+        return True
+    return isinstance(v, int) and not isinstance(v, bool) and abs(v) <= sys.float_info.max
+
+
 def _completion(text: str, token_lps: list | None, finish_reason: Any, n_choices: int, usage_tokens: Any,
                 stop: Sequence[str]) -> Completion:
     """One choice's completion from its read fields (both paths end here)."""
@@ -46,7 +56,8 @@ def _completion(text: str, token_lps: list | None, finish_reason: Any, n_choices
     if token_lps is not None:
         n_tokens = len(token_lps)
     else:  # usage sums over choices: it counts one completion's tokens only when alone
-        n_tokens = usage_tokens if n_choices == 1 and isinstance(usage_tokens, int) else 0
+        n_tokens = usage_tokens if n_choices == 1 and isinstance(usage_tokens, int) and not isinstance(
+            usage_tokens, bool) else 0
     if cut:
         token_lps = None
     floats = tuple(map(float, token_lps)) if token_lps is not None else None
@@ -66,8 +77,13 @@ def parse_choices(body: dict[str, Any], api: Api, stop: Sequence[str]) -> list[C
         raise GeneratorError(f"malformed response: no 'choices' list of objects in {str(body)[:_DETAIL_CHARS]}")
     usage = body.get("usage")
     usage_tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    indices = [c.get("index") for c in choices]
+    for i in indices:
+        if i is not None and (not isinstance(i, int) or isinstance(i, bool)):
+            raise GeneratorError(f"malformed response: a choice's index is {str(i)[:40]!r}, not a whole number")
     out = []
-    for choice in sorted(choices, key=lambda c: c.get("index", 0)):
+    for j in sorted(range(len(choices)), key=lambda j: indices[j] or 0):  # stable: ties keep their order
+        choice = choices[j]
         lp = choice.get("logprobs")
         if api == "chat":
             message = choice.get("message")
@@ -80,7 +96,7 @@ def parse_choices(body: dict[str, Any], api: Api, stop: Sequence[str]) -> list[C
             token_lps = lp.get("token_logprobs") if isinstance(lp, dict) else None
         if not isinstance(text, str):
             raise GeneratorError(f"malformed response: a choice's text is {type(text).__name__}, not a string")
-        if isinstance(token_lps, list) and not all(v is None or isinstance(v, int | float) for v in token_lps):
+        if isinstance(token_lps, list) and not all(v is None or _number(v) for v in token_lps):
             token_lps = None  # a log-prob that is not a number: none for this choice, never a made-up one
         out.append(_completion(text, token_lps, choice.get("finish_reason"), len(choices), usage_tokens, stop))
     return out
@@ -89,13 +105,15 @@ def parse_choices(body: dict[str, Any], api: Api, stop: Sequence[str]) -> list[C
 def echo_logprob(body: dict[str, Any], n_prompt: int, n_completion: int) -> float | None:
     """Sum of the log-probs of tokens [n_prompt, n_prompt + n_completion) of an echoed prompt,
     or None when the response carries no (or too few) prompt log-probs."""
-    choices = body.get("choices") or []
+    choices = body.get("choices")
+    if not isinstance(choices, list):
+        return None
     lp = choices[0].get("logprobs") if choices and isinstance(choices[0], dict) else None
     values = lp.get("token_logprobs") if isinstance(lp, dict) else None
     if not isinstance(values, list) or len(values) < n_prompt + n_completion:
         return None
     part = values[n_prompt : n_prompt + n_completion]
-    if any(v is None or not isinstance(v, int | float) for v in part):
+    if not all(_number(v) for v in part):
         return None
     return float(sum(part))
 
@@ -143,7 +161,8 @@ if msgspec is not None:
 def decode_choices(content: bytes, api: Api, stop: Sequence[str]) -> list[Completion] | None:
     """The completions of a good answer's raw body, read with the typed schema; None when this path cannot
     read it exactly (no msgspec, or anything but well-typed JSON in the fields used): then the caller parses
-    it with `safejson.loads` + `parse_choices`, which give the same completions or the same refusal."""
+    it with `safejson.loads` + `parse_choices`, which give the same completions or a one-line refusal (fields
+    this path does not read are skipped unchecked: see the module docstring)."""
     if msgspec is None or len(content) > safejson.MAX_CHARS:
         return None
     try:

@@ -35,8 +35,10 @@ from engine.search.ray_search import Events, ShardedSearch, new_mirrors, resume_
 from engine.store import Store
 from engine.tree_nodes import SearchTree
 
-# Requests in flight one process drives at the no-barrier bound (docs/decisions.md "Local shards"):
-# about one core of client + scheduler CPU at ~1.2 ms per request and 75-500 ms answers.
+# Requests in flight one process drives at the no-barrier bound (docs/decisions.md "Local shards"): set
+# when that took ~1.2 ms of client + scheduler CPU per request (about one core at 75-500 ms answers); the
+# driven loop and the typed read have since made it 0.5-0.6 ms at 256 in flight (README, issue 30), so one
+# process has headroom here; not re-tuned (two cores cannot show where the next shard starts to pay).
 IN_FLIGHT_PER_SHARD = 256
 
 
