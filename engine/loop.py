@@ -256,11 +256,16 @@ def gate_tasks(config: IterateConfig, env: Any) -> tuple[str, list[Any]]:
     if not config.gate_split:
         return "", []
     try:
-        return config.gate_split, list(env.tasks(config.gate_split))
+        tasks = list(env.tasks(config.gate_split))
     except EnvError as e:
         if config.gate_split != "val":
             raise ConfigError(f"IterateConfig.gate_split: {e}") from None
-        return config.train_split, list(env.tasks(config.train_split))[GATE_EVERY - 1::GATE_EVERY]
+        tasks = []
+    if tasks:
+        return config.gate_split, tasks
+    if config.gate_split != "val":  # an empty split is no gate: said, not a silent promotion of every candidate
+        raise ConfigError(f"IterateConfig.gate_split: the env has no {config.gate_split!r} tasks")
+    return config.train_split, list(env.tasks(config.train_split))[GATE_EVERY - 1::GATE_EVERY]
 
 
 def loop_tasks(config: IterateConfig, env: Any) -> tuple[list[Any], list[Any]]:
@@ -526,7 +531,10 @@ def run_loop(store: Store, config: IterateConfig, reporter: Reporter | None = No
                     if decision.promoted:
                         policy, current_gate = result.output, candidate
                 else:
-                    record["gate"] = {"promoted": True, "why": "no gate (gate_split ''): every trained policy is promoted"}
+                    record["gate"] = {"promoted": True, "why": (
+                        "no gate (gate_split ''): every trained policy is promoted" if not config.gate_split else
+                        f"no gate: the env has no {config.gate_split!r} tasks and fewer than {GATE_EVERY} "
+                        f"{config.train_split} tasks to hold out: every trained policy is promoted")}
                     policy = result.output
                 record["eval"] = _evaluate(store, result.output, config, eval_tasks, make_env, stage(i, "evaluate", "episodes"),
                                            job_id, load)

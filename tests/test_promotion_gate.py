@@ -43,3 +43,24 @@ def test_the_gate_is_held_out_of_the_loops_searches() -> None:
         loop_tasks(IterateConfig(eval_split="val"), env)
     with pytest.raises(ConfigError, match="accumulate"):
         IterateConfig(method="agentq", accumulate=True)
+
+
+def test_no_interval_no_promotion_whatever_the_resample_count_or_a_tiny_gate() -> None:
+    base = set(range(8))
+    d = decide(_episodes(base), _episodes(base | {20}), bootstrap=0)  # an eval config with no resamples
+    assert not d.promoted and d.diff["low"] == 0  # the gate resamples anyway: one task of 43 does not pass
+    d = decide(_episodes(set(), n=3), _episodes({0, 1, 2}, n=3))  # 3 of 3 gained, but 3 tasks are no interval
+    assert not d.promoted and "too few for an interval" in d.why
+
+
+def test_an_empty_gate_split_is_the_fallback_or_an_error_never_no_gate() -> None:
+    from engine.envs.textcraft import TextCraftEnv
+
+    class NoVal(TextCraftEnv):  # a server env answers an unknown split with no tasks, not an error
+        def tasks(self, split: str):  # type: ignore[no-untyped-def]
+            return [] if split in ("val", "dev") else super().tasks(split)
+
+    split, gates = gate_tasks(IterateConfig(), NoVal())
+    assert split == "train" and len(gates) > 10
+    with pytest.raises(ConfigError, match="no 'dev' tasks"):
+        gate_tasks(IterateConfig(gate_split="dev"), NoVal())

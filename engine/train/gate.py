@@ -21,6 +21,9 @@ from typing import Any
 
 from engine.evaluate import by_task, paired_bootstrap_diff
 
+GATE_BOOTSTRAP = 1000  # the fewest resamples the gate's interval takes (0 would make the interval a point)
+MIN_GATE_TASKS = 10  # below this a percentile bootstrap over tasks is no interval: nothing is promoted
+
 
 @dataclass(frozen=True)
 class GateDecision:
@@ -39,16 +42,20 @@ class GateDecision:
                 "candidate": self.candidate, "diff": self.diff, "promoted": self.promoted, "why": self.why}
 
 
-def decide(current: Sequence[Any], candidate: Sequence[Any], confidence: float = 0.8, bootstrap: int = 1000,
-           seed: int = 0) -> GateDecision:
+def decide(current: Sequence[Any], candidate: Sequence[Any], confidence: float = 0.8,
+           bootstrap: int = GATE_BOOTSTRAP, seed: int = 0) -> GateDecision:
     """Promote `candidate` over `current` (episodes of the same gate tasks, `Episode`s or stored rows)
-    when the lower end of the paired `confidence` interval of the success difference is above 0."""
+    when the lower end of the paired `confidence` interval of the success difference is above 0, over
+    at least MIN_GATE_TASKS tasks and GATE_BOOTSTRAP resamples."""
     a, b = by_task(current, "success"), by_task(candidate, "success")
-    diff = paired_bootstrap_diff(a, b, n=bootstrap, confidence=confidence, seed=seed)
+    diff = paired_bootstrap_diff(a, b, n=max(bootstrap, GATE_BOOTSTRAP), confidence=confidence, seed=seed)
     cur, cand = (statistics.fmean(statistics.fmean(v) for v in arm.values()) if arm else 0.0 for arm in (a, b))
-    promoted = diff["low"] > 0
+    enough = len(a) >= MIN_GATE_TASKS
+    promoted = enough and diff["low"] > 0
     words = (f"{cand:.3f} vs {cur:.3f} on {len(a)} gate tasks, paired {diff['mean']:+.3f} "
              f"[{diff['low']:+.3f}, {diff['high']:+.3f}] at {confidence:.0%}")
     why = (f"promoted: {words} lies above 0" if promoted else
-           f"kept the current policy: {words} does not lie above 0")
+           f"kept the current policy: {words} does not lie above 0" if enough else
+           f"kept the current policy: {words}, but {len(a)} gate tasks are too few for an interval "
+           f"(at least {MIN_GATE_TASKS})")
     return GateDecision(promoted=promoted, current=cur, candidate=cand, diff=diff, tasks=len(a), why=why)
