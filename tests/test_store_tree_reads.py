@@ -116,3 +116,35 @@ def test_tree_summaries_count_each_trees_nodes_and_successes(tmp_path) -> None:
         assert s.successes == sum(n.terminal == "success" for n in tree.nodes)
     assert any(s.successes for s in summaries)
     assert [(s.nodes, s.successes, s.simulations, s.solved) for s in empty] == [(0, 0, 0, False)] * 2
+
+
+def test_a_stored_tree_that_is_not_as_written_is_a_one_line_store_error_not_a_hang(tmp_path) -> None:
+    """Rows edited outside Orchard (a shared PostgreSQL, a copied file): a parent cycle would make every
+    walk to the root loop for ever, a malformed action or rollout raised KeyError / IndexError."""
+    import pytest
+
+    from engine.store import StoreError
+
+    tree_id = _searched(tmp_path / "o.db")
+    with Store(tmp_path / "o.db") as store:
+        n = len(store.load_tree(tree_id).nodes)
+        cases = [
+            (f"UPDATE nodes SET parent_id={n - 1} WHERE tree_id={tree_id} AND node_id=1", "node 1: parent .* not an earlier"),
+            (f"UPDATE nodes SET parent_id={n + 5} WHERE tree_id={tree_id} AND node_id=2", "node 2: parent .* not an earlier"),
+            (f"UPDATE nodes SET parent_id=0 WHERE tree_id={tree_id} AND node_id=0", "node 0: parent '0'"),
+            (f"UPDATE nodes SET action='[1]' WHERE tree_id={tree_id} AND node_id=1", "node 1: unreadable"),
+            (f"UPDATE nodes SET action='{{\"thought\": \"x\"}}' WHERE tree_id={tree_id} AND node_id=1", "node 1: unreadable"),
+            (f"UPDATE simulations SET rollout='{{\"turns\": [[\"a\"]]}}' WHERE tree_id={tree_id}", "simulation 0: unreadable"),
+        ]
+        for sql, why in cases:
+            store.con.execute("BEGIN")
+            store.con.execute(sql)
+            try:
+                with pytest.raises(StoreError, match=f"tree {tree_id}, {why}"):
+                    store.load_tree(tree_id)
+                if "parent" in why:
+                    with pytest.raises(StoreError, match=f"tree {tree_id}, {why}"):
+                        store.tree_skeleton(tree_id)
+            finally:
+                store.con.execute("ROLLBACK")
+        assert len(store.load_tree(tree_id).nodes) == n  # untouched by the rolled-back edits

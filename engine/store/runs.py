@@ -39,6 +39,15 @@ _INSERT_MEDIA = columns.insert("node_media", columns.NODE_MEDIA_ROW, "INSERT OR 
 KNOWN_OBSERVATIONS = 200_000  # hashes a writer remembers as stored (~20 MB); past that it starts over
 
 
+def _check_parent(tree_id: int, node_id: int, parent: Any) -> None:
+    """A stored node's parent is an earlier node (the root has none): what this code writes, and what
+    every walk to the root relies on to end (a cycle of parents would loop for ever)."""
+    if node_id == 0 and parent is None:
+        return
+    if not (isinstance(parent, int) and 0 <= parent < node_id):
+        raise StoreError(f"tree {tree_id}, node {node_id}: parent {str(parent)[:20]!r} is not an earlier node")
+
+
 def _simulation(path: list[int], reward: float, rollout: Any) -> Simulation:
     """A stored simulation: `rollout` is its commands (a list), or, for a rollout that succeeded,
     {"commands": [...], "turns": [[model text, observation], ...]} (same column, no migration)."""
@@ -340,17 +349,22 @@ class RunsStore(Connection):
             return None
         nodes = []
         for i, r in enumerate(rows):
-            node = _node(r)
+            try:
+                node = _node(r)
+            except (KeyError, TypeError, AttributeError, ValueError) as e:  # a row not as this code writes it
+                raise StoreError(f"tree {tree_id}, node {i}: unreadable ({type(e).__name__}: {str(e)[:80]})") from None
             if node.id != i:
                 raise StoreError(f"tree {tree_id}: node ids not contiguous at {i} (found {node.id})")
+            _check_parent(tree_id, i, node.parent)
             nodes.append(node)
         link_children(nodes)
-        sims = [
-            _simulation(json.loads(path), reward, json.loads(rollout))
-            for path, reward, rollout in self.con.execute(
-                f"SELECT {select(columns.SIMULATIONS)} FROM simulations WHERE tree_id=? ORDER BY idx", (tree_id,)
-            )
-        ]
+        sims = []
+        for k, (path, reward, rollout) in enumerate(self.con.execute(
+                f"SELECT {select(columns.SIMULATIONS)} FROM simulations WHERE tree_id=? ORDER BY idx", (tree_id,))):
+            try:
+                sims.append(_simulation(json.loads(path), reward, json.loads(rollout)))
+            except (KeyError, TypeError, AttributeError, ValueError, IndexError) as e:
+                raise StoreError(f"tree {tree_id}, simulation {k}: unreadable ({type(e).__name__}: {str(e)[:80]})") from None
         return SearchTree(task=task, nodes=nodes, simulations=sims)
 
     # --- partial reads (the dashboard: numbers for drawing, texts for the few nodes shown) ----------
@@ -370,6 +384,8 @@ class RunsStore(Connection):
         if ids != list(range(after + 1, after + 1 + len(rows))):
             at = next(i for i, v in enumerate(ids, after + 1) if v != i)
             raise StoreError(f"tree {tree_id}: node ids not contiguous at {at} (found {ids[at - after - 1]})")
+        for i, parent in zip(ids, cols["parent_id"], strict=True):
+            _check_parent(tree_id, i, parent)
         return NodeRows(
             task_id=t["task_id"], goal=t["goal"], simulations=t["simulations"], solved=bool(t["solved"]),
             node_id=ids, parent=cols["parent_id"], depth=cols["depth"], N=cols["n"], value_sum=cols["value_sum"],
