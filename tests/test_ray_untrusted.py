@@ -59,11 +59,14 @@ def test_a_valid_message_passes_and_applies():
     ({"id": 9}, "node 1: id 9, expected 1"),
     ({"children": [1]}, "node 1: children [1] are not the nodes naming it"),
     ({"gen_ms": -1.0}, "node 1: gen_ms -1.0 is outside"),
+    ({"terminal": "won"}, "node 1: terminal 'won' is not one of success"),
+    ({"author": "human"}, "node 1: author 'human', not 'policy'"),  # a worker cannot pass as a person's edit
+    ({"author": ["x"]}, "node 1: author"),
 ])
 def test_a_crafted_node_is_refused_in_one_line(changes, problem):
     with pytest.raises(GeneratorError) as e:
         check_sim_message(_message(**changes), _mirrors())
-    assert str(e.value).startswith("invalid result from a Ray worker: tree 7: ") and problem in str(e.value)
+    assert str(e.value).startswith("invalid result from a search shard: tree 7: ") and problem in str(e.value)
     assert "\n" not in str(e.value)
 
 
@@ -84,7 +87,7 @@ def test_a_crafted_node_is_refused_in_one_line(changes, problem):
 def test_a_crafted_message_is_refused(index, value, problem):
     message = list(_message())
     message[index] = value
-    with pytest.raises(GeneratorError, match="invalid result from a Ray worker") as e:
+    with pytest.raises(GeneratorError, match="invalid result from a search shard") as e:
         check_sim_message(tuple(message), _mirrors())
     assert problem in str(e.value)
     with pytest.raises(GeneratorError, match="not a 6-tuple"):
@@ -152,3 +155,15 @@ def test_the_cli_refuses_a_remote_cluster_without_token_auth_before_anything_is_
     err = capsys.readouterr().err.strip()
     assert rc == 2 and err.startswith("orchard: error: ray address 10.0.0.2:6379: not on loopback") and "\n" not in err
     assert not (tmp_path / "x.db").exists()
+
+
+def test_an_object_rebuilt_without_a_field_is_refused_in_one_line():
+    """pickle restores whatever state it is sent: a Node without `id`, stats without `batch_sizes`."""
+    root, child = _message()[2]
+    del child.__dict__["id"]
+    with pytest.raises(GeneratorError, match="a simulation message holds an incomplete object .*'id'"):
+        check_sim_message(loads_message(pickle.dumps((7, 0, [root, child], *_message()[3:]))), _mirrors())
+    stats = SearchStats()
+    del stats.__dict__["batch_sizes"]
+    with pytest.raises(GeneratorError, match="the final message holds an incomplete object .*'batch_sizes'"):
+        check_done_message(loads_message(pickle.dumps(("done", stats))))

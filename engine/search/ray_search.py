@@ -61,7 +61,7 @@ from engine.llm.base import GeneratorError
 from engine.search.mcts import SearchStats, TreeJob
 from engine.store import Store, StoreError
 from engine.store.runs import SimulationRows, simulation_rows
-from engine.tree_nodes import Node, SearchTree, Simulation
+from engine.tree_nodes import TERMINALS, Node, SearchTree, Simulation
 
 INSTALL_HINT = 'Ray is not installed: pip install "orchard[ray]" (or "ray[default]>=2.60")'
 ADDRESS_HELP = "HOST:PORT, auto (the cluster this machine has joined) or empty (start a local Ray)"
@@ -180,15 +180,15 @@ class _MessageUnpickler(pickle.Unpickler):
 def loads_message(payload: Any) -> Any:
     """A worker's pickled message, rebuilt from plain values and the allowlisted classes only."""
     if not isinstance(payload, bytes):
-        raise GeneratorError(f"invalid result from a Ray worker: a {type(payload).__name__}, not bytes")
+        raise GeneratorError(f"invalid result from a search shard: a {type(payload).__name__}, not bytes")
     try:
         return _MessageUnpickler(io.BytesIO(payload)).load()
     except Exception as e:  # noqa: BLE001 - any unpickling failure is the worker's
-        raise GeneratorError(f"invalid result from a Ray worker: {str(e).splitlines()[0] if str(e) else e!r}") from None
+        raise GeneratorError(f"invalid result from a search shard: {str(e).splitlines()[0] if str(e) else e!r}") from None
 
 
 def _bad(what: str) -> GeneratorError:
-    return GeneratorError(f"invalid result from a Ray worker: {what}")
+    return GeneratorError(f"invalid result from a search shard: {what}")
 
 
 def _is_int(v: Any) -> bool:
@@ -227,8 +227,12 @@ def _check_node(n: Any, want_id: int, depth_of: Callable[[int], int | None], whe
         if n.depth != parent_depth + 1:
             raise _bad(f"{where}: depth {n.depth!r}, its parent's is {parent_depth}")
     _text(n.observation, f"{where}: observation", optional=False)
-    for name in ("raw", "format_error", "critic_reason", "terminal"):
+    for name in ("raw", "format_error", "critic_reason"):
         _text(getattr(n, name), f"{where}: {name}")
+    if not (n.terminal is None or (isinstance(n.terminal, str) and n.terminal in TERMINALS)):
+        raise _bad(f"{where}: terminal {str(n.terminal)[:40]!r} is not one of {', '.join(TERMINALS)}")
+    if n.author != "policy":  # a shard's nodes are the policy's: human nodes come from steering, never a worker
+        raise _bad(f"{where}: author {str(n.author)[:40]!r}, not 'policy'")
     if n.action is not None and (type(n.action) is not CompositeAction or not all(
             isinstance(getattr(n.action, f), str) for f in ("thought", "command", "explanation", "status"))
             or not (n.action.plan is None or isinstance(n.action.plan, str))):
@@ -252,6 +256,17 @@ def _check_node(n: Any, want_id: int, depth_of: Callable[[int], int | None], whe
 def check_sim_message(message: Any, mirrors: dict[int, _Mirror]) -> tuple[int, int, list[Node],
                                                                            list[tuple[int, int, float]],
                                                                            Simulation, tuple[int, str]]:
+    """`_check_sim_message`, where an object rebuilt without one of its fields (pickle restores the state
+    it is given) or a field of another type is a one-line error too."""
+    try:
+        return _check_sim_message(message, mirrors)
+    except (AttributeError, TypeError) as e:
+        raise _bad(f"a simulation message holds an incomplete object ({str(e)[:80]})") from None
+
+
+def _check_sim_message(message: Any, mirrors: dict[int, _Mirror]) -> tuple[int, int, list[Node],
+                                                                            list[tuple[int, int, float]],
+                                                                            Simulation, tuple[int, str]]:
     """A worker's ("sim") message as untrusted input, before the driver commits it: its shape and
     types, a tree of this shard, new nodes numbered on from the mirror with parents and depths that
     fit and children that are theirs, finite values (reward, progress, Q^ in [0, 1], as
@@ -315,6 +330,13 @@ def check_sim_message(message: Any, mirrors: dict[int, _Mirror]) -> tuple[int, i
 
 def check_done_message(message: Any) -> SearchStats:
     """A worker's final ("done", SearchStats) message, checked before its numbers are summed."""
+    try:
+        return _check_done_message(message)
+    except (AttributeError, TypeError) as e:
+        raise _bad(f"the final message holds an incomplete object ({str(e)[:80]})") from None
+
+
+def _check_done_message(message: Any) -> SearchStats:
     if not (isinstance(message, tuple) and len(message) == 2 and message[0] == "done"
             and type(message[1]) is SearchStats):
         raise _bad("the final message is not (\"done\", SearchStats)")
