@@ -149,6 +149,49 @@ def test_a_terminal_node_and_a_running_run_are_refused(tmp_path):
                       generator=OneCommand("wait"), make_env=SnapshotLineEnv)
 
 
+def test_a_second_steer_while_the_first_loads_its_model_is_refused_and_the_status_comes_back(tmp_path, monkeypatch):
+    """The run is claimed before the model loads (which can take minutes): a second job on the run is refused
+    then, not after both loaded, when its commit would collide with the first's nodes."""
+    import threading
+
+    from engine.search import steer
+
+    loading, go_on = threading.Event(), threading.Event()
+
+    def slow_load(target, spec, reporter):  # the first job's model load, held until the second has tried
+        loading.set()
+        assert go_on.wait(30)
+        return OneCommand("right")
+
+    with Store(tmp_path / "o.db") as store:
+        run_id = _run(store, OneCommand("right"), simulations=2)
+        store.set_run_status(run_id, "interrupted")
+    monkeypatch.setattr(steer, "generator_for", slow_load)
+    out: list[object] = []
+
+    def first() -> None:
+        with Store(tmp_path / "o.db") as store:
+            out.append(run_steer(store, SearchHere(run=run_id, task=TASK, at=0, simulations=2), MemoryReporter(),
+                                 make_env=SnapshotLineEnv))
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    try:
+        assert loading.wait(30)
+        with Store(tmp_path / "o.db") as store:
+            assert store.run(run_id).status == "running"
+            with pytest.raises(UsageError, match="being searched"):
+                run_steer(store, SearchHere(run=run_id, task=TASK, at=0, simulations=2), MemoryReporter(),
+                          generator=OneCommand("right"), make_env=SnapshotLineEnv)
+    finally:
+        go_on.set()
+        thread.join(30)
+    assert len(out) == 1 and "2 simulations at node 0" in out[0].lines[0]  # type: ignore[attr-defined]
+    with Store(tmp_path / "o.db") as store:
+        assert store.run(run_id).status == "interrupted"  # what it was before the steer
+        assert len(_tree(store, run_id).simulations) == 4
+
+
 def _ends_at(tree: SearchTree) -> list[int]:
     """Simulations that ended at each node (its own terminal visits; the root: those with an empty path)."""
     out = [0] * len(tree.nodes)

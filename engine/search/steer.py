@@ -165,10 +165,14 @@ def human_action(text: str, where: str) -> CompositeAction:
     return parsed
 
 
+def _busy(target: Target) -> UsageError:
+    return UsageError(f"{target.where}: the run is being searched now (status running); steer it when "
+                      f"that search has ended (or `orchard search --resume {target.run_id}` once it was killed)")
+
+
 def _check_idle(target: Target) -> None:
     if target.info.status == "running":
-        raise UsageError(f"{target.where}: the run is being searched now (status running); steer it when "
-                         f"that search has ended (or `orchard search --resume {target.run_id}` once it was killed)")
+        raise _busy(target)
 
 
 def _check_open(target: Target) -> None:
@@ -263,12 +267,27 @@ def generator_for(target: Target, spec: Steer, reporter: Reporter) -> Generator:
 def run_steer(store: Store, spec: Steer, reporter: Reporter, generator: Generator | None = None,
               make_env: Callable[[], Env] | None = None) -> StageResult:
     """Grow the stored tree as `spec` asks; returns the run id (output) and a line saying what was done."""
-    from engine.search.mcts import MCTS
-    from engine.tree_nodes import Simulation
 
     target = open_target(store, spec.run, spec.task, spec.at)
     _check_idle(target)
     _check_open(target)
+    previous = store.claim_run(target.run_id)  # now, not after the model loads: a second writer is refused
+    if previous is None:
+        raise _busy(target)
+    try:
+        target = open_target(store, spec.run, spec.task, spec.at)  # with what another steer committed meanwhile
+        _check_open(target)
+        return _grow(store, target, spec, reporter, generator, make_env)
+    finally:
+        store.set_run_status(target.run_id, previous)
+
+
+def _grow(store: Store, target: Target, spec: Steer, reporter: Reporter, generator: Generator | None,
+          make_env: Callable[[], Env] | None) -> StageResult:
+    """`run_steer`'s work, on a run it has claimed."""
+    from engine.search.mcts import MCTS
+    from engine.tree_nodes import Simulation
+
     tree, config = target.tree, target.config
     first_new = len(tree.nodes)
     job = _job(target, make_env)
@@ -292,12 +311,7 @@ def run_steer(store: Store, spec: Steer, reporter: Reporter, generator: Generato
             j.reranked = []
             units.step(nodes=len(j.tree.nodes) - first_new)
 
-        previous = target.info.status
-        store.set_run_status(target.run_id, "running")
-        try:
-            stats = MCTS(model, config, on_simulation=on_simulation).run([job])
-        finally:
-            store.set_run_status(target.run_id, previous)
+        stats = MCTS(model, config, on_simulation=on_simulation).run([job])
         units.finish()
     finally:
         job.close()

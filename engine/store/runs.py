@@ -214,6 +214,17 @@ class RunsStore(Connection):
                     (status, time.time(), json.dumps(stats), run_id),
                 )
 
+    def claim_run(self, run_id: str) -> str | None:
+        """Mark the run running unless it is already, in one compare-and-set: its status before, or None
+        when it is running (two steering jobs on one run: only one passes, before either loads a model)."""
+        with self.transaction() as con:
+            row = con.execute("SELECT status FROM runs WHERE id=?", (run_id,)).fetchone()
+            if row is None or row[0] == "running":
+                return None
+            cur = con.execute("UPDATE runs SET status='running', updated_at=? WHERE id=? AND status=?",
+                              (time.time(), run_id, row[0]))
+            return str(row[0]) if cur.rowcount == 1 else None
+
     def find_run(self, key: str) -> str:
         """A run id from an id, a unique id prefix or a unique name. The prefix is compared as
         text (substr), not as a LIKE pattern: `%` or `_` typed by a user must not match every run."""
