@@ -610,16 +610,21 @@ class RaySearch(ShardedSearch):
     def _launch(self, shard: int, attempt: int, n_shards: int, items: list[tuple[int, TaskSpec, SearchTree | None]],
                 events: Events) -> None:
         ray = self._connected()
+        if shard in self._streams:  # a retry: the lost attempt's task may still run (and use the servers)
+            self._cancel(self._streams[shard])
         gen = self._remote.remote(self.env_spec, self.model_spec, asdict(self.config), items, self.allow_http_key)
         self._streams[shard] = gen
         threading.Thread(target=_consume, args=(ray, gen, shard, attempt, events), daemon=True).start()
 
+    def _cancel(self, gen: Any) -> None:
+        try:
+            self._ray.cancel(gen, force=True)
+        except Exception:  # noqa: BLE001, S110 - a finished or dead shard cannot be cancelled
+            pass
+
     def _stop(self) -> None:
         for gen in self._streams.values():
-            try:
-                self._ray.cancel(gen, force=True)
-            except Exception:  # noqa: BLE001, S110 - a finished or dead shard cannot be cancelled
-                pass
+            self._cancel(gen)
 
 
 def _consume(ray: Any, gen: Any, shard: int, attempt: int, events: queue.SimpleQueue) -> None:
