@@ -61,4 +61,4 @@ if viewer is not None and viewer.local and page.url_path in CURATION_PAGES:
     st.sidebar.text_input("Your name", key="who", placeholder="anonymous", persist_state="session",
                           help="Recorded with every decision you make on these pages (empty: anonymous).")
 
-page.run()
+data.store_errors_shown(page.run)()  # a row the store cannot read: one line, no traceback (fragments: their own)

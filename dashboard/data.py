@@ -10,10 +10,11 @@ The dashboard never creates a database: a missing or empty file is reported, not
 
 from __future__ import annotations
 
+import functools
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec
 
 import streamlit as st
 
@@ -37,6 +38,28 @@ from engine.tree_nodes import Node, SearchTree
 
 DB_ENV = paths.DB_ENV
 NO_RUNS = "No runs yet — run `make run` to search the demo tasks, then reload this page."
+
+
+P = ParamSpec("P")
+
+
+def show_store_error(error: StoreError) -> None:
+    """A row the store cannot read (edited outside Orchard, written by another version): one line, as text."""
+    st.error("The database holds something this page cannot read.")
+    line = str(error).splitlines()[0] if str(error) else type(error).__name__
+    st.code(redact(scrub(line, db_path())), language=None, wrap_lines=True)
+
+
+def store_errors_shown(fn: Callable[P, None]) -> Callable[P, None]:
+    """`fn`, showing a StoreError with `show_store_error` instead of a traceback: for page bodies and for
+    fragments, whose exceptions Streamlit shows itself before the app's own catch could see them."""
+    @functools.wraps(fn)
+    def shown(*args: P.args, **kwargs: P.kwargs) -> None:
+        try:
+            fn(*args, **kwargs)
+        except StoreError as e:
+            show_store_error(e)
+    return shown
 
 
 def db_path() -> Path | str:

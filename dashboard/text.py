@@ -10,6 +10,7 @@ it sits inside one of those elements, it goes through `md()`.
 
 from __future__ import annotations
 
+import math
 import re
 
 # Every ASCII punctuation character (CommonMark lets each be backslash-escaped to stand for itself):
@@ -28,3 +29,21 @@ def short_path(text: object, limit: int = 32) -> str:
     table's key columns stay in view; the full text goes in a column of its own."""
     value = " ".join(str(text).split())
     return value if len(value) <= limit else "…" + value[-(limit - 1):]
+
+
+def whole_number(text: object) -> int | None:
+    """`text` as a whole number >= 0 when it is ASCII digits only, else None (a URL or a typed box:
+    `"²".isdigit()` is true, and int("²") raises)."""
+    return int(text) if isinstance(text, str) and text.isascii() and text.isdigit() else None
+
+
+def number(value: object, default: float) -> float:
+    """A stored setting as a finite number, else `default` (a run's config is a stored JSON object: any type may be there)."""
+    if isinstance(value, bool):
+        return default
+    try:
+        out = float(value) if isinstance(value, int | float) else float(str(value))
+    except (ValueError, OverflowError):
+        return default
+    return out if math.isfinite(out) else default
+

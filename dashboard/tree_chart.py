@@ -217,7 +217,7 @@ def selection_data(main: pd.DataFrame, tree: TreeColumns, node: int) -> dict[str
     }
 
 
-def _ids(value: Any) -> list[int]:
+def node_ids(value: Any) -> list[int]:
     """Node ids from a sample's source (imported data may hold anything): the ints, in order."""
     return [v for v in value if isinstance(v, int) and not isinstance(v, bool)] if isinstance(value, list) else []
 
@@ -226,7 +226,7 @@ def splice_parts(source: Mapping[str, Any]) -> tuple[list[int], list[int], int |
     """A revision sample's splice on its tree (docs/algorithms.md §4): (trained path: the shared prefix
     and the good suffix, bad steps through t' (no loss), t' node, the split's node: where the revision
     turn goes back to)."""
-    good, bad = _ids(source.get("good_path")), _ids(source.get("bad_path"))
+    good, bad = node_ids(source.get("good_path")), node_ids(source.get("bad_path"))
     split = next((i for i, (g, b) in enumerate(zip(good, bad)) if g != b), min(len(good), len(bad)))
     t = source.get("t_prime")
     t_node = source.get("t_prime_node")

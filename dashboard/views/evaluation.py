@@ -25,7 +25,7 @@ from dashboard import auth, compare, data, figures, loop
 from dashboard import forms as fm
 from dashboard import jobs_panel as jp
 from dashboard.store import Store
-from dashboard.text import md
+from dashboard.text import md, number
 from engine.envs.registry import known_envs
 from engine.evaluate import MODES, EvalConfig
 from engine.loop import METHODS
@@ -143,7 +143,7 @@ with st.expander("Launch an evaluation", expanded=bool(fm.form_errors(FORM))), s
                              help="Index range START:STOP[:STEP] into the split, or ids a,b,c.")
     with right:
         fm.field_error(FORM, "tasks")
-    mode = st.radio("Mode", list(MODES), horizontal=True, key="ev_mode", index=list(MODES).index(defaults["mode"]),
+    mode = st.radio("Mode", list(MODES), horizontal=True, key="ev_mode", index=list(MODES).index(defaults["mode"]) if defaults["mode"] in MODES else 0,
                     captions=[MODE_HELP[m] for m in MODES])
     st.markdown("**Settings** (the MCTS budget: mcts simulations, mcts k); they start from "
                 + (f"the baseline's below ({md(model_label(baseline['model']))} · {md(baseline['id'][:6])})"
@@ -421,9 +421,10 @@ def loop_view() -> None:
         help="By default the loop trains only on rows curated on the Data pages (approved / edited). Checked, it "
              "also trains on rows nobody has reviewed; rejected and disputed rows never.")
     if last_gate:
-        st.caption(f"Last iteration: {last_gate.get('final', 0)} curated rows, "
-                   f"{last_gate.get('uncurated_used', 0) + last_gate.get('uncurated_left_out', 0)} uncurated "
-                   f"({'included' if last_gate.get('uncurated_used') else 'left out'}). The next iteration "
+        count = {k: int(number(last_gate.get(k), 0)) for k in ("final", "uncurated_used", "uncurated_left_out")}
+        st.caption(f"Last iteration: {count['final']} curated rows, "
+                   f"{count['uncurated_used'] + count['uncurated_left_out']} uncurated "
+                   f"({'included' if count['uncurated_used'] else 'left out'}). The next iteration "
                    f"{'includes' if next_pending else 'leaves out'} the uncurated rows of its own search.")
     if st.button("Next iteration", key="ev_next", type="primary", disabled=running is not None,
                  help="One more iteration of this loop, with its newest model (an iterate job)."
@@ -527,4 +528,4 @@ def new_loop_form() -> None:
 
 # Live while a loop job is queued or running (the fragment stops itself, and reruns the page, when it ends).
 st.fragment(run_every=jp.LIVE_EVERY_S if data.has_data(path) and loop.LiveStage.of(
-    jp.latest_job(db, ("iterate",))) is not None else None)(loop_view)()
+    jp.latest_job(db, ("iterate",))) is not None else None)(data.store_errors_shown(loop_view))()

@@ -27,6 +27,7 @@ import streamlit as st
 from dashboard import auth, builders, data
 from dashboard.history import history_table
 from dashboard.store import CURATION_STATUSES, ConflictError, EditError, Store, StoreError
+from dashboard.text import md
 from dashboard.versions import VersionGuard
 from engine.actions import FormatError, parse
 from engine.datasets.pairs import Pair
@@ -489,7 +490,7 @@ if error and error[0] == pair.id:
     st.code(error[1], language=None, wrap_lines=True)
 
 cells = st.columns(6)
-cells[0].metric("Status", pair.status)
+cells[0].metric("Status", md(pair.status))
 cells[1].metric("Q chosen", fmt(pair.q_chosen))
 cells[2].metric("Q rejected", fmt(pair.q_rejected))
 cells[3].metric("Q gap", fmt(pair.gap))

@@ -278,7 +278,7 @@ st.caption("Shortcuts: A approve & next · X reject & next · J next · K previo
 
 verification = verification_of(sample)
 c = st.columns(5)
-c[0].metric("Status", sample.status)
+c[0].metric("Status", md(sample.status))
 c[1].metric("Turns", len(sample.turns))
 c[2].metric("Masked turns", sum(1 for t in sample.turns if not t.trains))
 c[3].metric("DM-flagged actions", len(flags))

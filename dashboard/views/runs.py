@@ -26,6 +26,7 @@ from dashboard.store import Store
 from dashboard.text import md, short_path
 from engine.config import SearchConfig
 from engine.envs.registry import known_envs
+from engine.llm.base import GeneratorError
 from engine.llm.registry import parse_model_spec
 from engine.search.stage import DEFAULT_TASKS
 
@@ -170,7 +171,11 @@ if runs:
     if run.status == "interrupted":
         stored = run.model
         # As the loader reads the spec (engine.llm.registry): a stored one may start with a space.
-        needs_retype = parse_model_spec(stored).kind == "openai" and bool(os.environ.get("OPENAI_API_KEY"))
+        try:
+            stored_kind = parse_model_spec(stored).kind
+        except GeneratorError:  # a spec this version no longer reads (resuming with it is refused in one line)
+            stored_kind = ""
+        needs_retype = stored_kind == "openai" and bool(os.environ.get("OPENAI_API_KEY"))
         with st.form("rs_resume", border=True):
             st.markdown(f"Run **{md(run.name)}** is interrupted at {run.simulations} simulations: resume it.")
             st.caption("Stored model:")

@@ -175,7 +175,7 @@ def jobs_table() -> None:
 
 # The picker's labels never carry a job's state: Streamlit's frontend keeps showing the label an option had
 # when the selectbox was first drawn (streamlit/streamlit#13788), so a state in it would go stale.
-st.fragment(run_every=jp.LIVE_EVERY_S if any(not j.final for j in jobs) else None)(jobs_table)()
+st.fragment(run_every=jp.LIVE_EVERY_S if any(not j.final for j in jobs) else None)(data.store_errors_shown(jobs_table))()
 
 
 def last_values(metrics: list[dict], keys: tuple[str, ...]) -> dict[str, float]:

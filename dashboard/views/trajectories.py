@@ -18,7 +18,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from dashboard import auth, builders, data, figures
+from dashboard import auth, builders, data, figures, tree_chart
 from dashboard.history import history_table
 from dashboard.store import CURATION_STATUSES, ConflictError, Store, StoreError
 from dashboard.text import md
@@ -149,7 +149,7 @@ def path_table(tree: SearchTree | None, nodes: Sequence[int], split: int, sample
 
 def split_of(source: dict[str, Any]) -> int:
     """Steps the good and bad path share (down to their common ancestor)."""
-    good, bad = source.get("good_path", []), source.get("bad_path", [])
+    good, bad = tree_chart.node_ids(source.get("good_path")), tree_chart.node_ids(source.get("bad_path"))
     return next((i for i, (g, b) in enumerate(zip(good, bad)) if g != b), min(len(good), len(bad)))
 
 
@@ -233,12 +233,13 @@ if loaded is None:  # deleted between the two reads
 qp["sample"] = loaded[0].id  # == sample_id, which is a str by now
 sample, history = loaded
 src = sample.source
-good_path = [int(n) for n in src.get("good_path", [])]
-bad_path = [int(n) for n in src.get("bad_path", [])]
+good_path = tree_chart.node_ids(src.get("good_path"))  # imported data may hold anything: the ids, in order
+bad_path = tree_chart.node_ids(src.get("bad_path"))
 ancestor = src.get("ancestor")
 split = split_of(src)
-judgements: list[dict[str, Any]] = list(src.get("judgements", []))
-verdicts = {int(j["node"]): str(j.get("verdict", "")) for j in judgements if "node" in j}
+judgements: list[dict[str, Any]] = [j for j in src.get("judgements") or [] if isinstance(j, dict)] \
+    if isinstance(src.get("judgements"), list) else []
+verdicts = {j["node"]: str(j.get("verdict", "")) for j in judgements if tree_chart.node_ids([j.get("node")])}
 t_prime_node = src.get("t_prime_node")
 
 table = pd.DataFrame([{
@@ -270,7 +271,7 @@ expected, blocked = guard.panel(sample)
 st.subheader("Revision trajectory")
 index = ids.index(sample.id) if sample.id in ids else None
 c = st.columns([1, 1, 1, 1, 2])
-c[0].metric("Status", sample.status)
+c[0].metric("Status", md(sample.status))
 c[1].metric("t' (bad path step)", t_prime_step(src) or "—",
             help="1-based step of the bad path the judge first called Bad")
 c[2].metric("Good reward", fmt(src.get("good_reward")))
@@ -301,7 +302,10 @@ st.code(sample.task.goal or sample.task.first_observation, language=None, wrap_l
 # --- good and bad path side by side -------------------------------------------------------------------------
 
 tree_id = src.get("tree_id")
-tree = data.load_tree(db, tree_id, version) if isinstance(tree_id, int) else None
+try:
+    tree = data.load_tree(db, tree_id, version) if isinstance(tree_id, int) else None
+except StoreError:  # a revision imported from another database names a tree this one does not hold
+    tree = None
 if tree is None:
     st.caption("The search tree is not in this database: paths are shown from the sample's own turns.")
 

@@ -30,7 +30,7 @@ from dashboard import auth, data, figures, lod, overview, tree_chart, tree_compa
 from dashboard import forms as fm
 from dashboard import jobs_panel as jp
 from dashboard.store import RunInfo, Store
-from dashboard.text import md
+from dashboard.text import md, number, whole_number
 from engine.tree_columns import TreeColumns
 from engine.tree_nodes import TERMINALS, Node
 
@@ -86,8 +86,8 @@ tree: TreeColumns | None = data.load_shape(db, tree_id, version)  # numbers only
 node_id = 0
 raw_node = qp.get("node")
 if tree is not None and raw_node is not None:
-    if raw_node.isdigit() and int(raw_node) < len(tree):
-        node_id = int(raw_node)
+    if (wanted := whole_number(raw_node)) is not None and wanted < len(tree):
+        node_id = wanted
     else:
         notes.append("The node named in the URL is not in this tree; showing the root.")
 # The tree's Agent-R revisions (Trajectories page): their first errors and the chosen one's splice are drawn.
@@ -117,10 +117,10 @@ if revisions:
     qp["revision"] = revision_id
 else:
     qp.pop("revision", None)
-alpha = float(run.config.get("alpha", 0.5))
+alpha = number(run.config.get("alpha", 0.5), 0.5)
 raw_budget = qp.get("max_nodes")
 if raw_budget is not None and "te_budget" not in st.session_state:
-    value = 0 if raw_budget == "all" else int(raw_budget) if raw_budget.isdigit() else None
+    value = 0 if raw_budget == "all" else whole_number(raw_budget)
     if value is None or value not in BUDGETS:
         notes.append(f"max_nodes in the URL must be one of {', '.join(map(str, BUDGETS[:-1]))} or all; "
                      f"drawing at most {lod.DEFAULT_BUDGET}.")
@@ -173,10 +173,10 @@ def _picked_tree(key: str) -> None:
 
 def _typed_node(n_nodes: int) -> None:
     text = (st.session_state.get(NODE_INPUT) or "").strip().lstrip("#")
-    if text.isdigit() and int(text) < n_nodes:
-        _go_to(int(text))
+    if (wanted := whole_number(text)) is not None and wanted < n_nodes:
+        _go_to(wanted)
     else:
-        st.session_state["te_node_error"] = f"No node {text!r} in this tree (ids 0..{n_nodes - 1})."
+        st.session_state["te_node_error"] = f"No node {md(repr(text))} in this tree (ids 0..{n_nodes - 1})."
 
 
 def _clicked_node(key: str) -> None:
@@ -253,7 +253,7 @@ def steer_form(node: Node) -> None:
     why = auth.why_not("launch_jobs")
     with st.expander("Steer the search at this node", expanded=False):
         if node.terminal is not None:
-            st.caption(f"This node is terminal ({node.terminal}): nothing grows below it.")
+            st.caption(f"This node is terminal ({md(node.terminal)}): nothing grows below it.")
             return
         if why:
             st.caption(why)
@@ -271,7 +271,8 @@ def steer_form(node: Node) -> None:
                 st.form_submit_button("Search here", on_click=_steer, args=("search_here", node.id),
                                       disabled=bool(why), help="N more simulations whose selection starts here; "
                                                                "every ancestor counts them too.")
-            right.number_input("Candidates K", 1, 64, int(run.config.get("k", 4) or 4), key="te_steer_k")
+            k = int(number(run.config.get("k", 4), 4))
+            right.number_input("Candidates K", 1, 64, k if 1 <= k <= 64 else 4, key="te_steer_k")
             with right:
                 fm.field_error(STEER, "k")
                 st.form_submit_button("More candidates", on_click=_steer, args=("more_candidates", node.id),
@@ -420,7 +421,7 @@ def progress_line(info: RunInfo) -> None:
     """The run's progress and success count (numbers from the store), a bar while it runs."""
     per_task = info.config.get("simulations")
     planned = per_task * len(info.task_ids) if isinstance(per_task, int) and per_task > 0 else 0
-    text = f"run {info.status} · {info.simulations} / {planned or '?'} simulations · " \
+    text = f"run {md(info.status)} · {info.simulations} / {planned or '?'} simulations · " \
            f"{info.solved} / {info.trees} tasks solved"
     if info.status == "running" and planned:
         st.progress(min(1.0, info.simulations / planned), text=text)
@@ -475,7 +476,8 @@ def explorer(live: bool) -> None:
         st.info("This task's tree has no committed nodes yet (the search has not reached it).")
         return
     raw = st.query_params.get("node", "0")
-    node_id = int(raw) if raw.isdigit() and int(raw) < len(tree) else 0
+    wanted = whole_number(raw)
+    node_id = wanted if wanted is not None and wanted < len(tree) else 0
     if live:
         st.caption(f"Live: the search is running; this view redraws every {REFRESH_S:g} s "
                    f"(last {time.strftime('%H:%M:%S')}).")
@@ -632,7 +634,7 @@ def inspector(tree: TreeColumns, node_id: int, best: list[int], inspect_col: Any
 
 
 live = bool(follow)
-st.fragment(run_every=REFRESH_S if live else None)(explorer)(live)
+st.fragment(run_every=REFRESH_S if live else None)(data.store_errors_shown(explorer))(live)
 if compare_run is not None:
     other_tree = {t: i for i, t in data.tree_index(db, compare_run.id, version)}.get(shown_task)
     if other_tree is not None:

@@ -67,6 +67,14 @@ _NODE_ROW = (*columns.NODES, "observation")
 _NodeRow = namedtuple("_NodeRow", _NODE_ROW)  # type: ignore[misc]
 
 
+def _read_node(tree_id: int, node_id: object, row: Sequence[Any]) -> Node:
+    """`_node`, where a row not as this code writes it is a one-line StoreError naming tree and node."""
+    try:
+        return _node(row)
+    except (KeyError, TypeError, AttributeError, ValueError) as e:
+        raise StoreError(f"tree {tree_id}, node {node_id}: unreadable ({type(e).__name__}: {str(e)[:80]})") from None
+
+
 def _node(row: Sequence[Any]) -> Node:
     """A node from a row of `_NODE_SELECT`."""
     r: Any = _NodeRow._make(row)  # fields from _NODE_ROW (mypy cannot see them)
@@ -360,10 +368,7 @@ class RunsStore(Connection):
             return None
         nodes = []
         for i, r in enumerate(rows):
-            try:
-                node = _node(r)
-            except (KeyError, TypeError, AttributeError, ValueError) as e:  # a row not as this code writes it
-                raise StoreError(f"tree {tree_id}, node {i}: unreadable ({type(e).__name__}: {str(e)[:80]})") from None
+            node = _read_node(tree_id, i, r)
             if node.id != i:
                 raise StoreError(f"tree {tree_id}: node ids not contiguous at {i} (found {node.id})")
             _check_parent(tree_id, i, node.parent)
@@ -424,19 +429,22 @@ class RunsStore(Connection):
                 (tree_id, *chunk),
             ).fetchall()
             for r in rows:
-                node = _node(r)
+                node = _read_node(tree_id, r[0], r)
                 out[node.id] = node
         return out
 
     def node_texts(self, tree_id: int) -> list[tuple[int, CompositeAction | None, str | None]]:
         """(node id, composite action, raw completion) of every node, for a text search over the
         tree; no observations."""
-        return [
-            (node_id, CompositeAction.from_dict(json.loads(action)) if action else None, raw)
-            for node_id, action, raw in self.con.execute(
-                "SELECT node_id, action, raw FROM nodes WHERE tree_id=? ORDER BY node_id", (tree_id,)
-            )
-        ]
+        out = []
+        for node_id, action, raw in self.con.execute(
+                "SELECT node_id, action, raw FROM nodes WHERE tree_id=? ORDER BY node_id", (tree_id,)):
+            try:
+                out.append((node_id, CompositeAction.from_dict(json.loads(action)) if action else None, raw))
+            except (KeyError, TypeError, AttributeError, ValueError) as e:
+                raise StoreError(f"tree {tree_id}, node {node_id}: unreadable action "
+                                 f"({type(e).__name__}: {str(e)[:80]})") from None
+        return out
 
     def human_nodes(self, tree_id: int) -> list[int]:
         """Ids of the nodes a person added from the tree (author "human"), in id order."""
