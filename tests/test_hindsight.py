@@ -84,8 +84,8 @@ class ForcedPolicy:
 
     name = "forced"
 
-    def __init__(self, cut_at: str | None = None) -> None:
-        self.requests, self.cut_at = [], cut_at
+    def __init__(self, cut_at: str | None = None, status: str = "CONTINUE") -> None:
+        self.requests, self.cut_at, self.status = [], cut_at, status
 
     def sample(self, requests):
         out = []
@@ -93,7 +93,7 @@ class ForcedPolicy:
             self.requests.append(r)
             goal = r.prompt[1]["content"].split("\n")[0]
             command = r.params.grammar.command.replace("\\", "")
-            text = f"THOUGHT: {goal}\nACTION: {command}\nEXPLANATION: e\nSTATUS: CONTINUE"
+            text = f"THOUGHT: {goal}\nACTION: {command}\nEXPLANATION: e\nSTATUS: {self.status}"
             assert regex.fullmatch(r.params.grammar.regex, text) and r.params.temperature == 0.0
             out.append([Completion(text, finish_reason="length" if command == self.cut_at else "stop")])
         return out
@@ -120,6 +120,14 @@ def test_a_text_cut_by_the_token_limit_drops_its_episode():
     found = relabel([fence_tree()], TextCraftEnv, targets())
     samples = rationalize(ForcedPolicy(cut_at=CRAFT_STICKS), found, TextCraftEnv().describe())
     assert [s.task.id for s in samples] == [PLANKS]
+
+
+def test_an_episode_whose_text_ends_it_before_its_last_step_is_dropped():
+    """Only the command is forced: a STATUS other than CONTINUE before the last step would teach stopping
+    (search and evaluation end an episode on it)."""
+    found = relabel([fence_tree()], TextCraftEnv, targets())
+    assert rationalize(ForcedPolicy(status="SUCCESS"), found, TextCraftEnv().describe()) == []
+    assert len(rationalize(ForcedPolicy(), found, TextCraftEnv().describe())) == 2
 
 
 def test_an_env_that_cannot_say_what_a_state_achieves_is_refused_by_name():

@@ -329,3 +329,60 @@ def test_a_worker_just_launched_by_another_runner_is_not_taken_for_dead(store: S
     JobRunner(store).poll()
     assert store.job(job.id).state == "running"
     store.finish_job(job.id, "cancelled", error="test over")
+
+
+def test_on_a_shared_store_a_beating_job_is_not_failed_for_a_pid_this_machine_lacks(store: Store, monkeypatch) -> None:
+    """On PostgreSQL the job may run on a teammate's machine: its pid means nothing here, its beats do; once
+    they stop, the pid check counts again. A SQLite store is one machine's: a gone pid is a dead job."""
+    import subprocess
+    import sys
+
+    from engine.jobs import runner as runner_module
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a pid no live process has
+
+    def running_job() -> str:
+        job = store.create_job("probe", {"steps": 1}, "cpu")
+        assert store.claim_next_job("cpu") is not None
+        store.set_job_pid(job.id, gone.pid)
+        store.beat_job(job.id)
+        return job.id
+
+    first = running_job()
+    JobRunner(store).poll()
+    assert store.job(first).state == ("running" if store.dialect == "postgresql" else "failed")
+    store.finish_job(first, "cancelled", error="test over")
+    second = running_job()
+    monkeypatch.setattr(runner_module, "FRESH_BEAT_S", -1.0)  # its beats have stopped
+    JobRunner(store).poll()
+    assert store.job(second).state == "failed" and "died" in (store.job(second).error or "")
+
+
+def test_a_job_row_edited_outside_orchard_fails_in_one_line_and_the_queue_goes_on(store: Store, tmp_path: Path) -> None:
+    """A config that is not a JSON object, or of another shape, made every poll a traceback (the whole queue
+    stopped); an id such as '../x' made the runner write its log outside the job-log folder."""
+    bad = store.create_job("probe", {"steps": 1}, "cpu")
+    store.con.execute("UPDATE jobs SET config='{not json', progress='[1' WHERE id=?", (bad.id,))
+    assert store.job(bad.id).config == {"unreadable": f"job {bad.id}: its stored config is not JSON"}
+    assert store.job(bad.id).progress == {}
+    shaped = store.create_job("iterate", {"iterate": "x", "train": 5}, "cpu")  # not objects where objects belong
+    assert JobRunner(store).submit("probe", {"steps": 1}, device="cpu", start=False).state == "queued"
+    runner = JobRunner(store)
+    failed = _until(lambda: runner.poll() is not None and store.job(bad.id).final and store.job(bad.id))
+    assert failed.state == "failed" and "unknown field(s) unreadable" in (failed.error or "")
+    _until(lambda: runner.poll() is not None and store.job(shaped.id).final)
+    assert store.job(shaped.id).state == "failed" and "\n" not in (store.job(shaped.id).error or "").strip()
+    _until(lambda: runner.poll() is not None and all(j.final for j in store.jobs()))
+    assert [j.state for j in store.jobs(state="succeeded")] == ["succeeded"]  # the good job behind them ran
+
+
+def test_a_stored_job_id_cannot_lead_the_log_out_of_the_job_log_folder(store: Store, tmp_path: Path) -> None:
+    from engine.paths import jobs_dir
+
+    job = store.create_job("probe", {"steps": 1}, "cpu")
+    store.con.execute("UPDATE jobs SET id='../../escaped', log_path=NULL WHERE id=?", (job.id,))
+    JobRunner(store, python="/bin/true").poll()
+    folder = jobs_dir(store.location).resolve()
+    assert not (folder.parent.parent / "escaped.log").exists() and not (folder.parent / "escaped.log").exists()
+    assert (folder / "unnamed-job.log").exists()

@@ -193,7 +193,9 @@ def rationalize(generator: Generator, found: Sequence[Relabelled], env_descripti
             parsed = parse(text)
             done = texts[i]
             if (done is None or isinstance(parsed, FormatError) or completions[0].finish_reason == "length"
-                    or normalize_command(parsed.command) != normalize_command(found[i].steps[t][0])):
+                    or normalize_command(parsed.command) != normalize_command(found[i].steps[t][0])
+                    or (t < len(found[i].steps) - 1 and parsed.status != "CONTINUE")):  # a step that ends the episode
+                # before its last would teach stopping (search and evaluation end on any other STATUS)
                 texts[i] = None
                 continue
             done.append(text)

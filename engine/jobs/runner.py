@@ -52,6 +52,9 @@ WORKER_MODULE = "engine.jobs.worker"
 _WORKER_MODULES = (WORKER_MODULE, "engine.jobs.worker")
 STARTUP_GRACE_S = 60.0  # a claimed job with no pid yet is presumed starting for this long
 HEARTBEAT_EVERY_S = 5.0  # a worker's heartbeat thread beats this often (ORCHARD_JOB_HEARTBEAT_S overrides)
+# A beat this recent says the worker lives wherever it runs: a pid is only checked on this machine (a
+# SQLite store is one machine's; on a shared PostgreSQL store the job may run on a teammate's).
+FRESH_BEAT_S = 3 * HEARTBEAT_EVERY_S
 HEARTBEAT_TIMEOUT_S = 120.0  # a running job whose last beat is older than this has hung: failed, killed
 # Between fork and exec a just-launched worker still has its parent's command line; for this long after
 # its claim another poller (a second JobRunner, the dashboard's next rerun) only asks whether it is alive.
@@ -112,8 +115,10 @@ def job_output(kind: str, config: dict[str, Any], job_id: str | None = None) -> 
     if kind in ("dpo", "sft", "rft"):
         out = config.get("output") or (default_output_dir(f"{kind}-{job_id}") if job_id else None)
     elif kind == "iterate":
-        loop = config.get("iterate") or {}
-        out = loop.get("output_root") or (default_output_dir(loop["name"]) if loop.get("name") else None)
+        loop = config.get("iterate")
+        loop = loop if isinstance(loop, dict) else {}  # a stored config of another shape: its worker refuses it
+        name = loop.get("name")
+        out = loop.get("output_root") or (default_output_dir(name) if isinstance(name, str) and name else None)
     if not isinstance(out, str | Path) or not str(out):
         return None
     return Path(absolute_path(str(out), REPO_ROOT))  # a relative path (jobs of older versions): the worker's cwd
@@ -192,7 +197,8 @@ def worker_command(python: str, job_id: str, db: str | Path, device: str, kind: 
         return [python, *worker], env
     if kind not in MULTI_GPU_KINDS:
         raise ConfigError(f"{kind} job on {device!r}: only dpo/sft/rft jobs train on several GPUs (name one GPU)")
-    strategy = str((config.get("train") or {}).get("distributed", "ddp"))
+    train = config.get("train")
+    strategy = str(train.get("distributed", "ddp") if isinstance(train, dict) else "ddp")
     launch = [python, "-m", "accelerate.commands.launch", "--num_processes", str(n), "--num_machines", "1",
               "--mixed_precision", "no", "--dynamo_backend", "no",  # the Trainer sets bf16 itself
               "--main_process_ip", "127.0.0.1", "--main_process_port", str(_free_port())]
@@ -308,8 +314,13 @@ class JobRunner:
                 continue
             if job.id in self._children:  # our own child and not reaped above: alive, maybe still starting
                 continue
-            if job.pid is None:
-                dead = job.started_at is not None and now - job.started_at > STARTUP_GRACE_S
+            beat = job.heartbeat_at or job.started_at
+            fresh = beat is not None and now - beat <= FRESH_BEAT_S
+            if job.pid is None:  # (a multi-GPU job's launcher may have failed to record its pid: its beats count)
+                dead = job.started_at is not None and now - job.started_at > STARTUP_GRACE_S and not (
+                    job.heartbeat_at is not None and fresh)
+            elif fresh and self.store.dialect != "sqlite":
+                dead = False  # a shared PostgreSQL store: the pid may be another machine's; its beats say it lives
             else:
                 young = job.started_at is not None and now - job.started_at < EXEC_GRACE_S
                 dead = not process_alive(job.pid, None if young else job.id)
@@ -349,7 +360,9 @@ class JobRunner:
 
     def _launch(self, job: JobInfo) -> None:
         # A stored path outside the job-log folder (someone else wrote the row) is not appended to.
-        log_path = job_log(self.store.location, job.log_path) or jobs_dir(self.store.location) / f"{job.id}.log"
+        log_path = (job_log(self.store.location, job.log_path)
+                    or job_log(self.store.location, str(jobs_dir(self.store.location) / f"{job.id}.log"))
+                    or jobs_dir(self.store.location) / "unnamed-job.log")  # an id such as '../x' (an edited row)
         try:
             log_path.parent.mkdir(parents=True, exist_ok=True)
             processes = self.cpu_processes if job.device == "cpu" and job.kind in MULTI_GPU_KINDS else None

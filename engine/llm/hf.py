@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from engine.errors import cause_line
 from engine.llm.base import (
     Completion,
     ContextOverflow,
@@ -97,8 +98,8 @@ def prompt_fit(model_dir: str | Path, prompts: Sequence[tuple[Prompt, int]]) -> 
     try:
         config = json.loads((path / "config.json").read_text(encoding="utf-8"))
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    except (OSError, ValueError) as exc:
-        raise GeneratorError(f"cannot read the tokenizer and config of {path}: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - a broken folder: one line
+        raise GeneratorError(f"cannot read the tokenizer and config of {path}: {cause_line(exc)}") from None
     positions = config.get("max_position_embeddings") if isinstance(config, dict) else None
     if not isinstance(positions, int) or getattr(tokenizer, "chat_template", None) is None:
         return None  # unknown: the model says so itself when it runs
@@ -155,8 +156,8 @@ class HFGenerator:
             model = AutoModelForCausalLM.from_pretrained(
                 path, local_files_only=True, use_safetensors=True, dtype=_resolve_dtype(dtype, dev)
             )
-        except (OSError, ValueError) as exc:
-            raise GeneratorError(f"cannot load a model from {path}: {exc}") from exc
+        except Exception as exc:  # noqa: BLE001 - a broken folder (cut weights, a config of another shape): one line
+            raise GeneratorError(f"cannot load a model from {path}: {cause_line(exc)}") from None
         # PreTrainedModel.to is wrapped in functools.wraps, whose typeshed type does not bind `self`.
         moved = model.to(dev)  # type: ignore[arg-type]
         self._setup(moved, tokenizer, name or f"hf:{path}", batch_size, seed, num_threads, prefix_cache_mb)

@@ -35,6 +35,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
+from engine.errors import cause_line
 from engine.llm.base import (
     Completion,
     ContextOverflow,
@@ -279,13 +280,16 @@ class VLLMGenerator:
     def _load_tokenizer(self, path: Path) -> None:
         from transformers import AutoTokenizer, GenerationConfig
 
-        tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        try:
+            tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+            eos = (GenerationConfig.from_pretrained(path, local_files_only=True).eos_token_id
+                   if (path / "generation_config.json").exists() else None)
+        except Exception as exc:  # noqa: BLE001 - a broken folder: one line
+            raise GeneratorError(f"cannot read the tokenizer of {path}: {cause_line(exc)}") from None
         if getattr(tok, "chat_template", None) is None:
             raise GeneratorError(f"{path}: the tokenizer has no chat template")
         eos_ids = {tok.eos_token_id} if tok.eos_token_id is not None else set()
-        if (path / "generation_config.json").exists():
-            eos = GenerationConfig.from_pretrained(path, local_files_only=True).eos_token_id
-            eos_ids |= set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+        eos_ids |= {e for e in (eos if isinstance(eos, list) else [eos]) if isinstance(e, int) and not isinstance(e, bool)}
         if not eos_ids:
             raise GeneratorError(
                 f"{path}: neither the tokenizer nor the generation config names an EOS token"

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import ConfigError
+from engine.errors import cause_line
 from engine.llm.tokens import encode_completion, encode_prompt
 from engine.paths import TRAIN_META, read_train_meta
 from engine.prompts import actor_prompt
@@ -70,20 +71,23 @@ def last_token_logits(model: Any, ids: Any, mask: Any) -> Any:
 def load_value_model(path: str | Path, base: bool = False) -> tuple[Any, Any]:
     """(model, tokenizer) from a value-model folder, or with `base` from a policy folder (a fresh head).
     A folder that cannot be loaded is a ConfigError naming it."""
-    from transformers import AutoTokenizer, LlamaForSequenceClassification
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         verbosity = hf_logging.get_verbosity()
         hf_logging.set_verbosity_error()  # the new head's "newly initialized weights" notice is expected
-        try:
-            model = LlamaForSequenceClassification.from_pretrained(
+        try:  # the policy's own architecture (a Llama class would drop a Qwen2's attention biases unsaid)
+            model = AutoModelForSequenceClassification.from_pretrained(
                 path, num_labels=1, local_files_only=True, use_safetensors=True)
         finally:
             hf_logging.set_verbosity(verbosity)
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"cannot load a {'policy' if base else 'value'} model from {path}: {e}") from None
+    except Exception as e:  # noqa: BLE001 - a broken folder (cut weights, a config of another shape): one line
+        raise ConfigError(f"cannot load a {'policy' if base else 'value'} model from {path}: {cause_line(e)}") from None
+    if not (hasattr(model, "model") and hasattr(model, "score")):  # what value_logits reads (Llama, Qwen2, Mistral)
+        raise ConfigError(f"cannot load a {'policy' if base else 'value'} model from {path}: its architecture "
+                          f"({type(model).__name__}) has no body 'model' and head 'score'")
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     model.config.pad_token_id = tokenizer.pad_token_id

@@ -21,11 +21,24 @@ _JOB_COLUMNS = select(columns.JOBS)
 _MODEL_COLUMNS = select(columns.MODELS)
 
 
+def _stored_object(text: Any, where: str) -> dict[str, Any] | str:
+    """A stored JSON object, or a line saying why the text is not one."""
+    try:
+        value = json.loads(text) if text else {}
+    except (TypeError, ValueError):
+        return f"{where} is not JSON"
+    return value if isinstance(value, dict) else f"{where} is a JSON {type(value).__name__}, not an object"
+
+
 def _job_from_row(row: tuple) -> JobInfo:
-    """A job from a row of `columns.JOBS`."""
+    """A job from a row of `columns.JOBS`. A config that is not a JSON object (a row edited outside Orchard)
+    becomes {"unreadable": why}, which every job kind refuses as an unknown field: the job fails in one line
+    and the queue goes on (a traceback here would stop every poll); unreadable progress is shown as none."""
     r = named(columns.JOBS, row)
-    return JobInfo(**{**r, "config": json.loads(r["config"]),
-                      "progress": json.loads(r["progress"]) if r["progress"] else {},
+    config = _stored_object(r["config"], f"job {r['id']}: its stored config")
+    progress = _stored_object(r["progress"], "progress")
+    return JobInfo(**{**r, "config": config if isinstance(config, dict) else {"unreadable": config},
+                      "progress": progress if isinstance(progress, dict) else {},
                       "cancel_requested": bool(r["cancel_requested"])})
 
 

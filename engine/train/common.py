@@ -23,6 +23,7 @@ from typing import Any, Self
 
 from engine import paths
 from engine.config import ConfigError, from_dict
+from engine.errors import cause_line
 from engine.paths import TRAIN_META, read_train_meta
 from engine.progress import Reporter
 
@@ -220,8 +221,8 @@ def load_model(path: str | Path, config: TrainConfig) -> tuple[Any, Any, str, st
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, use_safetensors=True, dtype=dtype)
-    except (OSError, ValueError) as e:
-        raise TrainError(f"cannot load a model from {path}: {e}") from e
+    except Exception as e:  # noqa: BLE001 - a broken folder (cut weights, a config of another shape): one line
+        raise TrainError(f"cannot load a model from {path}: {cause_line(e)}") from None
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     if getattr(tokenizer, "chat_template", None) is None:
