@@ -386,3 +386,35 @@ def test_a_stored_job_id_cannot_lead_the_log_out_of_the_job_log_folder(store: St
     folder = jobs_dir(store.location).resolve()
     assert not (folder.parent.parent / "escaped.log").exists() and not (folder.parent / "escaped.log").exists()
     assert (folder / "unnamed-job.log").exists()
+
+
+def test_two_runners_racing_cannot_start_two_jobs_on_one_gpu(store: Store) -> None:
+    """Each runner read the running jobs before the other's claim committed, and the claim compared device
+    strings only: a cuda:0,1 job and a cuda:1 job both started. The claim now checks shared GPUs itself."""
+    launched: list[str] = []
+
+    class Recording(JobRunner):
+        def _launch(self, job) -> None:  # type: ignore[no-untyped-def]
+            launched.append(job.device)
+
+    store.create_job("dpo", {}, "cuda:0,1")
+    store.create_job("probe", {}, "cuda:1")
+    first, second = Recording(store), Recording(store)
+    claim = store.claim_next_job
+
+    interleaved: list[bool] = []
+
+    def claim_after_the_other_runner(device, shares=None):  # type: ignore[no-untyped-def]
+        if not interleaved:  # `second` has read that nothing runs; `first` polls before its claim
+            interleaved.append(True)
+            first.poll()
+        return claim(device) if shares is None else claim(device, shares=shares)
+
+    store.claim_next_job = claim_after_the_other_runner  # type: ignore[method-assign]
+    try:
+        second.poll()
+    finally:
+        store.claim_next_job = claim  # type: ignore[method-assign]
+    assert launched == ["cuda:0,1"] and [j.device for j in store.jobs(state="running")] == ["cuda:0,1"]
+    for job in store.jobs(state=("running", "queued")):
+        store.finish_job(job.id, "cancelled", error="test over")

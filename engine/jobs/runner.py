@@ -37,6 +37,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -329,8 +330,8 @@ class JobRunner:
                                                                f"recording an outcome; see {job.log_path}")
         started = []
         devices = {j.device for j in self.store.jobs(state="queued")}
-        # A device string is claimed atomically by the store; a job on cuda:0,1 and one on cuda:1
-        # share a GPU under different strings, so those wait here while the other runs.
+        # A job on cuda:0,1 and one on cuda:1 share a GPU under different strings: the store's claim checks
+        # that in its transaction (`shares`); `busy` only skips what is plainly taken.
         busy = {g for j in self.store.jobs(state="running") for g in _gpus_or_none(j.device)}
         for dev in sorted(devices):
             if device is not None and dev != device:
@@ -338,7 +339,7 @@ class JobRunner:
             gpus = set(_gpus_or_none(dev))
             if gpus & busy:
                 continue
-            claimed = self.store.claim_next_job(dev)
+            claimed = self.store.claim_next_job(dev, shares=partial(_shares_gpu, gpus))
             if claimed is not None:
                 self._launch(claimed)
                 started.append(claimed.id)
@@ -424,6 +425,11 @@ class JobRunner:
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.05)
+
+
+def _shares_gpu(gpus: set[int], other: str) -> bool:
+    """Whether a job running on device `other` uses one of `gpus`."""
+    return bool(gpus & set(_gpus_or_none(other)))
 
 
 def _gpus_or_none(device: str) -> tuple[int, ...]:

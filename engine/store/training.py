@@ -113,11 +113,13 @@ class TrainingStore(Connection):
         ).fetchall()
         return [_job_from_row(r) for r in rows]
 
-    def claim_next_job(self, device: str) -> JobInfo | None:
-        """Atomically move the oldest queued job of `device` to running, if none runs there now."""
+    def claim_next_job(self, device: str, shares: Callable[[str], bool] | None = None) -> JobInfo | None:
+        """Atomically move the oldest queued job of `device` to running, if none runs there now, nor on a
+        device that `shares` says shares hardware with it (a job on cuda:0,1 and one on cuda:1): checked in
+        the claim's transaction, so two runners polling at once cannot both start one."""
         with self.transaction() as con:
-            busy = con.execute("SELECT 1 FROM jobs WHERE device=? AND state='running'", (device,)).fetchone()
-            if busy:
+            running = [r[0] for r in con.execute("SELECT device FROM jobs WHERE state='running'").fetchall()]
+            if any(d == device or (shares is not None and shares(d)) for d in running):
                 return None
             row = con.execute("SELECT id FROM jobs WHERE device=? AND state='queued' ORDER BY created_at, id LIMIT 1",
                               (device,)).fetchone()
