@@ -259,6 +259,20 @@ def test_resolve_job_paths_makes_every_path_absolute_and_keeps_specs() -> None:
         "iterate": {"model": "/somewhere/else/m", "output_root": "/somewhere/else/loops", "iterations": 2}}
     assert config["iterate"]["model"] == "./m"  # the caller's config is not changed
     assert resolve_job_paths("dpo", {"model": "/abs/m", "output": None}, cwd) == {"model": "/abs/m", "output": None}
+    # every kind's paths, nested settings included (a worker in the repository root reads them)
+    assert resolve_job_paths("search", {"model": "m", "search": {"value_model": "v", "k": 2}}, cwd) == {
+        "model": "/somewhere/else/m", "search": {"value_model": "/somewhere/else/v", "k": 2}}
+    assert resolve_job_paths("refine", {"model": "tiny", "out": "o.jsonl", "personas": "p.txt"}, cwd) == {
+        "model": "tiny", "out": "/somewhere/else/o.jsonl", "personas": "/somewhere/else/p.txt"}
+    assert resolve_job_paths("eval", {"model": "m", "eval": {"mcts_value_model": "v"}}, cwd)["eval"] == {
+        "mcts_value_model": "/somewhere/else/v"}
+    for kind in ("revisions", "add_action", "search_here", "more_candidates"):
+        assert resolve_job_paths(kind, {"model": "m", "run": "r"}, cwd) == {"model": "/somewhere/else/m", "run": "r"}
+    assert resolve_job_paths("search_here", {"model": None}, cwd) == {"model": None}  # the run's own model
+    nested = {"iterate": {"search": {"value_model": "v"}, "eval": {"mcts_value_model": ""}}}
+    assert resolve_job_paths("iterate", nested, cwd)["iterate"] == {"search": {"value_model": "/somewhere/else/v"},
+                                                                     "eval": {"mcts_value_model": ""}}
+    assert nested["iterate"]["search"]["value_model"] == "v"
 
 
 @pytest.mark.slow

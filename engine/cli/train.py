@@ -122,6 +122,8 @@ def cmd_jobs(args: argparse.Namespace) -> int:
                                      "folder; not read")
                 try:
                     text = Path(log or "").read_text(encoding="utf-8", errors="replace")
+                    if args.tail < 1:
+                        raise UsageError(f"--tail {args.tail}: the characters from the end to show (1 or more)")
                     print(text[-args.tail :], end="")
                 except OSError:
                     print(f"job {job.id}: no log yet ({job.log_path})")

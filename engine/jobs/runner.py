@@ -95,14 +95,31 @@ def resolve_job_paths(kind: str, config: dict[str, Any], cwd: str | Path | None 
         if isinstance(value, str) and value.strip():
             table[key] = _model_spec_path(value, cwd) if model else absolute_path(value, cwd)
 
-    if kind in ("dpo", "sft", "rft", "eval"):
+    def nested(table: dict[str, Any], key: str) -> dict[str, Any] | None:
+        """`table[key]` copied (so the caller's config is not changed), when it is an object."""
+        if not isinstance(table.get(key), dict):
+            return None
+        table[key] = dict(table[key])
+        return table[key]
+
+    if kind in ("dpo", "sft", "rft", "eval", "search", "revisions", "refine", "add_action", "search_here",
+                "more_candidates"):
         fix(out, "model", model=True)
     if kind in ("dpo", "sft", "rft"):
         fix(out, "output")
-    if kind == "iterate" and isinstance(out.get("iterate"), dict):
-        out["iterate"] = dict(out["iterate"])
-        fix(out["iterate"], "model", model=True)
-        fix(out["iterate"], "output_root")
+    if kind == "refine":
+        fix(out, "out")
+        fix(out, "personas")
+    if kind == "search" and (search := nested(out, "search")) is not None:
+        fix(search, "value_model")
+    if kind == "eval" and (settings := nested(out, "eval")) is not None:
+        fix(settings, "mcts_value_model")
+    if kind == "iterate" and (loop := nested(out, "iterate")) is not None:
+        fix(loop, "model", model=True)
+        fix(loop, "output_root")
+        for key, inner in (("search", "value_model"), ("eval", "mcts_value_model")):
+            if (table := nested(loop, key)) is not None:
+                fix(table, inner)
     return out
 
 
