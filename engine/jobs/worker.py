@@ -168,8 +168,11 @@ def main(argv: list[str] | None = None) -> int:
             store.finish_job(job.id, "cancelled", error="cancelled by request")
             reporter.log("cancelled")
         else:
-            store.finish_job(job.id, "succeeded", output_path=output)
-            reporter.log(f"succeeded{': ' + output if output else ''}")
+            if store.finish_job(job.id, "succeeded", output_path=output):
+                reporter.log(f"succeeded{': ' + output if output else ''}")
+            else:  # a runner had recorded another outcome meanwhile (e.g. failed it for a stale heartbeat)
+                reporter.log(f"finished, but the job was already {store.job(job.id).state}: its outcome stands"
+                             f"{' (output kept at ' + output + ')' if output else ''}")
     except BaseException as e:  # noqa: BLE001 - every outcome must be recorded
         from engine.errors import user_errors
 

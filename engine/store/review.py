@@ -132,7 +132,12 @@ class ReviewStore(Connection):
 
     def required_reviews(self) -> int:
         row = self.con.execute("SELECT value FROM curation_settings WHERE key='required_reviews'").fetchone()
-        return int(row[0]) if row else 1
+        try:
+            n = int(row[0]) if row else 1
+        except (TypeError, ValueError):
+            raise StoreError(f"required reviews: the stored setting {str(row[0])[:20]!r} is not a whole number "
+                             "(set it again on the Review queue page)") from None
+        return n
 
     def set_required_reviews(self, n: int) -> None:
         if not isinstance(n, int) or not 1 <= n <= 20:
