@@ -262,8 +262,8 @@ def test_resolve_job_paths_makes_every_path_absolute_and_keeps_specs() -> None:
     # every kind's paths, nested settings included (a worker in the repository root reads them)
     assert resolve_job_paths("search", {"model": "m", "search": {"value_model": "v", "k": 2}}, cwd) == {
         "model": "/somewhere/else/m", "search": {"value_model": "/somewhere/else/v", "k": 2}}
-    assert resolve_job_paths("refine", {"model": "tiny", "out": "o.jsonl", "personas": "p.txt"}, cwd) == {
-        "model": "tiny", "out": "/somewhere/else/o.jsonl", "personas": "/somewhere/else/p.txt"}
+    assert resolve_job_paths("refine", {"model": "offline", "out": "o.jsonl", "personas": "p.txt"}, cwd) == {
+        "model": "offline", "out": "/somewhere/else/o.jsonl", "personas": "/somewhere/else/p.txt"}
     assert resolve_job_paths("eval", {"model": "m", "eval": {"mcts_value_model": "v"}}, cwd)["eval"] == {
         "mcts_value_model": "/somewhere/else/v"}
     for kind in ("revisions", "add_action", "search_here", "more_candidates"):

@@ -68,9 +68,9 @@ def absolute_path(text: str, cwd: str | Path | None = None) -> str:
 
 
 def _model_spec_path(spec: str, cwd: str | Path | None) -> str:
-    """A model spec with its folder made absolute (`tiny` and server specs unchanged)."""
+    """A model spec with its folder made absolute (`tiny`, refine's `offline` and server specs unchanged)."""
     text = spec.strip()
-    if text == "tiny" or text.startswith("openai:"):
+    if text in ("tiny", "offline") or text.startswith("openai:"):
         return spec
     if text.startswith("vllm:"):  # its engine options (after '?') stay as typed
         folder, sep, query = text[len("vllm:"):].partition("?")
