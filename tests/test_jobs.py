@@ -333,6 +333,56 @@ def test_cancelling_a_running_eval_job_ends_well_under_the_grace_period(store: S
     assert store.evaluations() == []
 
 
+@pytest.mark.slow
+def test_a_cancel_from_another_machine_stops_an_eval_job_too(store: Store, tmp_path: Path, monkeypatch) -> None:
+    """On a shared store a cancel may come from a teammate's machine, which can send no signal: the job's own
+    heartbeat reads the request and signals its process, so evaluation (which never asks) stops as well."""
+    from tiny_model_fixture import build_tiny_model
+
+    monkeypatch.setenv("ORCHARD_JOB_HEARTBEAT_S", "1")
+    model = build_tiny_model(tmp_path / "m")
+    runner = JobRunner(store)
+    job = runner.submit("eval", {"model": str(model), "env": "textcraft", "split": "test", "tasks": "",
+                                 "eval": {"mode": "sampled", "seeds": list(range(6)), "max_tokens": 256}},
+                        device="cpu")
+    log = Path(job.log_path or "")
+    _until(lambda: log.is_file() and f"job {job.id} (eval)" in log.read_text(), timeout=60)
+    time.sleep(3.0)  # into the model loading / generation
+    began = time.monotonic()
+    store.request_job_cancel(job.id)  # the flag alone, as another machine's `orchard jobs cancel` leaves it
+    done = _until(lambda: store.job(job.id).final and store.job(job.id), timeout=60)
+    assert done.state == "cancelled" and time.monotonic() - began < 15.0, log.read_text()[-2000:]
+    # by the heartbeat's signal mid-generation, or at a stage's unit boundary: either way in one line
+    assert ("stopped at once" in log.read_text() or "stopped: " in log.read_text()) and "Traceback" not in log.read_text()
+
+
+def test_the_heartbeat_turns_a_cancel_in_the_store_into_one_sigterm(store: Store, monkeypatch) -> None:
+    """What a cancel from another machine relies on: the job's own heartbeat thread signals its process."""
+    import signal
+    import threading
+
+    from engine.jobs.worker import start_heartbeat
+
+    job = store.create_job("probe", {"steps": 1}, "cpu")
+    assert store.claim_next_job("cpu") is not None
+    got: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: got.append(signum))
+    stop = threading.Event()
+    try:
+        thread = start_heartbeat(store.location, job.id, 0.05, stop)
+        time.sleep(0.3)
+        assert got == []  # beating, no cancel asked
+        store.request_job_cancel(job.id)
+        _until(lambda: got, timeout=10)
+        time.sleep(0.3)
+        assert got == [signal.SIGTERM]  # once, not at every beat
+    finally:
+        stop.set()
+        thread.join(5)
+        signal.signal(signal.SIGTERM, previous)
+        store.finish_job(job.id, "cancelled", error="test over")
+
+
 def test_a_worker_just_launched_by_another_runner_is_not_taken_for_dead(store: Store) -> None:
     """Between fork and exec the worker's command line is its parent's: a second runner polling in that
     window (the dashboard rerunning right after a submission) must not mark the job failed."""

@@ -39,14 +39,21 @@ def start_heartbeat(db: str | Path, job_id: str, every_s: float, stop: threading
     """A daemon thread beating the job's heartbeat every `every_s` s on its own store connection
     (a Store is not shared across threads) until `stop` is set. WHY a thread: a job's phases
     (loading a model, an evaluation, a search) may report no progress for minutes; the beat says
-    the process still runs Python, whatever the phase."""
+    the process still runs Python, whatever the phase. It also turns a cancel requested in the store
+    into this process's SIGTERM (once), as the runner's own cancel would send."""
 
     def beat() -> None:
+        signalled = False
         try:
             with Store(db) as store:
                 while not stop.wait(every_s):
                     try:
                         store.beat_job(job_id)
+                        if not signalled and store.job(job_id).cancel_requested:
+                            # A cancel from another machine (a shared store) sends no signal: this is it,
+                            # so a job that never asks `should_stop` (eval) stops too.
+                            signalled = True
+                            os.kill(os.getpid(), signal.SIGTERM)
                     except StoreError as e:  # locked past the busy timeout, server gone: next time
                         print(f"heartbeat: {e}", flush=True)
         except Exception as e:  # noqa: BLE001 - the job itself goes on; a runner will see the silence
@@ -178,8 +185,12 @@ def main(argv: list[str] | None = None) -> int:
 
         if store.con.in_transaction:  # interrupted between BEGIN and the transaction's own handler
             store.con.rollback()
+        from engine.progress import Cancelled
+
         if isinstance(e, JobCancelled):
             reporter.log(f"{e}: stopped at once")
+        elif isinstance(e, Cancelled) and reporter.cancelled:  # a stage that stopped at a unit boundary
+            reporter.log(f"stopped: {' '.join(str(e).split())}")
         elif isinstance(e, user_errors()):  # a bad config, no data, a missing model: the reason is the whole story
             reporter.log(f"failed: {type(e).__name__}: {' '.join(str(e).split())}")
         else:
