@@ -25,6 +25,14 @@ def test_steps_follow_the_rows(rows: int, batch: int, accum: int, epochs: float,
     assert planned_steps(rows, SFTTrainConfig(batch_size=batch, grad_accum=accum, epochs=epochs)) == steps
 
 
+def test_each_process_steps_through_its_share_of_the_rows() -> None:
+    """ddp / fsdp on G GPUs: each of the G processes sees rows / G (the plan shown before Launch said G times
+    the steps)."""
+    train = SFTTrainConfig(batch_size=4, grad_accum=1, epochs=1.0)
+    assert [planned_steps(100, train, processes=g) for g in (1, 2, 4)] == [25, 13, 7]
+    assert planned_steps(3, train, processes=8) == 1
+
+
 def test_max_steps_when_set_wins() -> None:
     assert planned_steps(1000, DPOTrainConfig(max_steps=12)) == 12
 

@@ -165,14 +165,16 @@ class TrainPlan:
         return self.rows < MIN_ROWS
 
 
-def planned_steps(rows: int, train: Any) -> int:
+def planned_steps(rows: int, train: Any, processes: int = 1) -> int:
     """Optimizer steps of `rows` rows under a TrainConfig: as the HF Trainer counts them
-    (ceil(batches per epoch / accumulation) x epochs, rounded up), or its `max_steps` when set."""
+    (ceil(batches per epoch / accumulation) x epochs, rounded up), or its `max_steps` when set. With
+    `processes` (one per GPU, ddp / fsdp) each process steps through its share of the rows."""
     import math
 
     if train.max_steps > 0:
         return int(train.max_steps)
-    per_epoch = math.ceil(math.ceil(rows / train.batch_size) / train.grad_accum) if rows else 0
+    share = math.ceil(rows / max(processes, 1))
+    per_epoch = math.ceil(math.ceil(share / train.batch_size) / train.grad_accum) if rows else 0
     return math.ceil(per_epoch * train.epochs)
 
 
@@ -194,4 +196,7 @@ def train_plan(store: Store, kind: str, config: dict[str, Any]) -> TrainPlan:
         samples = select_samples(store, train, runs)
         items = len(samples)
         rows = items if train.format == "chat" else sum(len(to_step_rows(s)) for s in samples)
-    return TrainPlan(items, rows, train.epochs, train.batch_size * train.grad_accum, planned_steps(rows, train))
+    device = device_of(config)
+    processes = len(device[len("cuda:"):].split(",")) if device.startswith("cuda:") else 1  # one per GPU named
+    return TrainPlan(items, rows, train.epochs, train.batch_size * train.grad_accum * processes,
+                     planned_steps(rows, train, processes))
