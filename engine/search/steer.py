@@ -268,9 +268,12 @@ def run_steer(store: Store, spec: Steer, reporter: Reporter, generator: Generato
               make_env: Callable[[], Env] | None = None) -> StageResult:
     """Grow the stored tree as `spec` asks; returns the run id (output) and a line saying what was done."""
 
+    from engine.envs.registry import env_factory
+
     target = open_target(store, spec.run, spec.task, spec.at)
     _check_idle(target)
     _check_open(target)
+    make_env = make_env or env_factory(target.info.env)  # an env this machine lacks fails before the claim
     previous = store.claim_run(target.run_id)  # now, not after the model loads: a second writer is refused
     if previous is None:
         raise _busy(target)
