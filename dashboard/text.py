@@ -38,7 +38,8 @@ def whole_number(text: object) -> int | None:
 
 
 def number(value: object, default: float) -> float:
-    """A stored setting as a finite number, else `default` (a run's config is a stored JSON object: any type may be there)."""
+    """A stored setting as a finite number, else `default` (a run's config is a stored JSON object: any
+    type may be there)."""
     if isinstance(value, bool):
         return default
     try:
@@ -46,4 +47,3 @@ def number(value: object, default: float) -> float:
     except (ValueError, OverflowError):
         return default
     return out if math.isfinite(out) else default
-
