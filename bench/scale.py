@@ -228,7 +228,7 @@ def drive_run(urls: list[str], trees: int, limit: int, shards: str, cfg: SearchC
             "in_flight": total / wall, "requests": stats.requests,
             "cpu_ms": 1e3 * cpu / max(stats.requests, 1), "share": share, "commit": stats.commit_s / wall,
             "chain": max(metered.chain.values()) if metered else None, "sims": stats.simulations,
-            "passes": len(stats.batch_sizes), "shards_n": n,
+            "passes": len(stats.batch_sizes),
             "first": first[0] - t if first else float("nan")}
 
 
@@ -273,7 +273,7 @@ def drive(args: argparse.Namespace) -> None:
                                   f"{r['in_flight']:>9.1f} {target:>6} {r['in_flight'] / target:>5.2f} | "
                                   f"{r['cpu_ms']:>5.2f} ms | {100 * r['share']:>9.1f}% {100 * r['commit']:>12.1f}% {r['first']:>6.1f}s | "
                                   f"{r['requests'] / max(r['passes'], 1):>8.2f} "
-                                  f"{1e3 * r['wall'] * r['shards_n'] / max(r['passes'], 1):>5.1f}ms",
+                                  f"{1e3 * r['wall'] * r['shards'] / max(r['passes'], 1):>5.1f}ms",
                                   flush=True)
             finally:
                 for proc in procs:

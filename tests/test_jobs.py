@@ -14,7 +14,7 @@ import pytest
 from engine.config import ConfigError
 from engine.envs.base import TaskSpec
 from engine.jobs.runner import REPO_ROOT, JobRunner, process_alive
-from engine.store import Store
+from engine.store import JobInfo, Store
 
 
 @pytest.fixture
@@ -311,20 +311,26 @@ def test_a_job_silent_for_longer_than_the_heartbeat_timeout_is_not_hung(store: S
     assert done.state == "succeeded", done.error
 
 
-@pytest.mark.slow
-def test_cancelling_a_running_eval_job_ends_well_under_the_grace_period(store: Store, tmp_path: Path) -> None:
-    """Evaluation never asks `should_stop`: SIGTERM must stop it at once, not after 30 s and a SIGKILL."""
+def _long_eval_job_under_way(store: Store, tmp_path: Path) -> tuple[JobRunner, JobInfo, Path]:
+    """(runner, job, log) of an eval job a few seconds into its work: every test task, 6 seeds, 256 tokens,
+    one long batched generation (~a minute on two cores)."""
     from tiny_model_fixture import build_tiny_model
 
     model = build_tiny_model(tmp_path / "m")
     runner = JobRunner(store)
-    # Every test task, 6 seeds, 256 tokens: one long batched generation (~a minute on two cores).
     job = runner.submit("eval", {"model": str(model), "env": "textcraft", "split": "test", "tasks": "",
                                  "eval": {"mode": "sampled", "seeds": list(range(6)), "max_tokens": 256}},
                         device="cpu")
     log = Path(job.log_path or "")
     _until(lambda: log.is_file() and f"job {job.id} (eval)" in log.read_text(), timeout=60)
     time.sleep(3.0)  # into the model loading / generation
+    return runner, job, log
+
+
+@pytest.mark.slow
+def test_cancelling_a_running_eval_job_ends_well_under_the_grace_period(store: Store, tmp_path: Path) -> None:
+    """Evaluation never asks `should_stop`: SIGTERM must stop it at once, not after 30 s and a SIGKILL."""
+    runner, job, log = _long_eval_job_under_way(store, tmp_path)
     began = time.monotonic()
     cancelled = runner.cancel(job.id, grace_s=30.0)
     took = time.monotonic() - began
@@ -337,17 +343,8 @@ def test_cancelling_a_running_eval_job_ends_well_under_the_grace_period(store: S
 def test_a_cancel_from_another_machine_stops_an_eval_job_too(store: Store, tmp_path: Path, monkeypatch) -> None:
     """On a shared store a cancel may come from a teammate's machine, which can send no signal: the job's own
     heartbeat reads the request and signals its process, so evaluation (which never asks) stops as well."""
-    from tiny_model_fixture import build_tiny_model
-
     monkeypatch.setenv("ORCHARD_JOB_HEARTBEAT_S", "1")
-    model = build_tiny_model(tmp_path / "m")
-    runner = JobRunner(store)
-    job = runner.submit("eval", {"model": str(model), "env": "textcraft", "split": "test", "tasks": "",
-                                 "eval": {"mode": "sampled", "seeds": list(range(6)), "max_tokens": 256}},
-                        device="cpu")
-    log = Path(job.log_path or "")
-    _until(lambda: log.is_file() and f"job {job.id} (eval)" in log.read_text(), timeout=60)
-    time.sleep(3.0)  # into the model loading / generation
+    _, job, log = _long_eval_job_under_way(store, tmp_path)
     began = time.monotonic()
     store.request_job_cancel(job.id)  # the flag alone, as another machine's `orchard jobs cancel` leaves it
     done = _until(lambda: store.job(job.id).final and store.job(job.id), timeout=60)
