@@ -178,7 +178,18 @@ if error:
     st.code(error, language=None, wrap_lines=True)
 
 with Store(db, readonly=True) as store:
-    required = store.required_reviews()
+    try:
+        required: int | None = store.required_reviews()
+    except StoreError as e:  # an unreadable stored setting: say so, and keep the form that sets it again
+        required = None
+        st.error(str(e))
+    if auth.may("settle"):
+        with st.popover("Reviews per item"):
+            state.setdefault("rq_required", required or 1)
+            st.number_input("Independent reviews each item needs", 1, 20, key="rq_required")
+            st.button("Save setting", key="rq_required_save", on_click=_set_required)
+    if required is None:
+        st.stop()  # everything below counts reviews against the setting
     progress = store.review_progress(kind, run_id)
     agreement = store.agreement(kind, run_id)
     disputes = store.disagreements(kind, run_id)
@@ -186,11 +197,6 @@ with Store(db, readonly=True) as store:
 
     st.caption(f"Each item needs {required} independent review(s). Final label: a maintainer's settlement, "
                "else the required reviews if they agree, else unsettled (training leaves it out).")
-    if auth.may("settle"):
-        with st.popover("Reviews per item"):
-            state.setdefault("rq_required", required)
-            st.number_input("Independent reviews each item needs", 1, 20, key="rq_required")
-            st.button("Save setting", key="rq_required_save", on_click=_set_required)
 
     # --- my queue ------------------------------------------------------------------------------------------
     st.subheader("My queue")

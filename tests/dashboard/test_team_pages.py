@@ -223,3 +223,19 @@ def test_which_addresses_count_as_loopback(address, loopback) -> None:
     from dashboard.auth import is_loopback
 
     assert is_loopback(address) is loopback
+
+
+def test_a_tampered_review_setting_is_one_line_and_its_form_still_sets_it_again(db) -> None:
+    with Store(db) as store:
+        store.con.execute("UPDATE curation_settings SET value='two' WHERE key='required_reviews'")
+        if not store.con.execute("SELECT 1 FROM curation_settings WHERE key='required_reviews'").fetchone():
+            store.con.execute("INSERT INTO curation_settings (key, value) VALUES ('required_reviews', 'two')")
+        store.con.commit()
+    mia = open_page(REVIEW, "mia")
+    assert "is not a whole number" in texts(mia)
+    mia.number_input(key="rq_required").set_value(3).run()
+    mia.button(key="rq_required_save").click().run()
+    assert not mia.exception
+    with Store(db) as store:
+        assert store.required_reviews() == 3
+    assert "needs 3 independent review(s)" in texts(mia)
