@@ -2,13 +2,13 @@
 
 How a build recipe is chosen and reported (docs/decisions.md, "A capable tiny policy"): every model
 folder given is evaluated greedily on the same tasks (val: the 43 train tasks the tiny model holds out,
-where recipes are chosen; test: the reported figures, run once), without and with the action grammar,
-and each later model is compared with the first by the PAIRED bootstrap interval over tasks. Each
+where recipes are chosen; test: the reported figures, run once), without and with the action grammar
+(`--constrained`: with it only; each table's header names its decoding), and each later model is compared with the first by the PAIRED bootstrap interval over tasks. Each
 model's successes are also counted by the goal's recipe depth (1: the goal is crafted from base items),
 the line that says which tasks a build can solve at all.
 
     .venv/bin/python bench/tiny_policy.py --models BASE_DIR NEW_DIR [...] [--split val|test]
-        [--test-tasks 0] [--max-steps 15] [--max-tokens 160] [--seed 0]
+        [--test-tasks 0] [--max-steps 15] [--max-tokens 160] [--seed 0] [--constrained]
 
 The shipped checkpoint is `tiny`; a first-stage (no DAgger) build of the default recipe is
 `engine.llm.tiny.ensure_tiny_model(DIR, config=replace(TinyConfig(), dagger_rounds=0))`. About 80 s per
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> list[Table]:
     tasks = held_out(args.test_tasks, args.split)
     names = [f"{i}: {Path(m).name or m}" for i, m in enumerate(args.models)]
     tables = []
-    for constrained in (False, True):
+    for constrained in (True,) if args.constrained else (False, True):
         table = Table("Tiny-policy builds, greedy on the same held-out TextCraft tasks",
                       {"tasks": f"{args.split}[:{len(tasks)}]", "seed": args.seed,
                        "models": ", ".join(f"{n} = {m}" for n, m in zip(names, args.models, strict=True))},
