@@ -24,11 +24,14 @@ then with the default (the event loop on http://), the before / after of 2026-12
 `--clients queued,auto` the loop on its own thread (answers queued to the search's thread) vs driven by
 the search's thread (2026-12-07); `--replies generic,typed` every reply read the generic way (safejson +
 dicts) vs the typed read (engine/llm/openai_reply.py), one process; `--entries vllm` has the servers write
-each token's log-prob entry as vLLM does (token, bytes, top_logprobs beside the log-prob).
+each token's log-prob entry as vLLM does (token, bytes, top_logprobs beside the log-prob); `--writers
+inline,thread` commits on the search's thread vs on a commit thread of its own (one process; the writer commit
+column is then the commit thread's time in transactions).
 
     .venv/bin/python bench/scale.py [--simulations 2] [--time-scale 1.0] [--workers 1,2,4] [--no-table]
     .venv/bin/python bench/scale.py --drive [--sizes 256,1024] [--limits 64,256] [--servers 1,2]
-        [--shards 1,2] [--clients auto] [--replies typed] [--entries minimal] [--simulations 2] [--k 2] [--depth 3]
+        [--shards 1,2] [--clients auto] [--replies typed] [--writers inline] [--entries minimal] [--simulations 2]
+        [--k 2] [--depth 3]
         [--time-scale 0.2]
 """
 
@@ -182,7 +185,8 @@ def _cpu() -> float:
 
 
 def drive_run(urls: list[str], trees: int, limit: int, shards: str, cfg: SearchConfig, time_scale: float,
-              db: Path, client: str = "auto", commit_every: float = 0.0, replies: str = "typed") -> dict:
+              db: Path, client: str = "auto", commit_every: float = 0.0, replies: str = "typed",
+              writer: str = "inline") -> dict:
     """One run of the driver table (see the module docstring); `shards`: a count or "auto"; `client`: the
     OpenAI client (`?client=`: auto is the event loop, run by the search's own thread in one process;
     queued the same loop on its own thread, the answers queued to the search's (one process only); threads
@@ -205,13 +209,15 @@ def drive_run(urls: list[str], trees: int, limit: int, shards: str, cfg: SearchC
 
     if replies == "generic" and n != 1:
         raise SystemExit("--replies generic: one process only (--shards 1)")
+    if writer != "inline" and n != 1:
+        raise SystemExit(f"--writers {writer}: one process only (--shards 1; shards commit in the parent process)")
     openai_http.TYPED_REPLIES = replies == "typed"
     with Store(db) as store:
         t = time.perf_counter()
         if n == 1:
             metered = Metered(load_generator(spec), time_scale, drive=client != "queued")
             _, stats = new_run(store, repeat_env.NAME, tasks, metered, cfg, "drive", progress=progress,
-                                  commit_every=commit_every)
+                                  commit_every=commit_every, writer=writer)
             metered.gen.close()
             share = (stats.engine_s + stats.commit_s) / stats.wall_s
         else:
@@ -226,7 +232,8 @@ def drive_run(urls: list[str], trees: int, limit: int, shards: str, cfg: SearchC
     total = _busy(urls) - busy
     return {"shards": n, "auto": auto_shards(trees, cfg.trees_in_flight, spec), "wall": wall, "total": total,
             "in_flight": total / wall, "requests": stats.requests,
-            "cpu_ms": 1e3 * cpu / max(stats.requests, 1), "share": share, "commit": stats.commit_s / wall,
+            "cpu_ms": 1e3 * cpu / max(stats.requests, 1), "share": share,
+            "commit": (stats.writer_s or stats.commit_s) / wall,
             "chain": max(metered.chain.values()) if metered else None, "sims": stats.simulations,
             "passes": len(stats.batch_sizes),
             "first": first[0] - t if first else float("nan")}
@@ -240,7 +247,7 @@ def drive(args: argparse.Namespace) -> None:
                        trees_in_flight=max(int(x) for x in args.sizes.split(",")))
     print(f"delays x{args.time_scale}; {cfg.simulations} simulation(s) per tree, k={cfg.k}, depth {cfg.depth_limit} "
           f"(TextCraft), every tree in flight; load average {os.getloadavg()[0]:.1f} at the start")
-    print(f"{'replies':>7} {'client':>7} {'every':>5} {'trees':>5} {'limit':>5} {'servers':>7} {'shards':>6} {'auto':>4} {'requests':>8} | {'wall':>7} "
+    print(f"{'replies':>7} {'client':>7} {'every':>5} {'writer':>6} {'trees':>5} {'limit':>5} {'servers':>7} {'shards':>6} {'auto':>4} {'requests':>8} | {'wall':>7} "
           f"{'bound':>7} "
           f"{'over':>6} | {'in flight':>9} {'target':>6} {'ratio':>5} | {'CPU/req':>8} | {'eng+commit':>10} "
           f"{'writer commit':>13} {'1st sim':>7} | {'per pass':>8} {'gap':>7}")
@@ -255,19 +262,19 @@ def drive(args: argparse.Namespace) -> None:
                     urls.append(url)
                 for trees in (int(x) for x in args.sizes.split(",")):
                     for limit in (int(x) for x in args.limits.split(",")):
-                        for shards, client, every, replies in ((s, c, float(e), r) for s in args.shards.split(",")
-                                                               for c in args.clients.split(",")
-                                                               for e in args.commit_every.split(",")
-                                                               for r in args.replies.split(",")):
-                            db = Path(d) / f"{trees}-{limit}-{n_servers}-{shards}-{client}-{every}-{replies}.db"
+                        for shards, client, every, replies, writer in (
+                                (s, c, float(e), r, w) for s in args.shards.split(",") for c in args.clients.split(",")
+                                for e in args.commit_every.split(",") for r in args.replies.split(",")
+                                for w in args.writers.split(",")):
+                            db = Path(d) / f"{trees}-{limit}-{n_servers}-{shards}-{client}-{every}-{replies}-{writer}.db"
                             r = drive_run(urls, trees, limit, shards, replace(cfg, trees_in_flight=trees),
-                                          args.time_scale, db, client, every, replies)
+                                          args.time_scale, db, client, every, replies, writer)
                             if r["chain"] is not None:
                                 chains[trees] = r["chain"]
                             cap = limit * n_servers
                             bound = max(r["total"] / cap, chains.get(trees, 0.0))
                             target = min(trees, cap)
-                            print(f"{replies:>7} {client:>7} {every:>5.2f} {trees:>5} {limit:>5} {n_servers:>7} {r['shards']:>6} {r['auto']:>4} "
+                            print(f"{replies:>7} {client:>7} {every:>5.2f} {writer:>6} {trees:>5} {limit:>5} {n_servers:>7} {r['shards']:>6} {r['auto']:>4} "
                                   f"{r['requests']:>8} | "
                                   f"{r['wall']:>6.1f}s {bound:>6.1f}s {100 * (r['wall'] / bound - 1):>5.0f}% | "
                                   f"{r['in_flight']:>9.1f} {target:>6} {r['in_flight'] / target:>5.2f} | "
@@ -296,6 +303,8 @@ def main() -> None:
     ap.add_argument("--clients", default="auto", help="--drive: OpenAI clients (?client=): auto (the event loop on "
                     "http://, driven by the search's thread in one process), queued (the same loop on its own thread, "
                     "the answers queued to the search's), threads (a thread per request), loop")
+    ap.add_argument("--writers", default="inline", help="--drive, one process: where the commits run (comma-separated "
+                    "arms): inline (the search's thread) or thread (a commit thread with its own connection)")
     ap.add_argument("--commit-every", default="0", help="--drive, one process: seconds between the inline commits "
                     "(comma-separated arms; 0: after every batch of replies)")
     ap.add_argument("--replies", default="typed", help="--drive, one process: how replies are read, comma-separated "

@@ -15,7 +15,7 @@ from engine.envs.base import EnvError, Step, TaskSpec
 from engine.search.critic import rank_to_score
 from engine.search.mcts import MCTS, select_child, start_tree, ucb_score
 from engine.search.runner import new_run, resume_run
-from engine.store import Store
+from engine.store import Store, StoreError
 from engine.tree_nodes import SearchTree
 
 
@@ -339,7 +339,61 @@ def test_the_commit_clock_holds_simulations_until_it_ticks_and_the_end_commits_t
         assert sum(batches) == 4 * len(tasks) and len(batches) > 1
 
 
-def test_a_failure_commits_every_finished_simulation_however_long_the_clock(tmp_path):
+def _stored(store, run_id):
+    """Each tree's nodes (parent, command, N, value sum) and simulations, by task: what two runs compare on."""
+    out = {}
+    for tree_id, task_id in store.tree_ids(run_id):
+        tree = store.load_tree(tree_id)
+        nodes = [(n.parent, n.action.command if n.action else None, n.N, round(n.value_sum, 9)) for n in tree.nodes]
+        out[task_id] = (nodes, [list(s.path) for s in tree.simulations])
+    return out
+
+
+def test_the_commit_thread_stores_the_trees_the_inline_commits_store(tmp_path):
+    """runner writer="thread": the same trees as committing on the search's thread, every simulation stored
+    before the run is finished, and the commits' time counted on the commit thread, not the search's."""
+    cfg = SearchConfig(simulations=5, k=3, depth_limit=4, seed=3)
+    tasks = SnapshotLineEnv().tasks()[:4]
+    with Store(tmp_path / "o.db") as store:
+        inline, _ = new_run(store, "line", tasks, ScriptedGenerator(p_right=0.5), cfg, "a", make_env=SnapshotLineEnv)
+        threaded, stats = new_run(store, "line", tasks, ScriptedGenerator(p_right=0.5), cfg, "b",
+                                  make_env=SnapshotLineEnv, writer="thread")
+        assert store.run(threaded).status == "finished" and store.run(threaded).simulations == 5 * len(tasks)
+        assert _stored(store, threaded) == _stored(store, inline)
+        assert stats.writer_s > 0 and stats.to_dict()["writer_s"] == stats.writer_s
+    with pytest.raises(ValueError, match="writer must be one of inline, thread"), Store(tmp_path / "o.db") as store:
+        new_run(store, "line", tasks, ScriptedGenerator(p_right=0.5), cfg, "c", make_env=SnapshotLineEnv,
+                    writer="threads")
+
+
+def test_a_commit_thread_that_fails_stops_the_run_with_one_line(tmp_path, monkeypatch):
+    """A write refused on the commit thread (disk full, a lost server) is raised on the search's thread as a
+    StoreError naming it, not lost in the thread; the run is left interrupted, and resume completes it."""
+    cfg = SearchConfig(simulations=4, k=3, depth_limit=4)
+    tasks = SnapshotLineEnv().tasks()[:3]
+    save = Store.save_simulations
+    calls: list[int] = []
+
+    def failing(self, batch):
+        calls.append(len(batch))
+        if len(calls) == 1:
+            raise StoreError("database or disk is full")
+        save(self, batch)
+
+    monkeypatch.setattr(Store, "save_simulations", failing)
+    with Store(tmp_path / "o.db") as store:
+        with pytest.raises(StoreError, match="^committing the search's simulations: database or disk is full$"):
+            new_run(store, "line", tasks, ScriptedGenerator(p_right=0.5), cfg, "t", make_env=SnapshotLineEnv,
+                    writer="thread")
+        (run,) = store.runs()
+        assert store.run(run.id).status == "interrupted"
+        monkeypatch.setattr(Store, "save_simulations", save)
+        resume_run(store, run.id, ScriptedGenerator(p_right=0.5), make_env=SnapshotLineEnv)
+        assert all(store.load_tree(t).nodes[0].N == 4 for t, _ in store.tree_ids(run.id))
+
+
+@pytest.mark.parametrize("writer", ["inline", "thread"])
+def test_a_failure_commits_every_finished_simulation_however_long_the_clock(tmp_path, writer):
     """A cancel raised from progress (as a job's cancel is) stops the run; what finished is stored, not lost
     to the clock, and resume completes the trees from there."""
     cfg = SearchConfig(simulations=4, k=3, depth_limit=4)
@@ -354,7 +408,7 @@ def test_a_failure_commits_every_finished_simulation_however_long_the_clock(tmp_
 
         with pytest.raises(KeyboardInterrupt):
             new_run(store, "line", tasks, ScriptedGenerator(p_right=0.5), cfg, "t", make_env=SnapshotLineEnv,
-                    progress=progress, commit_every=3600.0)
+                    progress=progress, commit_every=3600.0, writer=writer)
         (run,) = store.runs()
         run_id = run.id
         assert store.run(run_id).status == "interrupted"

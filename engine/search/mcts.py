@@ -195,6 +195,7 @@ class SearchStats:
     env_s: float = 0.0
     commit_s: float = 0.0
     critic_s: float = 0.0  # the value critic's forward passes (no generator request)
+    writer_s: float = 0.0  # commits on the run's commit thread (runner writer="thread"): not on the search's
     wall_s: float = 0.0
     batch_sizes: list[int] = field(default_factory=list)
 

@@ -8,10 +8,18 @@ committed (a kill -9 loses the simulations in progress and, with a clock above 0
 the last tick). The default clock is 0, a commit after every batch: measured, a 0.25 s clock halves the
 commit share but does not shorten a search (docs/decisions.md, "Search commits after every batch").
 Every env a run makes is closed when the run ends, also when it fails.
+
+`writer="thread"` commits on a thread of its own with its own store connection (`CommitThread`): the
+search's thread hands each batch over and goes on while SQLite or psycopg writes (both release the GIL
+there); a batch that waits behind a write is merged into the next transaction. The run's end waits for
+every batch, so the run is finished only once all of it is stored; a kill -9 loses the batches still
+queued as well (docs/decisions.md, "The search's commits on a thread of their own").
 """
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -32,10 +40,73 @@ Progress = Callable[[TreeJob, Simulation], None]
 COMMIT_EVERY_S = 0.0
 
 
+WRITERS = ("inline", "thread")
+
+
+class CommitThread:
+    """Finished simulations' rows committed on a thread of its own, in the order handed over: what queued
+    up behind one transaction goes into the next together. A failure is raised on the search's thread at
+    its next hand-over or at `close`, as a StoreError naming the cause."""
+
+    def __init__(self, location: str) -> None:
+        self._queue: queue.SimpleQueue[list[SimulationRows] | None] = queue.SimpleQueue()
+        self.error: BaseException | None = None
+        self.busy_s = 0.0  # time spent in transactions (on its own thread)
+        self.commits = 0
+        self._reported = False
+        self._thread = threading.Thread(target=self._loop, args=(location,), name="orchard-commit", daemon=True)
+        self._thread.start()
+
+    def _loop(self, location: str) -> None:
+        store: Store | None = None
+        try:
+            store = Store(location)
+            while True:
+                batch = self._queue.get()
+                end = batch is None
+                rows = list(batch or [])
+                while not end and not self._queue.empty():  # everything queued meanwhile: one transaction
+                    more = self._queue.get_nowait()
+                    end = more is None
+                    rows += more or []
+                t = time.perf_counter()
+                store.save_simulations(rows)
+                self.busy_s += time.perf_counter() - t
+                self.commits += 1
+                if end:
+                    return
+        except BaseException as e:  # noqa: BLE001 - raised on the search's thread (check)
+            self.error = e
+        finally:
+            if store is not None:
+                store.close()
+
+    def check(self) -> None:
+        """Raise the thread's failure, once: the run then stops as after an inline commit's failure (what the
+        failed transaction held and what is handed over after it are not stored; resume searches them again)."""
+        if self.error is not None and not self._reported:
+            self._reported = True
+            raise StoreError(f"committing the search's simulations: {' '.join(str(self.error).split())}") from self.error
+
+    def put(self, batch: list[SimulationRows]) -> None:
+        self.check()
+        self._queue.put(batch)
+
+    def close(self) -> None:
+        """Wait until everything handed over is committed (or the thread failed), then `check`."""
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+        self.check()
+
+
 def _run(store: Store, run_id: str, jobs: list[TreeJob], generator: Generator, config: SearchConfig,
-         progress: Progress | None, commit_every: float = COMMIT_EVERY_S) -> SearchStats:
+         progress: Progress | None, commit_every: float = COMMIT_EVERY_S, writer: str = "inline") -> SearchStats:
+    if writer not in WRITERS:
+        raise ValueError(f"writer must be one of {', '.join(WRITERS)}, not {writer!r}")
     pending: list[SimulationRows] = []
     last_commit = [time.monotonic()]
+    thread = CommitThread(store.location) if writer == "thread" else None
 
     def on_simulation(job: TreeJob, sim: Simulation) -> None:
         assert job.tree_id is not None
@@ -51,12 +122,20 @@ def _run(store: Store, run_id: str, jobs: list[TreeJob], generator: Generator, c
         if pending and (force or time.monotonic() - last_commit[0] >= commit_every):
             batch = list(pending)
             pending.clear()
-            store.save_simulations(batch)
+            if thread is not None:
+                thread.put(batch)
+            else:
+                store.save_simulations(batch)
             last_commit[0] = time.monotonic()
 
     def commit_rest() -> None:
         t = time.perf_counter()
-        commit(force=True)
+        try:
+            commit(force=True)
+        finally:
+            if thread is not None:
+                thread.close()
+                mcts.stats.writer_s = thread.busy_s
         spent = time.perf_counter() - t
         mcts.stats.commit_s += spent
         mcts.stats.wall_s += spent
@@ -106,9 +185,11 @@ def new_run(
     make_env: Callable[[], Env] | None = None,
     created: Callable[[str], None] | None = None,
     commit_every: float = COMMIT_EVERY_S,
+    writer: str = "inline",
 ) -> tuple[str, SearchStats]:
     """Create a run for `tasks` and search them; returns (run id, stats). `created` is told the run
-    id as soon as the run is recorded, before the first simulation (a caller's progress names it)."""
+    id as soon as the run is recorded, before the first simulation (a caller's progress names it).
+    `writer`: "inline" commits on the search's thread, "thread" on a commit thread (module docstring)."""
     make_env = make_env or env_factory(env_spec)
     # Every tree's env is reset before the run is recorded: an env that cannot start (no browser,
     # no Java) is an error that leaves no half-made run behind.
@@ -123,7 +204,7 @@ def new_run(
         raise
     if created is not None:
         created(run_id)
-    return run_id, _run(store, run_id, jobs, generator, config, progress, commit_every)
+    return run_id, _run(store, run_id, jobs, generator, config, progress, commit_every, writer)
 
 
 def resume_run(
