@@ -25,7 +25,10 @@ held-out tasks as the base (docs/algorithms.md §3, §7):
   `--sft-lr` can move it toward search's wins without losing held-out tasks) -> the same SFT;
 - exit-action: exit's rows, the loss on each step's command only (`SFTTrainConfig.loss_on` "action": the sampled
   PLAN / THOUGHT texts are context, not targets);
-- exit-lora: exit's rows, a LoRA adapter (r 16) at `--lora-lr` instead of every weight at `--sft-lr`.
+- exit-lora: exit's rows, a LoRA adapter (r 16) at `--lora-lr` instead of every weight at `--sft-lr`;
+- exit-build: tiny builds only: exit's step rows x `--win-copies` trained the way the build's DAgger round trained
+  its rows, beside every one of the build's own rows, its steps at its lr (`engine.llm.tiny.train_more`);
+- build-rows: its control, the same round on the build's own rows alone.
 `--arms` picks some; `--no-critic` searches without the critic (the agent-q arm then has no critic
 value to mix and is left out). `--search-db` trains and evaluates from an earlier run's stored search (its
 `work folder`/bench.db, the same --tasks, --seed and search flags) instead of searching again.
@@ -49,6 +52,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 # The repository root, in place of this folder (bench/datasets.py would shadow the `datasets` package).
@@ -72,10 +76,12 @@ from engine.config import SearchConfig
 from engine.datasets.distill import distill, episode_samples
 from engine.datasets.hindsight import rationalize, relabel
 from engine.datasets.pairs import PairsConfig, build_pairs
-from engine.datasets.samples import Sample, tree_refs
+from engine.datasets.samples import Sample, to_step_rows, tree_refs
 from engine.envs.textcraft import TextCraftEnv
 from engine.evaluate import EvalConfig, evaluate
 from engine.llm.registry import load_generator
+from engine.llm.tiny import train_more
+from engine.llm.tiny_data import Row
 from engine.search.runner import new_run
 from engine.store import Store
 from engine.train.common import resolve_model_path
@@ -83,7 +89,9 @@ from engine.train.dpo import DPOTrainConfig, train_dpo
 from engine.train.sft import rft_config, train_sft
 
 ARMS = ("agent-q", "tree-dpo-no-critic", "trajectory-dpo", "rft", "exit", "visits", "exit-lr2", "decisive",
-        "decisive-sft", "decisive-onpolicy", "hindsight", "exit-hindsight", "exit-rehearsal", "exit-action", "exit-lora")
+        "decisive-sft", "decisive-onpolicy", "hindsight", "exit-hindsight", "exit-rehearsal", "exit-action", "exit-lora",
+        "exit-build", "build-rows")
+BUILD_ARMS = ("exit-build", "build-rows")  # a tiny build's own recipe, one more round (train_more)
 SFT_ARMS = ("rft", "exit", "visits", "exit-lr2", "hindsight", "exit-hindsight", "exit-rehearsal", "exit-action",
             "exit-lora")
 # Arms that train exit's rows with other SFT settings: the settings over the default (lr --sft-lr, whole completion).
@@ -112,6 +120,10 @@ def main(argv: list[str] | None = None) -> Table:
     ap.add_argument("--unseen-every", type=int, default=0, metavar="N",
                     help="search only the fit tasks a tiny base built with val_every=N never trained on (use with "
                          "--model set to that build; 0: every fit task)")
+    ap.add_argument("--build-steps", type=int, default=0, help="exit-build, build-rows: the round's steps (0: the "
+                    "build's DAgger round's)")
+    ap.add_argument("--win-copies", type=int, default=3, help="exit-build: copies of each win step row (the build "
+                    "shows each fit task in 3 episodes)")
     ap.add_argument("--search-db", type=Path, help="reuse this earlier run's stored search (its bench.db)")
     ap.add_argument("--select-fit", action="store_true", help="with --split val: evaluate also on the fit tasks "
                     "not searched (394 - --tasks), a larger selection set than val's 43; the shipped base trained on "
@@ -148,6 +160,9 @@ def main(argv: list[str] | None = None) -> Table:
                           + (f", SFT term weight {args.sft_weight} (decisive-sft, decisive-onpolicy)"
                              if {"decisive-sft", "decisive-onpolicy"} & set(arms) else ""),
                    **({"search": f"reused from {args.search_db}"} if args.search_db else {}),
+                   **({"build round (exit-build, build-rows)": f"the build's rows + exit's x {args.win_copies}, "
+                       + (f"{args.build_steps} steps" if args.build_steps else "its DAgger round's steps")
+                       + " at its DAgger round's lr"} if set(BUILD_ARMS) & set(arms) else {}),
                    "sft (rft, exit, visits)": f"lr {args.sft_lr}"
                                               + (f"; exit-lora: LoRA r 16 at lr {args.lora_lr}" if "exit-lora" in arms else "")},
                   bootstrap=args.bootstrap, seed=args.seed, constrained=args.constrained)
@@ -170,6 +185,8 @@ def main(argv: list[str] | None = None) -> Table:
         built = {"agent-q": critic.step, "tree-dpo-no-critic": no_critic.step, "trajectory-dpo": critic.trajectory,
                  "rft": critic.rft, "exit": distill(refs, "exit"), "visits": distill(refs, "visits")}
         built.update({name: built["exit"] for name in EXIT_VARIANTS})
+        built["exit-build"] = built["exit"]
+        built["build-rows"] = []  # no rows from search: the build's rows alone
         built["decisive"] = build_pairs(refs, PairsConfig(alpha=1.0, theta=args.decisive_theta,
                                                           min_visits=args.min_visits)).step
         built["decisive-sft"] = built["decisive"]
@@ -210,12 +227,16 @@ def main(argv: list[str] | None = None) -> Table:
                       f"{choices_summary(greedy_choices(generator, data[arm], args.constrained))}", flush=True)
         del generator  # the base policy's last use: free it before training
         for name, rows in data.items():
-            if not rows:
+            if not rows and name != "build-rows":
                 print(f"  {name}: no training data from this search (not trained)")
                 continue
             t = time.perf_counter()
             out = work / "models" / name
-            if name in SFT_ARMS:
+            if name in BUILD_ARMS:
+                extra = build_extra(rows) if name == "exit-build" else []
+                record = train_more(base, extra, out, copies=args.win_copies, steps=args.build_steps or None)
+                result = SimpleNamespace(output=out, metrics={"rows": len(extra), "steps": record["steps"]})
+            elif name in SFT_ARMS:
                 kinds = tuple(sorted({s.kind for s in rows}))
                 how = {"learning_rate": args.sft_lr, **(EXIT_VARIANTS[name](args) if name in EXIT_VARIANTS else {})}
                 result = train_sft(base, rows, rft_config(kinds=kinds, **common, **how), out, kind=kinds[0])
@@ -233,13 +254,20 @@ def main(argv: list[str] | None = None) -> Table:
                                  f"steps' rows, {result.metrics.get('steps', '?')} optimizer steps)")
     trained_arms = [n for n in table.arms if n != "base"]
     if trained_arms:
-        table.print_diffs([("base", n) for n in trained_arms])
+        table.print_diffs([("base", n) for n in trained_arms]
+                          + ([("build-rows", "exit-build")] if set(BUILD_ARMS) <= set(trained_arms) else []))
         if args.select_fit:
             print_val_alone(table, [("base", n) for n in trained_arms])
     print(f"ordering by held-out success (ties by progress): {ordering(table, list(table.arms))}")
     table.footer()
     print(f"work folder {work}")
     return table
+
+
+def build_extra(samples: list[Sample]) -> list[Row]:
+    """Samples' trainable steps as tiny build rows (the actor prompt the policy sees, the turn's text)."""
+    return [Row(r["prompt"], r["completion"][0]["content"], "actor", s.task.id)
+            for s in samples for r in to_step_rows(s)]
 
 
 def rehearsal_samples(episodes: list, tasks: list, description: str) -> list[Sample]:

@@ -26,7 +26,8 @@ the search's thread (2026-12-07); `--replies generic,typed` every reply read the
 dicts) vs the typed read (engine/llm/openai_reply.py), one process; `--entries vllm` has the servers write
 each token's log-prob entry as vLLM does (token, bytes, top_logprobs beside the log-prob); `--writers
 inline,thread` commits on the search's thread vs on a commit thread of its own (one process; the writer commit
-column is then the commit thread's time in transactions).
+column is then the commit thread's time in transactions); `--store-url postgresql://...` commits to a PostgreSQL
+server instead of a SQLite file (each run in a schema of its own, left on the server).
 
     .venv/bin/python bench/scale.py [--simulations 2] [--time-scale 1.0] [--workers 1,2,4] [--no-table]
     .venv/bin/python bench/scale.py --drive [--sizes 256,1024] [--limits 64,256] [--servers 1,2]
@@ -59,6 +60,7 @@ from engine.config import SearchConfig
 from engine.envs.registry import env_factory
 from engine.llm.openai_http import OpenAIGenerator
 from engine.search.mcts import MCTS, start_tree
+from engine.store.postgres import new_schema_url
 
 repeat_env.register()  # at import: a local shard's worker process re-imports this module (spawn)
 
@@ -185,7 +187,7 @@ def _cpu() -> float:
 
 
 def drive_run(urls: list[str], trees: int, limit: int, shards: str, cfg: SearchConfig, time_scale: float,
-              db: Path, client: str = "auto", commit_every: float = 0.0, replies: str = "typed",
+              db: Path | str, client: str = "auto", commit_every: float = 0.0, replies: str = "typed",
               writer: str = "inline") -> dict:
     """One run of the driver table (see the module docstring); `shards`: a count or "auto"; `client`: the
     OpenAI client (`?client=`: auto is the event loop, run by the search's own thread in one process;
@@ -266,7 +268,8 @@ def drive(args: argparse.Namespace) -> None:
                                 (s, c, float(e), r, w) for s in args.shards.split(",") for c in args.clients.split(",")
                                 for e in args.commit_every.split(",") for r in args.replies.split(",")
                                 for w in args.writers.split(",")):
-                            db = Path(d) / f"{trees}-{limit}-{n_servers}-{shards}-{client}-{every}-{replies}-{writer}.db"
+                            db = (new_schema_url(args.store_url, "scale") if args.store_url else
+                                  Path(d) / f"{trees}-{limit}-{n_servers}-{shards}-{client}-{every}-{replies}-{writer}.db")
                             r = drive_run(urls, trees, limit, shards, replace(cfg, trees_in_flight=trees),
                                           args.time_scale, db, client, every, replies, writer)
                             if r["chain"] is not None:
@@ -303,6 +306,8 @@ def main() -> None:
     ap.add_argument("--clients", default="auto", help="--drive: OpenAI clients (?client=): auto (the event loop on "
                     "http://, driven by the search's thread in one process), queued (the same loop on its own thread, "
                     "the answers queued to the search's), threads (a thread per request), loop")
+    ap.add_argument("--store-url", help="--drive: commit to this PostgreSQL server (a postgresql:// URL; each run in a "
+                    "new schema) instead of a SQLite file")
     ap.add_argument("--writers", default="inline", help="--drive, one process: where the commits run (comma-separated "
                     "arms): inline (the search's thread) or thread (a commit thread with its own connection)")
     ap.add_argument("--commit-every", default="0", help="--drive, one process: seconds between the inline commits "

@@ -210,3 +210,26 @@ def test_a_url_in_orchard_db_or_db_stays_a_url(monkeypatch, tmp_path):
     assert paths.jobs_dir(url) == tmp_path / "jobs"
     assert paths.db_path(tmp_path / "x.db") == tmp_path / "x.db" and not paths.db_exists(tmp_path / "x.db")
     assert paths.jobs_dir(Path("/a/b.db")) == Path("/a/jobs")
+
+
+def test_a_new_schema_url_is_an_empty_store_of_its_own_and_the_commit_thread_writes_there(pg_server):
+    """postgres.new_schema_url (bench/scale.py --store-url): each call a fresh schema, stores apart; a search
+    committing on its commit thread (runner writer="thread") stores its trees there too."""
+    import psycopg
+
+    a, b = postgres.new_schema_url(pg_server, "t_scale"), postgres.new_schema_url(pg_server, "t_scale")
+    try:
+        assert a != b
+        with Store(a) as store:
+            run_id, _ = new_run(store, "line", SnapshotLineEnv().tasks()[:2], ScriptedGenerator(p_right=0.5),
+                                SearchConfig(simulations=3, k=2, depth_limit=3), "r", make_env=SnapshotLineEnv,
+                                writer="thread")
+            assert store.run(run_id).status == "finished" and store.run(run_id).simulations == 6
+        with Store(b) as store:
+            assert store.runs() == []
+        with pytest.raises(StoreError, match="schema prefix 'x; DROP'"):
+            postgres.new_schema_url(pg_server, "x; DROP")
+    finally:
+        with psycopg.connect(pg_server, autocommit=True) as con:
+            for url in (a, b):
+                con.execute(f"DROP SCHEMA IF EXISTS {url.rsplit('%3D', 1)[1]} CASCADE")

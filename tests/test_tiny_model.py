@@ -19,14 +19,16 @@ from engine.llm.base import SampleRequest, SamplingParams
 from engine.llm.hf import HFGenerator
 from engine.llm.tiny import (
     META_FILE,
+    MORE_FILE,
     TinyConfig,
     _texts,
     default_tiny_dir,
     encode_rows,
     ensure_tiny_model,
+    train_more,
     train_tokenizer,
 )
-from engine.llm.tiny_data import build_rows, validation_tasks
+from engine.llm.tiny_data import Row, build_rows, validation_tasks
 from engine.prompts import parse_critic_choice, parse_judgement
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -114,6 +116,30 @@ def test_build_is_deterministic_and_cached(small_model: Path, tmp_path: Path) ->
     assert logs and json.loads((other / META_FILE).read_text())["config"]["seed"] == 1
     c = load_file(other / "model.safetensors")
     assert not all(torch.equal(a[k], c[k]) for k in a)
+
+
+def test_train_more_runs_the_builds_own_round_beside_its_rows_and_the_control_without_extra(
+    small_model: Path, tmp_path: Path
+) -> None:
+    """train_more: the build's rows regenerated from its stored config plus the extra rows x copies, at the
+    DAgger round's lr, a record beside the weights (not the build's META_FILE: these are not its weights);
+    deterministic, and the control (no extra rows) trains other weights than the arm with them."""
+    extra = [Row([{"role": "user", "content": "Goal: craft 1 stick"}], "ACTION: inventory", "actor", "train-0")]
+    arm = train_more(small_model, extra, tmp_path / "arm", copies=3, steps=4, log=lambda _: None)
+    train_more(small_model, extra, tmp_path / "again", copies=3, steps=4, log=lambda _: None)
+    control = train_more(small_model, [], tmp_path / "control", steps=4, log=lambda _: None)
+    own = len(build_rows(SMALL))
+    assert arm["extra_rows"] == 1 and arm["copies"] == 3 and arm["steps"] == 4 and arm["lr"] == SMALL.dagger_lr
+    assert 0 < arm["build_rows"] <= own and control["extra_rows"] == 0
+    assert json.loads((tmp_path / "arm" / MORE_FILE).read_text())["base"] == str(small_model)
+    assert not (tmp_path / "arm" / META_FILE).exists()
+    base, a = load_file(small_model / "model.safetensors"), load_file(tmp_path / "arm" / "model.safetensors")
+    b, c = load_file(tmp_path / "again" / "model.safetensors"), load_file(tmp_path / "control" / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not all(torch.equal(a[k], base[k]) for k in a) and not all(torch.equal(a[k], c[k]) for k in a)
+    assert HFGenerator(tmp_path / "arm", device="cpu", name="more").tokenizer.eos_token == "<|im_end|>"
+    with pytest.raises(ValueError, match="not a tiny build"):
+        train_more(tmp_path / "control", [], tmp_path / "x", steps=1, log=lambda _: None)
 
 
 @pytest.mark.slow  # its fixture trains a small model: about a minute on a loaded 2-core machine

@@ -13,7 +13,8 @@ Every env a run makes is closed when the run ends, also when it fails.
 search's thread hands each batch over and goes on while SQLite or psycopg writes (both release the GIL
 there); a batch that waits behind a write is merged into the next transaction. The run's end waits for
 every batch, so the run is finished only once all of it is stored; a kill -9 loses the batches still
-queued as well (docs/decisions.md, "The search's commits on a thread of their own").
+queued as well. Not the default: it did not shorten a search here (docs/decisions.md, "The search's commits stay on
+its own thread by default; a commit thread is an option").
 """
 
 from __future__ import annotations

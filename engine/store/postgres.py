@@ -308,3 +308,17 @@ def reset_identities(con: PgConnection) -> None:
     for table, column in rows:
         con.execute(f"SELECT setval(pg_get_serial_sequence('{table}', '{column}'), "
                     f"COALESCE(MAX({column}), 1), MAX({column}) IS NOT NULL) FROM {table}")
+
+
+def new_schema_url(base: str, prefix: str = "orchard") -> str:
+    """A new empty schema on the server at `base`, as a store URL (`base` with libpq's search_path option):
+    a store of its own on a shared server, for a bench's runs kept apart."""
+    if not re.fullmatch(r"[a-z_][a-z0-9_]{0,40}", prefix):
+        raise StoreError(f"schema prefix {prefix!r}: use up to 41 lowercase letters, digits and _")
+    name = f"{prefix}_{os.urandom(6).hex()}"
+    con = PgConnection(base)
+    try:
+        con.execute(f"CREATE SCHEMA {name}")
+    finally:
+        con.close()
+    return f"{base}{'&' if '?' in base else '?'}options=-csearch_path%3D{name}"
