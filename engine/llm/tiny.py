@@ -354,8 +354,9 @@ MORE_FILE = "orchard_tiny_more.json"  # a `train_more` round's record (not META_
 
 def train_more(base: Path, extra: Sequence[Row], out_dir: Path, copies: int = 1, steps: int | None = None,
                log: Callable[[str], None] = print) -> dict[str, Any]:
-    """One more round of a finished tiny build's own recipe: its rows (regenerated from its stored config,
-    deterministic) plus `extra` x `copies`, `dagger_steps` steps at peak `dagger_lr` from its weights.
+    """One more round of a finished tiny build's own recipe: its expert rows (regenerated from its stored config,
+    deterministic; not its DAgger rows, which need the first stage's rollouts) plus `extra` x `copies`,
+    `dagger_steps` steps at peak `dagger_lr` from its weights.
 
     WHY: the build's DAgger round adds rows this way (beside every expert row, at the build's own step
     size) and gained 8 of 109 test tasks; SFT on search's rows alone at a small step barely moves the
@@ -368,7 +369,10 @@ def train_more(base: Path, extra: Sequence[Row], out_dir: Path, copies: int = 1,
     meta = read_meta(base)
     if meta is None or meta.get("format") != TINY_FORMAT:
         raise ValueError(f"{base}: not a tiny build (no {META_FILE} with model.safetensors)")
-    cfg = TinyConfig(**meta["config"])
+    try:
+        cfg = TinyConfig(**meta["config"])
+    except TypeError as e:  # a build of another version of TinyConfig
+        raise ValueError(f"{base}: its build config does not fit this TinyConfig ({e})") from None
     more = replace(cfg, steps=steps or cfg.dagger_steps, lr=cfg.dagger_lr, seed=cfg.seed + 1 + cfg.dagger_rounds)
     tokenizer = AutoTokenizer.from_pretrained(base, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(base, local_files_only=True)
