@@ -24,6 +24,7 @@ steps only (microseconds in TextCraft), so a few hundred tasks take seconds.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -63,10 +64,18 @@ def _commands(turns: Sequence[tuple[str, str]]) -> list[tuple[int, str | None]]:
     return out
 
 
+def same_state(env: Any) -> Callable[[Any, Any], bool]:
+    """How two of `env`'s snapshots are compared: its own `same_state` where it has one (an env whose
+    snapshots are objects without equality, or hold a step counter), else ==."""
+    same = getattr(env, "same_state", None)
+    return same if callable(same) else operator.eq
+
+
 def refused_turns(env: Any, e: Any) -> set[int]:
     """Indices of the turns of episode `e` (from the task start) that did not move the env: refused
     commands (the state the same after the step, as `_fails` reads it) and format errors. Found by
     replaying the episode's commands in `env` (one that can snapshot)."""
+    same = same_state(env)
     env.reset(e.task_id)
     state = env.snapshot()
     out: set[int] = set()
@@ -76,7 +85,7 @@ def refused_turns(env: Any, e: Any) -> set[int]:
             continue
         step = env.step(command)
         after = env.snapshot()
-        if after == state:
+        if same(after, state):
             out.add(i)
         state = after
         if step.done:
@@ -126,13 +135,12 @@ def _replays_to_win(env: Any, commands: Sequence[str], threshold: float) -> bool
     return False
 
 
-def _fails(command: str, before: Any, after: Any, here: tuple[int, Win, int],
-           there: tuple[int, Win, int] | None) -> bool:
+def _fails(command: str, unmoved: bool, here: tuple[int, Win, int], there: tuple[int, Win, int] | None) -> bool:
     """Is a step from a state `here` away from a win (to one `there` away) a failing step? It is when
     the env refused it (the state did not change), when no win is reachable after it, or when it
     brought no win closer and is no command of the remaining win (a distractor, an extra fetch); a
     command of the remaining win taken in another order is not."""
-    if there is None or after == before:
+    if there is None or unmoved:
         return True
     _, win, i = here
     return there[0] >= here[0] and command not in win.commands[i:]
@@ -169,6 +177,7 @@ def correction_samples(failed: Sequence[Any], successes: Sequence[Any], tasks: S
 
 def _episode_corrections(env: Any, e: Any, task: Task, wins: Sequence[Win], config: CorrectionConfig,
                          kind: str, run_id: str | None) -> list[Sample]:
+    same = same_state(env)
     env.reset(e.task_id)
     state = env.snapshot()
     here = distance(env, state, wins, config.success_threshold)
@@ -182,7 +191,8 @@ def _episode_corrections(env: Any, e: Any, task: Task, wins: Sequence[Win], conf
         if step.reward >= config.success_threshold:
             break
         there = None if step.done else distance(env, after, wins, config.success_threshold)
-        if here is not None and command != here[1].commands[here[2]] and _fails(command, state, after, here, there):
+        if here is not None and command != here[1].commands[here[2]] and _fails(command, same(after, state), here,
+                                                                                 there):
             left, win, i = here
             context = [Turn(text=text, observation=obs, loss=False, segment="prefix") for text, obs in e.turns[:j]]
             rows.append(Sample(

@@ -84,6 +84,13 @@ def _quiet():
     return contextlib.redirect_stdout(io.StringIO())
 
 
+def _world(env: Any) -> tuple[Any, ...]:
+    """What a minigrid env's state is, as comparable values (see BabyAIEnv.same_state)."""
+    u = env.unwrapped
+    carrying = None if u.carrying is None else tuple(int(x) for x in u.carrying.encode())
+    return tuple(int(x) for x in u.agent_pos), int(u.agent_dir), carrying, u.grid.encode().tobytes()
+
+
 def describe_view(image: Any, carrying: Any, direction: int | None = None) -> str:
     """The text for minigrid's egocentric (7, 7, 3) image: the agent sits at column 3 of the last row,
     facing 'up' (decreasing row); image[col][row] = (object, colour, state)."""
@@ -211,6 +218,13 @@ class BabyAIEnv(EnvBase):
 
     def restore(self, state: Any) -> None:
         self._env, self._task, self._done, self._steps = copy.deepcopy(state)
+
+    def same_state(self, a: Any, b: Any) -> bool:
+        """Do snapshots `a` and `b` hold the same world: the task, the agent's cell, direction and load, and
+        the grid? Their step counters are left out, so a command that changed nothing (a move into a wall, a
+        drop with empty hands) is a no-op although it used a step; the snapshots themselves (deep copies of
+        the gym env) never compare equal."""
+        return a[1] == b[1] and a[2] == b[2] and _world(a[0]) == _world(b[0])
 
     def close(self) -> None:
         """Close the gymnasium env (its renderer, if one was opened); reset() starts it again."""

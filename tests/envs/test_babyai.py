@@ -84,3 +84,32 @@ def test_mcts_run_stores_trees(tmp_path) -> None:
                                  env.tasks("train"), list(COMMANDS))
     check_search(stats, trees, 2)
     assert stats.restores > 0  # snapshots, not replays
+
+
+def test_a_command_that_changes_nothing_is_a_refused_turn_for_corrections(env: BabyAIEnv) -> None:
+    """corrections' refused-step rule on BabyAI: its snapshots are deep copies of the gym env (never ==) and
+    count steps, so the env compares them by the world they hold (same_state); a drop with empty hands and a
+    move into a wall change nothing, a turn does."""
+    from engine.datasets.corrections import refused_turns
+    from engine.evaluate import Episode
+
+    env.reset("train-0")
+    commands = ["drop", "turn left"]
+    for c in commands:
+        env.step(c)
+    while True:  # walk until blocked, then once more into what blocks
+        before = env.snapshot()
+        env.step("go forward")
+        commands.append("go forward")
+        if env.same_state(before, env.snapshot()):
+            break
+        assert len(commands) < 12
+    start = env.reset("train-0")
+    first, again = env.snapshot(), env.snapshot()
+    assert first != again and env.same_state(first, again)  # why == cannot tell: two copies of one state differ
+    env.step("turn left")
+    assert not env.same_state(first, env.snapshot())
+    turns = [(f"THOUGHT: go\nACTION: {c}", "") for c in commands]
+    e = Episode(task_id="train-0", seed=0, success=False, steps=len(turns), commands=commands, turns=turns,
+                first_observation=start)
+    assert refused_turns(env, e) == {0, len(commands) - 1}
