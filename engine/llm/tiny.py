@@ -374,7 +374,7 @@ def train_more(base: Path, extra: Sequence[Row], out_dir: Path, copies: int = 1,
     except TypeError as e:  # a build of another version of TinyConfig
         raise ValueError(f"{base}: its build config does not fit this TinyConfig ({e})") from None
     more = replace(cfg, steps=steps or cfg.dagger_steps, lr=cfg.dagger_lr, seed=cfg.seed + 1 + cfg.dagger_rounds)
-    tokenizer = AutoTokenizer.from_pretrained(base, local_files_only=True)
+    tokenizer: Any = AutoTokenizer.from_pretrained(base, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(base, local_files_only=True)
     own = _kept(build_rows(cfg), tokenizer, cfg)
     added = _kept(list(extra), tokenizer, cfg) * copies if extra else []
