@@ -405,21 +405,29 @@ class ReplayWebEnv(EnvBase):
                     raise
                 _quiet(lambda: page.wait_for_load_state("load", timeout=TIMEOUT_MS))
 
+    def _not_shown(self, here: str) -> dict[str, Any] | None:
+        """What the observation is instead of the page at URL `here`, when that page is not to be shown:
+        Chromium's error page (a blocked or failed load) or a page of another origin; None otherwise."""
+        if not here.startswith(("http:", "https:")):
+            return {"title": "(no page)", "url": "", "items": [{"id": None, "kind": "text", "label": NO_PAGE}]}
+        if url_problem(here, self.allowed()) is not None:
+            self._block(here)  # the last line of defence: a page of another origin is never shown
+            return {"title": "(blocked page)", "url": "", "items": [
+                {"id": None, "kind": "text", "label": "This page is outside the allowed origins; it was not read."}]}
+        return None
+
     def _observe(self) -> str:
         args = {"attr": self.attr, "budget": self.max_chars, "maxVisit": MAX_VISIT, "maxLabel": MAX_LABEL,
                 "maxText": MAX_TEXT, "maxOptions": MAX_OPTIONS, "maxControls": MAX_CONTROLS}
-        data: dict[str, Any] = {}
-        here = self._page.url
-        if not here.startswith(("http:", "https:")):  # Chromium's error page (a blocked or failed load)
-            data = {"title": "(no page)", "url": "", "items": [{"id": None, "kind": "text", "label": NO_PAGE}]}
-        elif url_problem(here, self.allowed()) is not None:
-            self._block(here)  # the last line of defence: a page of another origin is never read
-            data = {"title": "(blocked page)", "url": "", "items": [
-                {"id": None, "kind": "text", "label": "This page is outside the allowed origins; it was not read."}]}
+        data: dict[str, Any] = self._not_shown(self._page.url) or {}
         for attempt in range(0 if data else 3):  # a navigation in flight destroys the context: wait and look again
             try:
                 self._page.wait_for_load_state("load", timeout=2 * TIMEOUT_MS)
                 data = self._page.evaluate(OBSERVE_JS, args)
+                # The page may have navigated since its URL was checked (a click's redirect landing on the
+                # error page): what was read is judged by the URL it was read at.
+                if isinstance(data, dict):
+                    data = self._not_shown(str(data.get("url", ""))) or data
                 break
             except Exception as e:  # noqa: BLE001 - the page, not the search, is broken
                 if attempt == 2:

@@ -479,3 +479,32 @@ class WebPolicy:
 
     def logprobs(self, prompts, completions):
         return [None for _ in completions]
+
+
+def test_a_page_read_after_it_navigated_is_judged_by_the_url_it_was_read_at(env):
+    """_observe checks the page's URL, then reads it: a click's redirect may land on Chromium's error page (or
+    another origin) in between. What was read is judged by the URL it was read at (the race a fresh clone hit:
+    the error page shown as a page of 127.0.0.1)."""
+    env.reset(booking.tasks()[0].id)
+    site = env.start_url
+
+    class Moved:  # the URL is the site's when checked; the document read is elsewhere
+        def __init__(self, page, read_at):
+            self.page, self.read_at = page, read_at
+
+        url = property(lambda self: site)
+
+        def wait_for_load_state(self, *a, **k):
+            return None
+
+        def evaluate(self, script, args):
+            return {**self.page.evaluate(script, args), "title": "127.0.0.1", "url": self.read_at}
+
+    real = env._page
+    try:
+        env._page = Moved(real, "chrome-error://chromewebdata/")
+        assert env._observe().endswith(f"Page: (no page)\nURL: \ntext \"{web.NO_PAGE}\"")
+        env._page = Moved(real, "http://127.0.0.1:9/elsewhere")
+        assert "outside the allowed origins; it was not read" in env._observe()
+    finally:
+        env._page = real
