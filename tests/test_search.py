@@ -416,3 +416,27 @@ def test_a_failure_commits_every_finished_simulation_however_long_the_clock(tmp_
         assert sum(tree.nodes[0].N for tree in trees if tree is not None) == 5
         resume_run(store, run_id, ScriptedGenerator(p_right=0.5), make_env=SnapshotLineEnv)
         assert all(store.load_tree(t).nodes[0].N == 4 for t, _ in store.tree_ids(run_id))
+
+
+def test_a_cancel_while_the_commit_thread_fails_leaves_the_run_interrupted_and_says_so(tmp_path, monkeypatch):
+    """A cancel (raised from progress) whose final commit fails on the commit thread: the cancel is what
+    propagates, and the run is still recorded interrupted (a run left "running" cannot be claimed or
+    steered), its error naming what was not stored."""
+    cfg = SearchConfig(simulations=4, k=3, depth_limit=4)
+    tasks = SnapshotLineEnv().tasks()[:3]
+
+    def failing(self, batch):
+        raise StoreError("database or disk is full")
+
+    def progress(job, sim):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Store, "save_simulations", failing)
+    with Store(tmp_path / "o.db") as store:
+        with pytest.raises(KeyboardInterrupt):
+            new_run(store, "line", tasks, ScriptedGenerator(p_right=0.5), cfg, "t", make_env=SnapshotLineEnv,
+                    progress=progress, commit_every=3600.0, writer="thread")
+        (run,) = store.runs()
+        info = store.run(run.id)
+        assert info.status == "interrupted"
+        assert "not stored: committing the search's simulations: database or disk is full" in info.stats["error"]

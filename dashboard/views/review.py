@@ -131,6 +131,28 @@ def _remove_user() -> None:
     state[FLASH] = f"Removed user {name}; their sessions are ended."
 
 
+def _show_users() -> None:
+    """The maintainers' user list and forms (shown also when the page stops early)."""
+    if auth.may("manage_users"):
+        from engine.auth import ROLES
+
+        with Store(db, readonly=True) as store:
+            users = store.users()
+        with st.expander("Users"):
+            st.dataframe(pd.DataFrame([{"user": u.name, "role": u.role} for u in users], columns=["user", "role"]),
+                         hide_index=True, key="rq_users")
+            with st.form("rq_user_form", border=False):
+                user_cols = st.columns(3)
+                user_cols[0].text_input("User name", key="rq_user_name")
+                user_cols[1].selectbox("Role", ROLES, index=1, key="rq_user_role")
+                user_cols[2].text_input("Password (8+ characters)", type="password", key="rq_user_password")
+                st.form_submit_button("Add user", on_click=_add_user)
+            others = [u.name for u in users if me is None or u.name != me.name]
+            if others:
+                st.selectbox("Remove user", others, key="rq_user_remove")
+                st.button("Remove", key="rq_user_remove_btn", on_click=_remove_user)
+
+
 def show_item(store: Store, kind: str, item_id: str) -> None:
     """The item's content, as text only."""
     if kind == "pair":
@@ -189,7 +211,8 @@ with Store(db, readonly=True) as store:
             st.number_input("Independent reviews each item needs", 1, 20, key="rq_required")
             st.button("Save setting", key="rq_required_save", on_click=_set_required)
     if required is None:
-        st.stop()  # everything below counts reviews against the setting
+        _show_users()
+        st.stop()  # everything else below counts reviews against the setting
     progress = store.review_progress(kind, run_id)
     agreement = store.agreement(kind, run_id)
     disputes = store.disagreements(kind, run_id)
@@ -262,21 +285,4 @@ if disputes and not can_settle:
     st.caption("A maintainer settles these.")
 
 # --- users (maintainers) -----------------------------------------------------------------------------------
-if auth.may("manage_users"):
-    from engine.auth import ROLES
-
-    with Store(db, readonly=True) as store:
-        users = store.users()
-    with st.expander("Users"):
-        st.dataframe(pd.DataFrame([{"user": u.name, "role": u.role} for u in users], columns=["user", "role"]),
-                     hide_index=True, key="rq_users")
-        with st.form("rq_user_form", border=False):
-            user_cols = st.columns(3)
-            user_cols[0].text_input("User name", key="rq_user_name")
-            user_cols[1].selectbox("Role", ROLES, index=1, key="rq_user_role")
-            user_cols[2].text_input("Password (8+ characters)", type="password", key="rq_user_password")
-            st.form_submit_button("Add user", on_click=_add_user)
-        others = [u.name for u in users if me is None or u.name != me.name]
-        if others:
-            st.selectbox("Remove user", others, key="rq_user_remove")
-            st.button("Remove", key="rq_user_remove_btn", on_click=_remove_user)
+_show_users()

@@ -107,7 +107,7 @@ def _run(store: Store, run_id: str, jobs: list[TreeJob], generator: Generator, c
         raise ValueError(f"writer must be one of {', '.join(WRITERS)}, not {writer!r}")
     pending: list[SimulationRows] = []
     last_commit = [time.monotonic()]
-    thread = CommitThread(store.location) if writer == "thread" else None
+    thread: CommitThread | None = None  # started just before the search (closed by commit_rest)
 
     def on_simulation(job: TreeJob, sim: Simulation) -> None:
         assert job.tree_id is not None
@@ -135,8 +135,10 @@ def _run(store: Store, run_id: str, jobs: list[TreeJob], generator: Generator, c
             commit(force=True)
         finally:
             if thread is not None:
-                thread.close()
-                mcts.stats.writer_s = thread.busy_s
+                try:
+                    thread.close()
+                finally:
+                    mcts.stats.writer_s = thread.busy_s
         spent = time.perf_counter() - t
         mcts.stats.commit_s += spent
         mcts.stats.wall_s += spent
@@ -145,14 +147,22 @@ def _run(store: Store, run_id: str, jobs: list[TreeJob], generator: Generator, c
     store.set_run_status(run_id, "running")
     try:
         try:
+            if writer == "thread":
+                thread = CommitThread(store.location)
             stats = mcts.run(jobs)
             commit_rest()
         except BaseException as e:
-            commit_rest()
+            unsaved = None
+            try:
+                commit_rest()
+            except Exception as c:  # noqa: BLE001 - the run is left interrupted whatever; `e` is what stopped it
+                unsaved = " ".join(str(c).split())[:300]
             # Resumable once the cause is fixed; the reason is kept with the run (one line).
             reason = " ".join(str(e).split())[:500]
+            why = [reason] if isinstance(e, Exception) else []
+            why += [f"and the last simulations were not stored: {unsaved}"] if unsaved else []
             store.set_run_status(run_id, "interrupted",
-                                 {**mcts.stats.to_dict(), **({"error": reason} if isinstance(e, Exception) else {})})
+                                 {**mcts.stats.to_dict(), **({"error": "; ".join(why)} if why else {})})
             if isinstance(e, EnvError):  # a broken env (e.g. a NaN reward): say how to go on once it is fixed
                 raise EnvError(f"{reason}; run {run_id} is left interrupted: fix the env, then "
                                f"`orchard search --resume {run_id}`") from None

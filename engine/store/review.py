@@ -135,8 +135,10 @@ class ReviewStore(Connection):
         try:
             n = int(row[0]) if row else 1
         except (TypeError, ValueError):
+            n = 0
+        if not 1 <= n <= 20:
             raise StoreError(f"required reviews: the stored setting {str(row[0])[:20]!r} is not a whole number "
-                             "(set it again on the Review queue page)") from None
+                             "from 1 to 20 (set it again on the Review queue page)") from None
         return n
 
     def set_required_reviews(self, n: int) -> None:

@@ -225,14 +225,16 @@ def test_which_addresses_count_as_loopback(address, loopback) -> None:
     assert is_loopback(address) is loopback
 
 
-def test_a_tampered_review_setting_is_one_line_and_its_form_still_sets_it_again(db) -> None:
+@pytest.mark.parametrize("stored", ["two", "99"])
+def test_a_tampered_review_setting_is_one_line_and_its_form_still_sets_it_again(db, stored) -> None:
     with Store(db) as store:
-        store.con.execute("UPDATE curation_settings SET value='two' WHERE key='required_reviews'")
+        store.con.execute("UPDATE curation_settings SET value=? WHERE key='required_reviews'", (stored,))
         if not store.con.execute("SELECT 1 FROM curation_settings WHERE key='required_reviews'").fetchone():
-            store.con.execute("INSERT INTO curation_settings (key, value) VALUES ('required_reviews', 'two')")
+            store.con.execute("INSERT INTO curation_settings (key, value) VALUES ('required_reviews', ?)", (stored,))
         store.con.commit()
     mia = open_page(REVIEW, "mia")
-    assert "is not a whole number" in texts(mia)
+    assert "is not a whole number from 1 to 20" in texts(mia)
+    assert any(e.label == "Users" for e in mia.expander)  # the rest of the maintainer's tools stay
     mia.number_input(key="rq_required").set_value(3).run()
     mia.button(key="rq_required_save").click().run()
     assert not mia.exception
