@@ -80,11 +80,11 @@ from engine.datasets.samples import Sample, to_step_rows, tree_refs
 from engine.envs.textcraft import TextCraftEnv
 from engine.evaluate import EvalConfig, evaluate
 from engine.llm.registry import load_generator
-from engine.llm.tiny import train_more
+from engine.llm.tiny import read_meta, train_more
 from engine.llm.tiny_data import Row
 from engine.search.runner import new_run
 from engine.store import Store
-from engine.train.common import resolve_model_path
+from engine.train.common import TrainError, resolve_model_path
 from engine.train.dpo import DPOTrainConfig, train_dpo
 from engine.train.sft import rft_config, train_sft
 
@@ -135,6 +135,13 @@ def main(argv: list[str] | None = None) -> Table:
     if args.no_critic:
         arms = [a for a in arms if a != "agent-q"]
 
+    try:
+        base = resolve_model_path(args.model)
+    except TrainError as e:
+        ap.error(str(e))
+    if set(BUILD_ARMS) & set(arms) and read_meta(base) is None:
+        ap.error(f"{', '.join(a for a in arms if a in BUILD_ARMS)}: --model must be a tiny build (its rows are "
+                 "regenerated from its stored config)")
     tasks = held_out(args.test_tasks, args.split)
     # The tasks and search seed of agentq_iteration's first iteration (run_loop: Random(seed).sample,
     # search seed + 1), so its agent-q arm is that bench's iteration 1.
@@ -168,7 +175,6 @@ def main(argv: list[str] | None = None) -> Table:
                   bootstrap=args.bootstrap, seed=args.seed, constrained=args.constrained)
     table.header()
     eval_config = EvalConfig(**greedy_settings(args))
-    base = resolve_model_path(args.model)
     generator = load_generator(args.model)
     work = Path(tempfile.mkdtemp(prefix="orchard-baselines-"))
     with Store(args.search_db or work / "bench.db") as store:

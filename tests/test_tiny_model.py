@@ -129,7 +129,8 @@ def test_train_more_runs_the_builds_own_round_beside_its_rows_and_the_control_wi
     train_more(small_model, extra, tmp_path / "again", copies=3, steps=4, log=lambda _: None)
     control = train_more(small_model, [], tmp_path / "control", steps=4, log=lambda _: None)
     own = len(build_rows(SMALL))
-    assert arm["extra_rows"] == 1 and arm["copies"] == 3 and arm["steps"] == 4 and arm["lr"] == SMALL.dagger_lr
+    assert arm["extra_rows"] == arm["extra_rows_kept"] == 1 and arm["copies"] == 3 and arm["steps"] == 4
+    assert arm["lr"] == SMALL.dagger_lr
     assert 0 < arm["build_rows"] <= own and control["extra_rows"] == 0
     assert json.loads((tmp_path / "arm" / MORE_FILE).read_text())["base"] == str(small_model)
     assert not (tmp_path / "arm" / META_FILE).exists()

@@ -378,7 +378,10 @@ def train_more(base: Path, extra: Sequence[Row], out_dir: Path, copies: int = 1,
     model = AutoModelForCausalLM.from_pretrained(base, local_files_only=True)
     own = _kept(build_rows(cfg), tokenizer, cfg)
     added = _kept(list(extra), tokenizer, cfg) * copies if extra else []
-    log(f"tiny model: {len(own)} build rows + {len(added)} extra ({len(extra)} x {copies}), "
+    if more.steps < 1:
+        raise ValueError(f"{base}: a round of {more.steps} steps trains nothing")
+    log(f"tiny model: {len(own)} build rows + {len(added)} extra ({len(extra)} x {copies}, longer than "
+        f"{cfg.max_row_tokens} tokens dropped), "
         f"{more.steps} steps at lr {more.lr}")
     metrics = train_model(model, own + added, more, tokenizer.pad_token_id, log)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -386,7 +389,8 @@ def train_more(base: Path, extra: Sequence[Row], out_dir: Path, copies: int = 1,
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         if (base / name).is_file():
             shutil.copyfile(base / name, out_dir / name)
-    record = {"base": str(base), "build_rows": len(own), "extra_rows": len(extra), "copies": copies,
+    record = {"base": str(base), "build_rows": len(own), "extra_rows": len(extra),
+              "extra_rows_kept": len(added) // copies if copies else 0, "copies": copies,
               "steps": more.steps, "lr": more.lr, "seed": more.seed, **metrics}
     (out_dir / MORE_FILE).write_text(json.dumps(record, indent=2))
     return record
