@@ -6,12 +6,14 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test test-slow install lint clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints-gpu.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# CPU build of torch first: an unpinned torch would pull a multi-GB CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e ".[dev,envs,ray,postgres]"
+	# The training stack at the GPU machine's pins (constraints-gpu.txt), so that the CPU tests run what the GPU
+	# extra installs and tests/test_gpu_setup.py checks those pins' requirements instead of skipping.
+	$(BIN)/pip install -q -e ".[dev,envs,ray,postgres]" $$(grep -E '^(trl|peft|accelerate|datasets)==' constraints-gpu.txt)
 	# vLLM's structured-output engines, for tests/test_grammar.py (every grammar compiled as vLLM does).
 	# --no-deps: xgrammar declares triton (hundreds of MB, GPU kernels only); its other needs are above.
 	$(BIN)/pip install -q --no-deps xgrammar==0.2.8 apache-tvm-ffi==0.1.15.post2 llguidance==1.7.6
