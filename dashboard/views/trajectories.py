@@ -237,8 +237,9 @@ good_path = tree_chart.node_ids(src.get("good_path"))  # imported data may hold 
 bad_path = tree_chart.node_ids(src.get("bad_path"))
 ancestor = src.get("ancestor")
 split = split_of(src)
-judgements: list[dict[str, Any]] = [j for j in src.get("judgements") or [] if isinstance(j, dict)] \
-    if isinstance(src.get("judgements"), list) else []
+stored_judgements = src.get("judgements")
+judgements: list[dict[str, Any]] = [j for j in stored_judgements if isinstance(j, dict)] \
+    if isinstance(stored_judgements, list) else []
 verdicts = {j["node"]: str(j.get("verdict", "")) for j in judgements if tree_chart.node_ids([j.get("node")])}
 t_prime_node = src.get("t_prime_node")
 

@@ -120,10 +120,10 @@ def cmd_jobs(args: argparse.Namespace) -> int:
                 if log is None and job.log_path:
                     raise UsageError(f"job {job.id}: its stored log path {job.log_path} is outside the job-log "
                                      "folder; not read")
+                if args.tail < 1:
+                    raise UsageError(f"--tail {args.tail}: the characters from the end to show (1 or more)")
                 try:
                     text = Path(log or "").read_text(encoding="utf-8", errors="replace")
-                    if args.tail < 1:
-                        raise UsageError(f"--tail {args.tail}: the characters from the end to show (1 or more)")
                     print(text[-args.tail :], end="")
                 except OSError:
                     print(f"job {job.id}: no log yet ({job.log_path})")

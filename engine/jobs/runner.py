@@ -46,7 +46,7 @@ from engine.jobs.kinds import MULTI_GPU_KINDS, validate_job
 from engine.paths import REPO_ROOT, job_log, jobs_dir
 from engine.progress import progress_line
 from engine.store import JobInfo, Store
-from engine.train.common import default_device
+from engine.train.common import check_device, default_device, device_gpus, gpu_indices
 
 WORKER_MODULE = "engine.jobs.worker"
 # The worker module of older versions: a job it still runs after an upgrade is not taken for dead.
@@ -156,24 +156,6 @@ def refuse_shared_output(store: Store, kind: str, config: dict[str, Any]) -> Non
             raise ConfigError(f"output folder {mine}: job {other.id} ({other.kind}, {other.state}) writes to "
                               f"{theirs}; wait for it to end, cancel it (orchard jobs cancel {other.id}) or "
                               f"choose another output folder")
-
-
-def check_device(device: str) -> None:
-    """A job's device: cpu, cuda, cuda:N or several GPUs as cuda:N,M,..."""
-    gpus = device[5:].split(",") if device.startswith("cuda:") else []
-    ok = device in ("cpu", "cuda") or (bool(gpus) and all(g.isdigit() for g in gpus) and len(set(gpus)) == len(gpus))
-    if not ok:
-        raise ConfigError(f"job device {device!r}: expected cpu, cuda or cuda:N (several GPUs: cuda:N,M,... distinct)")
-
-
-def gpu_indices(device: str) -> tuple[int, ...]:
-    """The GPUs a (checked) device spec names, as indices among those this process sees; () for cpu.
-    "cuda" is GPU 0 (one process trains on one GPU unless several are named)."""
-    if device == "cpu":
-        return ()
-    if device == "cuda":
-        return (0,)
-    return tuple(int(g) for g in device[5:].split(","))
 
 
 def visible_devices(device: str, inherited: str | None) -> str:
@@ -349,11 +331,11 @@ class JobRunner:
         devices = {j.device for j in self.store.jobs(state="queued")}
         # A job on cuda:0,1 and one on cuda:1 share a GPU under different strings: the store's claim checks
         # that in its transaction (`shares`); `busy` only skips what is plainly taken.
-        busy = {g for j in self.store.jobs(state="running") for g in _gpus_or_none(j.device)}
+        busy = {g for j in self.store.jobs(state="running") for g in device_gpus(j.device)}
         for dev in sorted(devices):
             if device is not None and dev != device:
                 continue
-            gpus = set(_gpus_or_none(dev))
+            gpus = set(device_gpus(dev))
             if gpus & busy:
                 continue
             claimed = self.store.claim_next_job(dev, shares=partial(_shares_gpu, gpus))
@@ -446,15 +428,7 @@ class JobRunner:
 
 def _shares_gpu(gpus: set[int], other: str) -> bool:
     """Whether a job running on device `other` uses one of `gpus`."""
-    return bool(gpus & set(_gpus_or_none(other)))
-
-
-def _gpus_or_none(device: str) -> tuple[int, ...]:
-    try:
-        check_device(device)
-    except ConfigError:
-        return ()
-    return gpu_indices(device)
+    return bool(gpus & set(device_gpus(other)))
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:

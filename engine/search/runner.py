@@ -53,7 +53,6 @@ class CommitThread:
         self._queue: queue.SimpleQueue[list[SimulationRows] | None] = queue.SimpleQueue()
         self.error: BaseException | None = None
         self.busy_s = 0.0  # time spent in transactions (on its own thread)
-        self.commits = 0
         self._reported = False
         self._thread = threading.Thread(target=self._loop, args=(location,), name="orchard-commit", daemon=True)
         self._thread.start()
@@ -73,7 +72,6 @@ class CommitThread:
                 t = time.perf_counter()
                 store.save_simulations(rows)
                 self.busy_s += time.perf_counter() - t
-                self.commits += 1
                 if end:
                     return
         except BaseException as e:  # noqa: BLE001 - raised on the search's thread (check)

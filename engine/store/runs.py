@@ -67,12 +67,20 @@ _NODE_ROW = (*columns.NODES, "observation")
 _NodeRow = namedtuple("_NodeRow", _NODE_ROW)  # type: ignore[misc]
 
 
+_ROW_ERRORS = (KeyError, TypeError, AttributeError, ValueError, IndexError)  # a row not as this code writes it
+
+
+def _unreadable(where: str, e: Exception) -> StoreError:
+    """The one-line error for a stored row this code cannot read, naming where it is."""
+    return StoreError(f"{where}: unreadable ({type(e).__name__}: {str(e)[:80]})")
+
+
 def _read_node(tree_id: int, node_id: object, row: Sequence[Any]) -> Node:
     """`_node`, where a row not as this code writes it is a one-line StoreError naming tree and node."""
     try:
         return _node(row)
-    except (KeyError, TypeError, AttributeError, ValueError) as e:
-        raise StoreError(f"tree {tree_id}, node {node_id}: unreadable ({type(e).__name__}: {str(e)[:80]})") from None
+    except _ROW_ERRORS as e:
+        raise _unreadable(f"tree {tree_id}, node {node_id}", e) from None
 
 
 def _node(row: Sequence[Any]) -> Node:
@@ -379,8 +387,8 @@ class RunsStore(Connection):
                 f"SELECT {select(columns.SIMULATIONS)} FROM simulations WHERE tree_id=? ORDER BY idx", (tree_id,))):
             try:
                 sims.append(_simulation(json.loads(path), reward, json.loads(rollout)))
-            except (KeyError, TypeError, AttributeError, ValueError, IndexError) as e:
-                raise StoreError(f"tree {tree_id}, simulation {k}: unreadable ({type(e).__name__}: {str(e)[:80]})") from None
+            except _ROW_ERRORS as e:
+                raise _unreadable(f"tree {tree_id}, simulation {k}", e) from None
         return SearchTree(task=task, nodes=nodes, simulations=sims)
 
     # --- partial reads (the dashboard: numbers for drawing, texts for the few nodes shown) ----------
@@ -441,9 +449,8 @@ class RunsStore(Connection):
                 "SELECT node_id, action, raw FROM nodes WHERE tree_id=? ORDER BY node_id", (tree_id,)):
             try:
                 out.append((node_id, CompositeAction.from_dict(json.loads(action)) if action else None, raw))
-            except (KeyError, TypeError, AttributeError, ValueError) as e:
-                raise StoreError(f"tree {tree_id}, node {node_id}: unreadable action "
-                                 f"({type(e).__name__}: {str(e)[:80]})") from None
+            except _ROW_ERRORS as e:
+                raise _unreadable(f"tree {tree_id}, node {node_id}: its action", e) from None
         return out
 
     def human_nodes(self, tree_id: int) -> list[int]:

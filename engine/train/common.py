@@ -118,6 +118,33 @@ class TrainConfig:
 # ------------------------------------------------------------------ devices and precision
 
 
+def check_device(device: str) -> None:
+    """A job's device: cpu, cuda, cuda:N or several GPUs as cuda:N,M,..."""
+    gpus = device[5:].split(",") if device.startswith("cuda:") else []
+    ok = device in ("cpu", "cuda") or (bool(gpus) and all(g.isdigit() for g in gpus) and len(set(gpus)) == len(gpus))
+    if not ok:
+        raise ConfigError(f"job device {device!r}: expected cpu, cuda or cuda:N (several GPUs: cuda:N,M,... distinct)")
+
+
+def gpu_indices(device: str) -> tuple[int, ...]:
+    """The GPUs a (checked) device spec names, as indices among those this process sees; () for cpu.
+    "cuda" is GPU 0 (one process trains on one GPU unless several are named)."""
+    if device == "cpu":
+        return ()
+    if device == "cuda":
+        return (0,)
+    return tuple(int(g) for g in device[5:].split(","))
+
+
+def device_gpus(device: str) -> tuple[int, ...]:
+    """The GPUs of `device` (`gpu_indices`), () for cpu or a device spec that is not valid."""
+    try:
+        check_device(device)
+    except ConfigError:
+        return ()
+    return gpu_indices(device)
+
+
 def default_device() -> str:
     """cuda:0 where torch sees a GPU, else cpu: the job queue's slot for a job that names none
     (imports torch: call only when submitting)."""

@@ -196,7 +196,8 @@ def train_plan(store: Store, kind: str, config: dict[str, Any]) -> TrainPlan:
         samples = select_samples(store, train, runs)
         items = len(samples)
         rows = items if train.format == "chat" else sum(len(to_step_rows(s)) for s in samples)
-    device = device_of(config)
-    processes = len(device[len("cuda:"):].split(",")) if device.startswith("cuda:") else 1  # one per GPU named
+    from engine.train.common import device_gpus
+
+    processes = max(1, len(device_gpus(device_of(config))))  # one per GPU named
     return TrainPlan(items, rows, train.epochs, train.batch_size * train.grad_accum * processes,
                      planned_steps(rows, train, processes))

@@ -205,3 +205,14 @@ def chart_datasets(at: Any) -> dict[str, Any]:
     out: dict[str, Any] = {d.name: pa.ipc.open_stream(d.data.data).read_all().to_pandas() for d in chart.proto.datasets}
     out[""] = chart.proto.data.data
     return out
+
+
+def open_app(page: str, **params: str):
+    """The app switched to `page`, with `params` as its URL's query, run once (streamlit's AppTest)."""
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(str(APP), default_timeout=60).run()
+    at.switch_page(page)
+    for key, value in params.items():
+        at.query_params[key] = value
+    return at.run()

@@ -8,7 +8,7 @@ from itertools import pairwise
 from pathlib import Path
 
 import pytest
-from dash_fixtures import APP, JUDGE_BAD, XSS, copy_store
+from dash_fixtures import JUDGE_BAD, XSS, copy_store, open_app
 from streamlit.testing.v1 import AppTest
 
 from engine.datasets.pairs import Pair
@@ -29,11 +29,7 @@ def db(store_db, tmp_path: Path, monkeypatch) -> tuple[Path, dict[str, str]]:
 
 
 def open_page(page: str, who: str | None = None, **params: str) -> AppTest:
-    at = AppTest.from_file(str(APP), default_timeout=60).run()
-    at.switch_page(page)
-    for key, value in params.items():
-        at.query_params[key] = value
-    at.run()
+    at = open_app(page, **params)
     if who is not None:
         at.text_input(key="who").input(who).run()
     assert not at.exception

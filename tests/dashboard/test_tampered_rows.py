@@ -15,11 +15,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from dash_fixtures import open_app
 from markdown_it import MarkdownIt
 from markup_fixture import build_markup_store
 from streamlit.testing.v1 import AppTest
 
-APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
 X = "zqx **zqxbold** <b>zqxhtml</b> [zqxlink](javascript:alert(1))"
 MARKDOWN = MarkdownIt("commonmark", {"html": True})
 MARKUP = re.compile(r"<strong>zqxbold|<b>zqxhtml|<a ")
@@ -61,11 +61,7 @@ def _page(base: tuple[Path, dict[str, str]], tmp_path: Path, monkeypatch, page: 
     con.commit()
     con.close()
     monkeypatch.setenv("ORCHARD_DB", str(folder / "orchard.db"))
-    at = AppTest.from_file(str(APP), default_timeout=60).run()
-    at.switch_page(page)
-    for key, value in params.items():
-        at.query_params[key] = value
-    at.run()
+    at = open_app(page, **params)
     if typed is not None:
         at.text_input(key="te_node").set_value(typed).run()
     assert not at.exception, [e.value for e in at.exception]
