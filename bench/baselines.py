@@ -28,7 +28,11 @@ held-out tasks as the base (docs/algorithms.md §3, §7):
 - exit-lora: exit's rows, a LoRA adapter (r 16) at `--lora-lr` instead of every weight at `--sft-lr`;
 - exit-build: tiny builds only: exit's step rows x `--win-copies` trained the way the build's DAgger round trained
   its rows, beside every one of the build's own rows, its steps at its lr (`engine.llm.tiny.train_more`);
-- build-rows: its control, the same round on the build's own rows alone.
+- build-rows: its control, the same round on the build's own rows alone;
+- expert-won, expert-all: oracles for the build round, not methods (they read the scripted expert): the rows the
+  build's own recipe makes for the searched goals search won (expert-won) or for every searched goal (expert-all),
+  x 1, in the same round. How much the goals search reaches could teach at best, and how much is in the ones it
+  does not reach.
 `--arms` picks some; `--no-critic` searches without the critic (the agent-q arm then has no critic
 value to mix and is left out). `--search-db` trains and evaluates from an earlier run's stored search (its
 `work folder`/bench.db, the same --tasks, --seed and search flags) instead of searching again.
@@ -81,7 +85,8 @@ from engine.envs.textcraft import TextCraftEnv
 from engine.evaluate import EvalConfig, evaluate
 from engine.llm.registry import load_generator
 from engine.llm.tiny import read_meta, train_more
-from engine.llm.tiny_data import Row
+from engine.llm.tiny_config import TinyConfig
+from engine.llm.tiny_data import Row, build_rows
 from engine.search.runner import new_run
 from engine.store import Store
 from engine.train.common import TrainError, resolve_model_path
@@ -90,8 +95,9 @@ from engine.train.sft import rft_config, train_sft
 
 ARMS = ("agent-q", "tree-dpo-no-critic", "trajectory-dpo", "rft", "exit", "visits", "exit-lr2", "decisive",
         "decisive-sft", "decisive-onpolicy", "hindsight", "exit-hindsight", "exit-rehearsal", "exit-action", "exit-lora",
-        "exit-build", "build-rows")
-BUILD_ARMS = ("exit-build", "build-rows")  # a tiny build's own recipe, one more round (train_more)
+        "exit-build", "build-rows", "expert-won", "expert-all")
+# A tiny build's own recipe, one more round (train_more); the expert-* arms are its oracles.
+BUILD_ARMS = ("exit-build", "build-rows", "expert-won", "expert-all")
 SFT_ARMS = ("rft", "exit", "visits", "exit-lr2", "hindsight", "exit-hindsight", "exit-rehearsal", "exit-action",
             "exit-lora")
 # Arms that train exit's rows with other SFT settings: the settings over the default (lr --sft-lr, whole completion).
@@ -122,6 +128,8 @@ def main(argv: list[str] | None = None) -> Table:
                          "--model set to that build; 0: every fit task)")
     ap.add_argument("--build-steps", type=int, default=0, help="exit-build, build-rows: the round's steps (0: the "
                     "build's DAgger round's)")
+    ap.add_argument("--build-lr", type=float, default=0.0, help="exit-build, build-rows, expert-*: the round's peak "
+                    "lr (0: the build's DAgger round's)")
     ap.add_argument("--win-copies", type=int, default=3, help="exit-build: copies of each win step row (the build "
                     "shows each fit task in 3 episodes)")
     ap.add_argument("--search-db", type=Path, help="reuse this earlier run's stored search (its bench.db)")
@@ -169,7 +177,8 @@ def main(argv: list[str] | None = None) -> Table:
                    **({"search": f"reused from {args.search_db}"} if args.search_db else {}),
                    **({"build round (exit-build, build-rows)": f"the build's rows + exit's x {args.win_copies}, "
                        + (f"{args.build_steps} steps" if args.build_steps else "its DAgger round's steps")
-                       + " at its DAgger round's lr"} if set(BUILD_ARMS) & set(arms) else {}),
+                       + (f" at lr {args.build_lr}" if args.build_lr else " at its DAgger round's lr")}
+                    if set(BUILD_ARMS) & set(arms) else {}),
                    "sft (rft, exit, visits)": f"lr {args.sft_lr}"
                                               + (f"; exit-lora: LoRA r 16 at lr {args.lora_lr}" if "exit-lora" in arms else "")},
                   bootstrap=args.bootstrap, seed=args.seed, constrained=args.constrained)
@@ -200,6 +209,10 @@ def main(argv: list[str] | None = None) -> Table:
             labels = greedy_labels(generator, built["decisive"], args.constrained)
             built["decisive-onpolicy"] = [p for p, got in zip(built["decisive"], labels, strict=True) if got == "rejected"]
         won = {s.task.id for s in built["exit"]}  # the searched tasks with a win of their own
+        if {"expert-won", "expert-all"} & set(arms):
+            recipe = TinyConfig(**read_meta(base)["config"])  # type: ignore[index]
+            built["expert-won"] = build_rows(recipe, [t for t in train if t.id in won])
+            built["expert-all"] = build_rows(recipe, train)
         if {"hindsight", "exit-hindsight"} & set(arms):
             t = time.perf_counter()
             found = relabel(refs, TextCraftEnv, train)
@@ -239,8 +252,10 @@ def main(argv: list[str] | None = None) -> Table:
             t = time.perf_counter()
             out = work / "models" / name
             if name in BUILD_ARMS:
-                extra = build_extra(rows) if name == "exit-build" else []
-                record = train_more(base, extra, out, copies=args.win_copies, steps=args.build_steps or None)
+                extra = build_extra(rows) if name == "exit-build" else list(rows)
+                copies = args.win_copies if name == "exit-build" else 1
+                record = train_more(base, extra, out, copies=copies, steps=args.build_steps or None,
+                                    lr=args.build_lr or None)
                 result = SimpleNamespace(output=out, metrics={"rows": len(extra), "steps": record["steps"]})
             elif name in SFT_ARMS:
                 kinds = tuple(sorted({s.kind for s in rows}))
@@ -261,7 +276,9 @@ def main(argv: list[str] | None = None) -> Table:
     trained_arms = [n for n in table.arms if n != "base"]
     if trained_arms:
         table.print_diffs([("base", n) for n in trained_arms]
-                          + ([("build-rows", "exit-build")] if set(BUILD_ARMS) <= set(trained_arms) else []))
+                          + [pair for pair in (("build-rows", "exit-build"), ("build-rows", "expert-won"),
+                                               ("build-rows", "expert-all"), ("exit-build", "expert-won"))
+                             if set(pair) <= set(trained_arms)])
         if args.select_fit:
             print_val_alone(table, [("base", n) for n in trained_arms])
     print(f"ordering by held-out success (ties by progress): {ordering(table, list(table.arms))}")

@@ -127,11 +127,11 @@ def test_train_more_runs_the_builds_own_round_beside_its_rows_and_the_control_wi
     extra = [Row([{"role": "user", "content": "Goal: craft 1 stick"}], "ACTION: inventory", "actor", "train-0")]
     arm = train_more(small_model, extra, tmp_path / "arm", copies=3, steps=4, log=lambda _: None)
     train_more(small_model, extra, tmp_path / "again", copies=3, steps=4, log=lambda _: None)
-    control = train_more(small_model, [], tmp_path / "control", steps=4, log=lambda _: None)
+    control = train_more(small_model, [], tmp_path / "control", steps=4, lr=1e-5, log=lambda _: None)
     own = len(build_rows(SMALL))
     assert arm["extra_rows"] == arm["extra_rows_kept"] == 1 and arm["copies"] == 3 and arm["steps"] == 4
     assert arm["lr"] == SMALL.dagger_lr
-    assert 0 < arm["build_rows"] <= own and control["extra_rows"] == 0
+    assert 0 < arm["build_rows"] <= own and control["extra_rows"] == 0 and control["lr"] == 1e-5
     assert json.loads((tmp_path / "arm" / MORE_FILE).read_text())["base"] == str(small_model)
     assert not (tmp_path / "arm" / META_FILE).exists()
     base, a = load_file(small_model / "model.safetensors"), load_file(tmp_path / "arm" / "model.safetensors")
@@ -179,6 +179,16 @@ def test_validation_tasks_are_held_out_of_the_rows() -> None:
     rows = build_rows(replace(SMALL, max_tasks=None, val_every=10, critic_fraction=0, judge_fraction=0))
     seen = {r.task_id for r in rows}
     assert not seen & val and len(seen) == len(TextCraftEnv().tasks("train")) - len(val)
+
+
+def test_the_recipes_rows_for_goals_it_left_out_cover_those_goals_only() -> None:
+    """The bench's expert-* oracles: the build's recipe applied to other goals (held-out val goals here)."""
+    cfg = replace(SMALL, max_tasks=None, val_every=10, critic_fraction=0, judge_fraction=0)
+    left_out = validation_tasks(10)[:5]
+    rows = build_rows(cfg, left_out)
+    assert {r.task_id for r in rows} == {t.id for t in left_out}
+    assert rows == build_rows(cfg, left_out)  # deterministic
+    assert build_rows(cfg, []) == []
 
 
 @pytest.mark.slow

@@ -20,7 +20,7 @@ FAILS, which ends its episode where it could have read the error and retried.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -77,10 +77,11 @@ def fit_tasks(cfg: TinyConfig) -> list[TaskSpec]:
     return [t for t in TextCraftEnv().tasks("train") if t.id not in held_out][: cfg.max_tasks]
 
 
-def build_rows(cfg: TinyConfig) -> list[Row]:
-    """All rows for `cfg`, deterministic given `cfg.seed`."""
+def build_rows(cfg: TinyConfig, tasks: Sequence[TaskSpec] | None = None) -> list[Row]:
+    """All rows for `cfg`, deterministic given `cfg.seed`; with `tasks`, the rows the same recipe makes for
+    those goals instead of its own (an oracle: the expert's episodes of goals the build left out)."""
     env = TextCraftEnv()
-    tasks = fit_tasks(cfg)
+    tasks = fit_tasks(cfg) if tasks is None else tasks
     rng = random.Random(f"tiny-data/{cfg.seed}")
     rows: list[Row] = []
     names = item_names()
