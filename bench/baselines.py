@@ -32,7 +32,7 @@ held-out tasks as the base (docs/algorithms.md §3, §7):
 - expert-won, expert-all: oracles for the build round, not methods (they read the scripted expert): the rows the
   build's own recipe makes for the searched goals search won (expert-won) or for every searched goal (expert-all),
   x 1, in the same round. How much the goals search reaches could teach at best, and how much is in the ones it
-  does not reach.
+  does not reach; expert-alone: expert-all's rows in the round without the build's rows beside them.
 `--arms` picks some; `--no-critic` searches without the critic (the agent-q arm then has no critic
 value to mix and is left out). `--search-db` trains and evaluates from an earlier run's stored search (its
 `work folder`/bench.db, the same --tasks, --seed and search flags) instead of searching again.
@@ -95,9 +95,9 @@ from engine.train.sft import rft_config, train_sft
 
 ARMS = ("agent-q", "tree-dpo-no-critic", "trajectory-dpo", "rft", "exit", "visits", "exit-lr2", "decisive",
         "decisive-sft", "decisive-onpolicy", "hindsight", "exit-hindsight", "exit-rehearsal", "exit-action", "exit-lora",
-        "exit-build", "build-rows", "expert-won", "expert-all")
+        "exit-build", "build-rows", "expert-won", "expert-all", "expert-alone")
 # A tiny build's own recipe, one more round (train_more); the expert-* arms are its oracles.
-BUILD_ARMS = ("exit-build", "build-rows", "expert-won", "expert-all")
+BUILD_ARMS = ("exit-build", "build-rows", "expert-won", "expert-all", "expert-alone")
 SFT_ARMS = ("rft", "exit", "visits", "exit-lr2", "hindsight", "exit-hindsight", "exit-rehearsal", "exit-action",
             "exit-lora")
 # Arms that train exit's rows with other SFT settings: the settings over the default (lr --sft-lr, whole completion).
@@ -209,10 +209,10 @@ def main(argv: list[str] | None = None) -> Table:
             labels = greedy_labels(generator, built["decisive"], args.constrained)
             built["decisive-onpolicy"] = [p for p, got in zip(built["decisive"], labels, strict=True) if got == "rejected"]
         won = {s.task.id for s in built["exit"]}  # the searched tasks with a win of their own
-        if {"expert-won", "expert-all"} & set(arms):
+        if {"expert-won", "expert-all", "expert-alone"} & set(arms):
             recipe = TinyConfig(**read_meta(base)["config"])  # type: ignore[index]
             built["expert-won"] = build_rows(recipe, [t for t in train if t.id in won])
-            built["expert-all"] = build_rows(recipe, train)
+            built["expert-all"] = built["expert-alone"] = build_rows(recipe, train)
         if {"hindsight", "exit-hindsight"} & set(arms):
             t = time.perf_counter()
             found = relabel(refs, TextCraftEnv, train)
@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> Table:
                 extra = build_extra(rows) if name == "exit-build" else list(rows)
                 copies = args.win_copies if name == "exit-build" else 1
                 record = train_more(base, extra, out, copies=copies, steps=args.build_steps or None,
-                                    lr=args.build_lr or None)
+                                    lr=args.build_lr or None, own_rows=name != "expert-alone")
                 result = SimpleNamespace(output=out, metrics={"rows": len(extra), "steps": record["steps"]})
             elif name in SFT_ARMS:
                 kinds = tuple(sorted({s.kind for s in rows}))
@@ -277,7 +277,8 @@ def main(argv: list[str] | None = None) -> Table:
     if trained_arms:
         table.print_diffs([("base", n) for n in trained_arms]
                           + [pair for pair in (("build-rows", "exit-build"), ("build-rows", "expert-won"),
-                                               ("build-rows", "expert-all"), ("exit-build", "expert-won"))
+                                               ("build-rows", "expert-all"), ("exit-build", "expert-won"),
+                                               ("expert-all", "expert-alone"))
                              if set(pair) <= set(trained_arms)])
         if args.select_fit:
             print_val_alone(table, [("base", n) for n in trained_arms])

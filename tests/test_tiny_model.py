@@ -139,6 +139,10 @@ def test_train_more_runs_the_builds_own_round_beside_its_rows_and_the_control_wi
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert not all(torch.equal(a[k], base[k]) for k in a) and not all(torch.equal(a[k], c[k]) for k in a)
     assert HFGenerator(tmp_path / "arm", device="cpu", name="more").tokenizer.eos_token == "<|im_end|>"
+    alone = train_more(small_model, extra, tmp_path / "alone", steps=2, own_rows=False, log=lambda _: None)
+    assert alone["build_rows"] == 0 and alone["extra_rows_kept"] == 1
+    with pytest.raises(ValueError, match="needs extra rows"):
+        train_more(small_model, [], tmp_path / "x", steps=1, own_rows=False, log=lambda _: None)
     with pytest.raises(ValueError, match="not a tiny build"):
         train_more(tmp_path / "control", [], tmp_path / "x", steps=1, log=lambda _: None)
 

@@ -353,7 +353,7 @@ MORE_FILE = "orchard_tiny_more.json"  # a `train_more` round's record (not META_
 
 
 def train_more(base: Path, extra: Sequence[Row], out_dir: Path, copies: int = 1, steps: int | None = None,
-               lr: float | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
+               lr: float | None = None, own_rows: bool = True, log: Callable[[str], None] = print) -> dict[str, Any]:
     """One more round of a finished tiny build's own recipe: its expert rows (regenerated from its stored config,
     deterministic; not its DAgger rows, which need the first stage's rollouts) plus `extra` x `copies`,
     `dagger_steps` steps at peak `dagger_lr` from its weights.
@@ -361,7 +361,8 @@ def train_more(base: Path, extra: Sequence[Row], out_dir: Path, copies: int = 1,
     WHY: the build's DAgger round adds rows this way (beside every expert row, at the build's own step
     size) and gained 8 of 109 test tasks; SFT on search's rows alone at a small step barely moves the
     policy, and at a larger one loses held-out tasks (docs/experiments.md). With `extra` empty it is the
-    control: the same steps on the build's rows only. `steps` and `lr` override the round's length and peak lr."""
+    control: the same steps on the build's rows only. `steps` and `lr` override the round's length and peak lr;
+    `own_rows=False` trains on `extra` alone (no rehearsal of the build's rows)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from engine.llm.tiny_data import build_rows
@@ -376,8 +377,10 @@ def train_more(base: Path, extra: Sequence[Row], out_dir: Path, copies: int = 1,
     more = replace(cfg, steps=steps or cfg.dagger_steps, lr=lr or cfg.dagger_lr, seed=cfg.seed + 1 + cfg.dagger_rounds)
     tokenizer: Any = AutoTokenizer.from_pretrained(base, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(base, local_files_only=True)
-    own = _kept(build_rows(cfg), tokenizer, cfg)
+    own = _kept(build_rows(cfg), tokenizer, cfg) if own_rows else []
     added = _kept(list(extra), tokenizer, cfg) * copies if extra else []
+    if not own and not added:
+        raise ValueError(f"{base}: a round without the build's rows needs extra rows")
     if more.steps < 1:
         raise ValueError(f"{base}: a round of {more.steps} steps trains nothing")
     log(f"tiny model: {len(own)} build rows + {len(added)} extra ({len(extra)} x {copies}, longer than "
