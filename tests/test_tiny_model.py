@@ -118,6 +118,7 @@ def test_build_is_deterministic_and_cached(small_model: Path, tmp_path: Path) ->
     assert not all(torch.equal(a[k], c[k]) for k in a)
 
 
+@pytest.mark.slow  # its fixture trains a small model (46 s of the default suite's wall in a fresh clone)
 def test_train_more_runs_the_builds_own_round_beside_its_rows_and_the_control_without_extra(
     small_model: Path, tmp_path: Path
 ) -> None:
