@@ -84,8 +84,7 @@ from engine.datasets.samples import Sample, to_step_rows, tree_refs
 from engine.envs.textcraft import TextCraftEnv
 from engine.evaluate import EvalConfig, evaluate
 from engine.llm.registry import load_generator
-from engine.llm.tiny import read_meta, train_more
-from engine.llm.tiny_config import TinyConfig
+from engine.llm.tiny import build_config, read_meta, train_more
 from engine.llm.tiny_data import Row, build_rows
 from engine.search.runner import new_run
 from engine.store import Store
@@ -210,9 +209,11 @@ def main(argv: list[str] | None = None) -> Table:
             built["decisive-onpolicy"] = [p for p, got in zip(built["decisive"], labels, strict=True) if got == "rejected"]
         won = {s.task.id for s in built["exit"]}  # the searched tasks with a win of their own
         if {"expert-won", "expert-all", "expert-alone"} & set(arms):
-            recipe = TinyConfig(**read_meta(base)["config"])  # type: ignore[index]
-            built["expert-won"] = build_rows(recipe, [t for t in train if t.id in won])
-            built["expert-all"] = built["expert-alone"] = build_rows(recipe, train)
+            recipe = build_config(base)
+            if "expert-won" in arms:
+                built["expert-won"] = build_rows(recipe, [t for t in train if t.id in won])
+            if {"expert-all", "expert-alone"} & set(arms):
+                built["expert-all"] = built["expert-alone"] = build_rows(recipe, train)
         if {"hindsight", "exit-hindsight"} & set(arms):
             t = time.perf_counter()
             found = relabel(refs, TextCraftEnv, train)

@@ -367,13 +367,7 @@ def train_more(base: Path, extra: Sequence[Row], out_dir: Path, copies: int = 1,
 
     from engine.llm.tiny_data import build_rows
 
-    meta = read_meta(base)
-    if meta is None or meta.get("format") != TINY_FORMAT:
-        raise ValueError(f"{base}: not a tiny build (no {META_FILE} with model.safetensors)")
-    try:
-        cfg = TinyConfig(**meta["config"])
-    except TypeError as e:  # a build of another version of TinyConfig
-        raise ValueError(f"{base}: its build config does not fit this TinyConfig ({e})") from None
+    cfg = build_config(base)
     more = replace(cfg, steps=steps or cfg.dagger_steps, lr=lr or cfg.dagger_lr, seed=cfg.seed + 1 + cfg.dagger_rounds)
     tokenizer: Any = AutoTokenizer.from_pretrained(base, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(base, local_files_only=True)
@@ -397,6 +391,18 @@ def train_more(base: Path, extra: Sequence[Row], out_dir: Path, copies: int = 1,
               "steps": more.steps, "lr": more.lr, "seed": more.seed, **metrics}
     (out_dir / MORE_FILE).write_text(json.dumps(record, indent=2))
     return record
+
+
+def build_config(base: Path) -> TinyConfig:
+    """The recipe a finished tiny build was made with (its stored config); ValueError when `base` is no tiny
+    build or was built by another version of TinyConfig."""
+    meta = read_meta(base)
+    if meta is None or meta.get("format") != TINY_FORMAT:
+        raise ValueError(f"{base}: not a tiny build (no {META_FILE} with model.safetensors)")
+    try:
+        return TinyConfig(**meta["config"])
+    except TypeError as e:  # a build of another version of TinyConfig
+        raise ValueError(f"{base}: its build config does not fit this TinyConfig ({e})") from None
 
 
 def _kept(rows: Sequence[Row], tokenizer: PreTrainedTokenizerFast, cfg: TinyConfig) -> list[_Example]:
