@@ -95,8 +95,8 @@ from engine.train.sft import rft_config, train_sft
 ARMS = ("agent-q", "tree-dpo-no-critic", "trajectory-dpo", "rft", "exit", "visits", "exit-lr2", "decisive",
         "decisive-sft", "decisive-onpolicy", "hindsight", "exit-hindsight", "exit-rehearsal", "exit-action", "exit-lora",
         "exit-build", "build-rows", "expert-won", "expert-all", "expert-alone")
-# A tiny build's own recipe, one more round (train_more); the expert-* arms are its oracles.
-BUILD_ARMS = ("exit-build", "build-rows", "expert-won", "expert-all", "expert-alone")
+ORACLE_ARMS = ("expert-won", "expert-all", "expert-alone")  # the scripted expert's rows in the build round
+BUILD_ARMS = ("exit-build", "build-rows", *ORACLE_ARMS)  # a tiny build's own recipe, one more round (train_more)
 SFT_ARMS = ("rft", "exit", "visits", "exit-lr2", "hindsight", "exit-hindsight", "exit-rehearsal", "exit-action",
             "exit-lora")
 # Arms that train exit's rows with other SFT settings: the settings over the default (lr --sft-lr, whole completion).
@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> Table:
             labels = greedy_labels(generator, built["decisive"], args.constrained)
             built["decisive-onpolicy"] = [p for p, got in zip(built["decisive"], labels, strict=True) if got == "rejected"]
         won = {s.task.id for s in built["exit"]}  # the searched tasks with a win of their own
-        if {"expert-won", "expert-all", "expert-alone"} & set(arms):
+        if set(ORACLE_ARMS) & set(arms):
             recipe = build_config(base)
             if "expert-won" in arms:
                 built["expert-won"] = build_rows(recipe, [t for t in train if t.id in won])

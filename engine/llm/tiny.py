@@ -369,14 +369,14 @@ def train_more(base: Path, extra: Sequence[Row], out_dir: Path, copies: int = 1,
 
     cfg = build_config(base)
     more = replace(cfg, steps=steps or cfg.dagger_steps, lr=lr or cfg.dagger_lr, seed=cfg.seed + 1 + cfg.dagger_rounds)
+    if more.steps < 1:
+        raise ValueError(f"{base}: a round of {more.steps} steps trains nothing")
     tokenizer: Any = AutoTokenizer.from_pretrained(base, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(base, local_files_only=True)
     own = _kept(build_rows(cfg), tokenizer, cfg) if own_rows else []
     added = _kept(list(extra), tokenizer, cfg) * copies if extra else []
     if not own and not added:
         raise ValueError(f"{base}: a round without the build's rows needs extra rows")
-    if more.steps < 1:
-        raise ValueError(f"{base}: a round of {more.steps} steps trains nothing")
+    model = AutoModelForCausalLM.from_pretrained(base, local_files_only=True)  # only once the round is known to train
     log(f"tiny model: {len(own)} build rows + {len(added)} extra ({len(extra)} x {copies}, longer than "
         f"{cfg.max_row_tokens} tokens dropped), "
         f"{more.steps} steps at lr {more.lr}")
